@@ -79,7 +79,27 @@ def load_tokenizer(directory: str | Path):
     """The Qwen tokenizer shipped in the model directory; never remote code."""
     from transformers import AutoTokenizer
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # AutoTokenizer warns about our model_type; it is expected
     try:
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot load the tokenizer ({exc})") from exc
+
+
+def resolve_codec_dir(model_dir: str | Path, override: str | Path | None = None) -> Path:
+    """The codec directory: `override`, else the model config's `audio_tokenizer_name_or_path`
+    taken relative to the model directory or as a path. Hub ids are not fetched."""
+    if override is not None:
+        path = Path(override)
+        if not path.is_dir():
+            raise CheckpointError(f"codec directory {path} does not exist")
+        return path
+    name = MossTTSConfig.from_pretrained(model_dir).audio_tokenizer_name_or_path
+    for candidate in (Path(model_dir) / name, Path(name)):
+        if candidate.is_dir():
+            return candidate.resolve()
+    raise CheckpointError(
+        f"the model config names codec {name!r}, which is not a local directory; download it with "
+        f"`hf download OpenMOSS-Team/MOSS-Audio-Tokenizer-v2 --local-dir DIR` and pass --codec DIR")

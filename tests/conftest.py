@@ -1,0 +1,56 @@
+"""Shared fixtures: one tiny random checkpoint (model + codec) per test session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python_backends"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped on CPU-only machines)")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    from moss_tts.tools.make_tiny_checkpoint import main
+
+    out = tmp_path_factory.mktemp("tiny")
+    main([str(out), "--seed", "0"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir):
+    from moss_tts.loading import load_model
+
+    return load_model(tiny_dir / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_dir):
+    from moss_tts.loading import load_tokenizer
+
+    return load_tokenizer(tiny_dir / "model")
+
+
+@pytest.fixture(scope="session")
+def builder(tiny_model, tiny_tokenizer):
+    from moss_tts.processor import PromptBuilder
+
+    return PromptBuilder(tiny_tokenizer, tiny_model.cfg)
