@@ -1,0 +1,151 @@
+"""MossAudioCodec: MOSS-Audio-Tokenizer-v2 (48 kHz stereo, 12.5 frames/s, up to 32 codebooks).
+
+Stereo audio [B, 2, S] is padded to whole frames, interleaved into one stream (L0 R0 L1 R1 ...)
+and reduced by the encoder stages (patches multiply to 2 x 3840 = 7680 stream samples per
+frame). The decoder mirrors this and its single output stream is de-interleaved to [B, 2, S].
+Layout is channel-last [B, T, C] throughout; the encoder runs in the parameter dtype, the
+quantizer always in fp32 (as upstream, which keeps it out of autocast).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import CodecConfig, PatchStage, TransformerStage
+from .patch import Patch, deinterleave, interleave
+from .quantizer import ResidualLFQ
+from .streaming import CodecDecodeState
+from .transformer import ProjectedTransformer
+
+
+def _stack(stages, downsample: bool) -> nn.ModuleList:
+    # Index in the ModuleList == index in config.json == index in the tensor names.
+    return nn.ModuleList(Patch(s.patch_size, downsample) if isinstance(s, PatchStage) else ProjectedTransformer(s)
+                         for s in stages)
+
+
+class MossAudioCodec(nn.Module):
+    def __init__(self, config: CodecConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = _stack(config.encoder, downsample=True)
+        self.quantizer = ResidualLFQ(config.quantizer)
+        self.decoder = _stack(config.decoder, downsample=False)
+        # Stream positions per codec frame at the input of each decoder stage (RoPE offsets).
+        scales, scale = [], 1
+        for stage in config.decoder:
+            scales.append(scale)
+            scale *= stage.patch_size if isinstance(stage, PatchStage) else 1
+        self._decoder_scales = scales
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sampling_rate
+
+    @property
+    def channels(self) -> int:
+        return self.config.number_channels
+
+    @property
+    def samples_per_frame(self) -> int:
+        return self.config.downsample_rate
+
+    @property
+    def frame_rate(self) -> float:
+        return self.config.frame_rate
+
+    @property
+    def num_quantizers(self) -> int:
+        return self.config.quantizer.num_quantizers
+
+    @property
+    def codebook_size(self) -> int:
+        return self.config.quantizer.codebook_size
+
+    def _param(self, stack: nn.ModuleList) -> torch.Tensor:
+        return next(stack.parameters())
+
+    # ---------------------------------------------------------------- encode
+    @torch.no_grad()
+    def encode(self, audio: torch.Tensor, lengths: torch.Tensor | None = None,
+               n_quantizers: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio [B, 2, S] -> (codes [B, T, n_quantizers] long, code_lengths [B] long), T = ceil(S/3840).
+
+        code_lengths = ceil(lengths / 3840): every frame holding at least one real sample. (The
+        upstream code floors here and so drops a final partial frame; the frames before it are
+        identical either way because the encoder is causal.)
+        """
+        self.quantizer.check_n_quantizers(n_quantizers)
+        if audio.dim() != 3 or audio.shape[1] != self.channels or audio.shape[-1] == 0:
+            raise ValueError(f"audio must have shape [B, {self.channels}, S>0], got {tuple(audio.shape)}")
+        b, _, s = audio.shape
+        spf = self.samples_per_frame
+        frames = -(-s // spf)
+        if lengths is None:
+            lengths = torch.full((b,), s, dtype=torch.long, device=audio.device)
+        p = self._param(self.encoder)
+        x = torch.nn.functional.pad(audio.to(p.dtype), (0, frames * spf - s))
+        x = interleave(x)
+        for module in self.encoder:
+            x = module(x)
+        code_lengths = torch.div(lengths.to(audio.device) + spf - 1, spf, rounding_mode="floor")
+        return self.quantizer.encode(x, code_lengths, n_quantizers), code_lengths
+
+    # ---------------------------------------------------------------- decode
+    def _check_codes(self, codes: torch.Tensor) -> None:
+        if codes.dim() != 3 or codes.dtype not in (torch.long, torch.int32):
+            raise ValueError(f"codes must be an integer tensor [B, T, n_q], got {codes.dtype} {tuple(codes.shape)}")
+        self.quantizer.check_n_quantizers(codes.shape[-1])
+
+    def _decode_stack(self, codes: torch.Tensor, state: CodecDecodeState | None,
+                      exec_mask: torch.Tensor | None) -> torch.Tensor:
+        p = self._param(self.decoder)
+        if codes.shape[1] == 0:
+            return torch.zeros(codes.shape[0], self.channels, 0, device=codes.device, dtype=p.dtype)
+        x = self.quantizer.decode(codes.long()).to(p.dtype)
+        layer = 0
+        for module, scale in zip(self.decoder, self._decoder_scales):
+            if state is None or not isinstance(module, ProjectedTransformer):
+                x = module(x)
+                continue
+            n = module.stage.num_layers
+            x = module(x, state.caches[layer:layer + n], state.frames * scale, exec_mask)
+            layer += n
+        return deinterleave(x, self.channels)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Offline decode: codes [B, T, n_q] -> audio [B, 2, T * 3840]."""
+        self._check_codes(codes)
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
+            raise ValueError(f"codes must lie in [0, {self.codebook_size})")
+        return self._decode_stack(codes, None, None)
+
+    def new_decode_state(self, batch_size: int, device: torch.device | str | None = None,
+                         dtype: torch.dtype | None = None) -> CodecDecodeState:
+        p = self._param(self.decoder)
+        shapes = [(s.num_heads, s.context, s.head_dim) for s in self.config.decoder
+                  if isinstance(s, TransformerStage) for _ in range(s.num_layers)]
+        return CodecDecodeState.empty(batch_size, shapes, torch.device(device) if device else p.device,
+                                      dtype or p.dtype)
+
+    @torch.no_grad()
+    def decode_step(self, codes: torch.Tensor, state: CodecDecodeState,
+                    exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Streaming decode of the next T frames of every slot: codes [B, T, n_q] -> [B, 2, T*3840].
+
+        Rows whose exec_mask is False keep their state (their output rows are meaningless).
+        No host-device synchronisation happens here, so the call can be CUDA-graph captured;
+        codes are not range-checked for that reason.
+        """
+        self._check_codes(codes)
+        if codes.shape[0] != state.batch_size:
+            raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size}")
+        if exec_mask is None:
+            exec_mask = torch.ones(state.batch_size, dtype=torch.bool, device=state.frames.device)
+        exec_mask = exec_mask.to(device=state.frames.device, dtype=torch.bool)
+        audio = self._decode_stack(codes, state, exec_mask)
+        state.frames.copy_(torch.where(exec_mask, state.frames + codes.shape[1], state.frames))
+        return audio

@@ -1,0 +1,85 @@
+"""Residual LFQ quantizer of the codec (inference only, always fp32).
+
+Encode: z = input_proj(x); for each used quantizer the residual is projected to the 8-dim
+code space, L2-normalised together with the codebook, matched to the nearest entry, and the
+*un-normalised* entry is projected back and subtracted. Decode sums the projected entries and
+applies output_proj. Projections are weight-normed 1x1 Conv1d, which gives the on-disk names
+`.parametrizations.weight.original0/1` and `.bias`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from .config import QuantizerConfig
+
+
+def _wn_conv(cin: int, cout: int) -> nn.Conv1d:
+    return weight_norm(nn.Conv1d(cin, cout, kernel_size=1))
+
+
+def _pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """A 1x1 conv applied to channel-last x [B, T, Cin]."""
+    return F.linear(x, conv.weight.squeeze(-1), conv.bias)
+
+
+class LFQ(nn.Module):
+    def __init__(self, dim: int, codebook_size: int, codebook_dim: int):
+        super().__init__()
+        self.in_proj = _wn_conv(dim, codebook_dim)
+        self.out_proj = _wn_conv(codebook_dim, dim)
+        self.codebook = nn.Embedding(codebook_size, codebook_dim)
+
+    def nearest(self, latents: torch.Tensor) -> torch.Tensor:
+        """Code index per row of latents [N, codebook_dim], by cosine distance."""
+        enc = F.normalize(latents.float())
+        book = F.normalize(self.codebook.weight.float())
+        # Same expanded squared-distance expression as upstream, for identical tie-breaking.
+        dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ book.t() + book.pow(2).sum(1, keepdim=True).t()
+        return (-dist).max(1)[1]
+
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T] -> [B, T, dim]."""
+        return _pointwise(self.out_proj, F.embedding(codes, self.codebook.weight).float())
+
+
+class ResidualLFQ(nn.Module):
+    def __init__(self, q: QuantizerConfig):
+        super().__init__()
+        self.config = q
+        self.input_proj = _wn_conv(q.input_dim, q.rvq_dim)
+        self.output_proj = _wn_conv(q.rvq_dim, q.output_dim)
+        self.quantizers = nn.ModuleList(
+            LFQ(q.rvq_dim, q.codebook_size, q.codebook_dim) for _ in range(q.num_quantizers))
+
+    def check_n_quantizers(self, n: int) -> None:
+        if not 1 <= n <= self.config.num_quantizers:
+            raise ValueError(f"n_quantizers must be in 1..{self.config.num_quantizers}, got {n}")
+
+    @torch.no_grad()
+    def encode(self, x: torch.Tensor, lengths: torch.Tensor, n_quantizers: int) -> torch.Tensor:
+        """x [B, T, input_dim] -> codes [B, T, n_quantizers]. Frames t >= lengths[b] are
+        quantized from a zeroed residual and leave it unchanged, as upstream does for padding."""
+        self.check_n_quantizers(n_quantizers)
+        b, t, _ = x.shape
+        residual = _pointwise(self.input_proj, x.float())
+        valid = (torch.arange(t, device=x.device) < lengths.to(x.device)[:, None])[..., None]
+        codes = []
+        for quantizer in self.quantizers[:n_quantizers]:
+            latents = _pointwise(quantizer.in_proj, residual * valid)
+            idx = quantizer.nearest(latents.reshape(b * t, -1)).view(b, t)
+            entry = F.embedding(idx, quantizer.codebook.weight).float()
+            # Upstream's straight-through form latents + (entry - latents); kept for equal rounding.
+            projected = _pointwise(quantizer.out_proj, latents + (entry - latents))
+            residual = residual - projected * valid
+            codes.append(idx)
+        return torch.stack(codes, dim=-1)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T, n_q] (1 <= n_q <= num_quantizers) -> [B, T, output_dim] fp32."""
+        self.check_n_quantizers(codes.shape[-1])
+        total = sum(q.embed(codes[..., i]) for i, q in enumerate(self.quantizers[: codes.shape[-1]]))
+        return _pointwise(self.output_proj, total)

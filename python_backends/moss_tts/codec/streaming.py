@@ -1,0 +1,50 @@
+"""Explicit streaming-decode state for a batch of independent streams (slots).
+
+One object holds everything that survives between `MossAudioCodec.decode_step` calls:
+- `frames` [B]: codec frames already decoded per slot. Every decoder stage derives its RoPE
+  offset and ring-buffer positions from it (offset = frames x the stage's upsampling so far),
+  so slots can sit at different positions in one batch.
+- `caches`: one ring buffer [2, B, heads, context, head_dim] (keys, values) per decoder
+  attention layer, in execution order. Position p lives in slot p % context.
+
+All updates are in place, so the tensors can be static CUDA-graph buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class CodecDecodeState:
+    frames: torch.Tensor
+    caches: list[torch.Tensor]
+
+    @classmethod
+    def empty(cls, batch_size: int, layer_shapes: list[tuple[int, int, int]],
+              device: torch.device, dtype: torch.dtype) -> "CodecDecodeState":
+        """layer_shapes: (heads, context, head_dim) of every decoder attention layer."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        frames = torch.zeros(batch_size, dtype=torch.long, device=device)
+        caches = [torch.zeros(2, batch_size, h, w, d, device=device, dtype=dtype) for h, w, d in layer_shapes]
+        return cls(frames, caches)
+
+    @property
+    def batch_size(self) -> int:
+        return self.frames.shape[0]
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Restart the slots where mask [B] is True (slot reuse); other slots are untouched.
+
+        Zeroing the frame counter already invalidates every cached key; the caches are zeroed
+        too so that non-finite values from a previous stream can never leak through 0 * NaN.
+        """
+        mask = mask.to(device=self.frames.device, dtype=torch.bool)
+        if mask.shape != self.frames.shape:
+            raise ValueError(f"reset mask must have shape {tuple(self.frames.shape)}, got {tuple(mask.shape)}")
+        self.frames.copy_(torch.where(mask, torch.zeros_like(self.frames), self.frames))
+        for cache in self.caches:
+            cache.copy_(torch.where(mask.view(1, -1, 1, 1, 1), torch.zeros_like(cache), cache))

@@ -1,0 +1,254 @@
+"""MOSS-Audio-Tokenizer-v2 codec: config, real-name loading, encode/decode shapes, streaming.
+
+Everything runs on CPU in fp32 with the tiny config (same 12+12 stage topology, 48 kHz stereo
+interleave, 3840 samples per frame and 32x1024x8 quantizer as the real codec).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from moss_tts.checkpoint import CheckpointError
+from moss_tts.codec import (CodecConfig, CodecConfigError, MossAudioCodec, build_real_size_codec, load_codec,
+                            real_codec_config_dict, tiny_codec_config_dict, write_codec_checkpoint)
+from moss_tts.codec.patch import Patch, deinterleave, interleave
+from moss_tts.codec.transformer import apply_rope, local_causal_attention
+
+SPF = 3840
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_codec_checkpoint(tmp_path_factory.mktemp("codec"), tiny_codec_config_dict(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def codec(ckpt) -> MossAudioCodec:
+    return load_codec(ckpt)
+
+
+@pytest.fixture(scope="module")
+def codes50(codec):
+    torch.manual_seed(1)
+    audio = 0.3 * torch.randn(2, 2, 50 * SPF)
+    return codec.encode(audio, n_quantizers=12)[0]
+
+
+def assert_close_to_peak(actual: torch.Tensor, expected: torch.Tensor, rel: float = 1e-6) -> None:
+    assert actual.shape == expected.shape
+    err = (actual - expected).abs().max().item()
+    peak = expected.abs().max().item()
+    assert peak > 1e-3, "reference audio is trivial"
+    assert err <= rel * peak, f"max abs diff {err:.3e} > {rel} x peak {peak:.3e}"
+
+
+# ------------------------------------------------------------------ config and loading
+def test_properties_and_windows(codec):
+    assert (codec.sample_rate, codec.channels, codec.samples_per_frame, codec.frame_rate) == (48000, 2, 3840, 12.5)
+    real = CodecConfig.from_dict(real_codec_config_dict(), "real")
+    windows = lambda stages: [s.context for s in stages if hasattr(s, "context")]  # noqa: E731
+    assert windows(real.decoder) == [125, 250, 400, 400, 400, 400]
+    assert windows(real.encoder) == [400, 400, 400, 400, 250, 125]
+    assert windows(codec.config.decoder) == [4, 8, 16, 24, 40, 64]
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("model_type", "moss_tts_local", "model_type"),
+    ("quantizer_type", "rvq", "quantizer_type"),
+    ("number_channels", 1, "number_channels"),
+    ("enable_channel_interleave", False, "enable_channel_interleave"),
+    ("downsample_rate", 1920, "encoder_kwargs"),
+])
+def test_config_errors_name_field_and_source(key, value, field):
+    d = tiny_codec_config_dict()
+    d[key] = value
+    if key == "quantizer_type":
+        d["quantizer_kwargs"]["quantizer_type"] = value
+    with pytest.raises(CodecConfigError, match=f"my/config.json: {field}"):
+        CodecConfig.from_dict(d, "my/config.json")
+
+
+def test_real_names_load(ckpt, codec):
+    on_disk = load_file(str(ckpt / "model.safetensors"))
+    assert set(on_disk) == set(codec.state_dict())
+    for name in ("quantizer.input_proj.parametrizations.weight.original0",
+                 "quantizer.quantizers.31.out_proj.parametrizations.weight.original1",
+                 "quantizer.quantizers.0.in_proj.bias", "quantizer.quantizers.5.codebook.weight",
+                 "encoder.1.input_proj.weight", "encoder.11.output_proj.weight",
+                 "decoder.0.transformer.layers.0.self_attn.in_proj.weight",
+                 "decoder.10.transformer.layers.0.ffn.2.weight",
+                 "encoder.3.transformer.layers.0.layer_scale_2.scale",
+                 "decoder.4.transformer.layers.0.norm1.bias"):
+        assert name in on_disk, name
+    assert on_disk["quantizer.quantizers.3.in_proj.parametrizations.weight.original0"].shape == (8, 1, 1)
+    assert on_disk["quantizer.quantizers.3.codebook.weight"].shape == (1024, 8)
+    for name, tensor in codec.state_dict().items():
+        assert torch.equal(tensor, on_disk[name]), name
+
+
+@pytest.mark.parametrize("mutation", ["missing", "misshaped"])
+def test_bad_checkpoint_names_tensor(ckpt, tmp_path, mutation):
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    name = "decoder.2.transformer.layers.0.self_attn.out_proj.weight"
+    if mutation == "missing":
+        del tensors[name]
+    else:
+        tensors[name] = torch.zeros(3, 5)
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=name.replace(".", r"\.")):
+        load_codec(bad)
+
+
+def test_real_size_param_counts_on_meta():
+    model = build_real_size_codec("meta")
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    # Independent arithmetic from the published stage table (spec 3.2-3.4).
+    def stage(i, o, d=768, ff=3072, layers=12):
+        return i * d + d * o + layers * (4 * d * d + 2 * d * ff + 6 * d)
+    big = dict(d=1280, ff=5120, layers=32)
+    enc = stage(240, 384) + 3 * stage(768, 384) + stage(768, 640) + stage(1280, 768, **big)
+    dec = stage(768, 1280, **big) + stage(640, 768) + 3 * stage(384, 768) + stage(384, 240)
+    wn = lambda i, o: o * i + 2 * o  # noqa: E731  (v, g, bias)
+    quant = wn(768, 512) + wn(512, 768) + 32 * (wn(512, 8) + wn(8, 512) + 1024 * 8)
+    assert (count(model.encoder), count(model.decoder), count(model.quantizer)) == (enc, dec, quant)
+    assert count(model) == 2_123_701_248 == enc + dec + quant  # total_parameters of the published index
+    assert len(model.state_dict()) == 2094
+    assert abs(enc / 1.061e9 - 1) < 0.01 and abs(dec / 1.061e9 - 1) < 0.01
+    assert abs(count(model) / 2.12e9 - 1) < 0.01 and abs(quant / 1.3e6 - 1) < 0.05
+
+
+def test_bf16_load_keeps_quantizer_fp32(ckpt, codes50):
+    codec = load_codec(ckpt, dtype=torch.bfloat16)
+    assert codec.decoder[0].input_proj.weight.dtype == torch.bfloat16
+    assert codec.quantizer.quantizers[0].codebook.weight.dtype == torch.float32
+    assert torch.isfinite(codec.decode(codes50[:, :3]).float()).all()
+
+
+# ------------------------------------------------------------------ building blocks
+def test_patch_matches_upstream_channel_first_reshape():
+    x = torch.randn(2, 3, 5 * 4)  # upstream layout [B, D, L*h]
+    up = x.reshape(2, 3, 5, 4).permute(0, 1, 3, 2).reshape(2, 12, 5)
+    ours = Patch(4, True)(x.transpose(1, 2))
+    assert torch.equal(ours, up.transpose(1, 2))
+    assert torch.equal(Patch(4, False)(ours), x.transpose(1, 2))
+    audio = torch.randn(2, 2, 7)
+    assert torch.equal(interleave(audio)[0, :4, 0], torch.stack([audio[0, 0, 0], audio[0, 1, 0],
+                                                                 audio[0, 0, 1], audio[0, 1, 1]]))
+    assert torch.equal(deinterleave(interleave(audio), 2), audio)
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+    score = lambda pq, pk: (apply_rope(q, torch.tensor([[pq]]), 1e4) * apply_rope(k, torch.tensor([[pk]]), 1e4)).sum()  # noqa
+    assert torch.allclose(score(7, 3), score(107, 103), atol=1e-5)
+    assert torch.equal(apply_rope(q, torch.tensor([[0]]), 1e4), q)
+
+
+@pytest.mark.parametrize("t, window", [(5, 8), (17, 4), (64, 16), (33, 7)])
+def test_block_attention_equals_dense_window_mask(t, window):
+    q, k, v = (torch.randn(2, 3, t, 8, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(t)
+    delta = pos[:, None] - pos[None, :]
+    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=(delta >= 0) & (delta < window))
+    assert torch.allclose(local_causal_attention(q, k, v, window), dense, atol=1e-12)
+
+
+# ------------------------------------------------------------------ encode / decode
+@pytest.mark.parametrize("samples", [1, SPF - 1, SPF, SPF + 1, 3 * SPF - 5])
+def test_encode_lengths(codec, samples):
+    codes, lengths = codec.encode(0.1 * torch.randn(2, 2, samples), torch.tensor([samples, 1]))
+    frames = math.ceil(samples / SPF)
+    assert codes.shape == (2, frames, 12) and codes.dtype == torch.long
+    assert lengths.tolist() == [frames, 1]
+    assert 0 <= codes.min() and codes.max() < 1024
+
+
+def test_encode_quantizer_counts(codec):
+    audio = 0.3 * torch.randn(1, 2, 4 * SPF)
+    c32, _ = codec.encode(audio, n_quantizers=32)
+    c1, _ = codec.encode(audio, n_quantizers=1)
+    assert c32.shape == (1, 4, 32)
+    assert torch.equal(c32[..., :1], c1) and torch.equal(c32[..., :12], codec.encode(audio)[0])
+    for bad in (0, 33):
+        with pytest.raises(ValueError, match="n_quantizers"):
+            codec.encode(audio, n_quantizers=bad)
+    with pytest.raises(ValueError, match="shape"):
+        codec.encode(torch.randn(1, 1, SPF))
+
+
+@pytest.mark.parametrize("n_q", [1, 12, 32])
+def test_decode_lengths(codec, n_q):
+    codes = torch.randint(0, 1024, (3, 4, n_q))
+    audio = codec.decode(codes)
+    assert audio.shape == (3, 2, 4 * SPF) and torch.isfinite(audio).all()
+    assert audio.abs().max() > 1e-3 and not torch.equal(audio[:, 0], audio[:, 1])
+
+
+def test_decode_rejects_bad_codes(codec):
+    with pytest.raises(ValueError, match="n_quantizers"):
+        codec.decode(torch.zeros(1, 2, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\[0, 1024\)"):
+        codec.decode(torch.full((1, 2, 12), 1024))
+
+
+# ------------------------------------------------------------------ streaming
+@pytest.mark.parametrize("chunks", [[1] * 50, [5] * 10, [25] * 2, [1, 3, 7, 2, 5, 25, 7]],
+                         ids=["1", "5", "25", "mixed"])
+def test_streaming_equals_offline(codec, codes50, chunks):
+    offline = codec.decode(codes50)
+    state = codec.new_decode_state(2)
+    assert [c.shape[-2] for c in state.caches] == [4, 8, 16, 24, 40, 64]  # all shorter than 50 frames
+    out, start = [], 0
+    for n in chunks:
+        out.append(codec.decode_step(codes50[:, start:start + n], state))
+        start += n
+    assert start == 50 and state.frames.tolist() == [50, 50]
+    assert_close_to_peak(torch.cat(out, dim=-1), offline)
+
+
+def _run_schedule(codec, streams, schedule, chunk=3):
+    """Feed each stream chunk by chunk into one batched state; schedule lists exec masks."""
+    state = codec.new_decode_state(len(streams))
+    cursors, outs = [0] * len(streams), [[] for _ in streams]
+    for mask in schedule:
+        batch = torch.randint(0, 1024, (len(streams), chunk, 12))  # garbage for idle rows
+        for row, active in enumerate(mask):
+            if active:
+                batch[row] = streams[row][cursors[row]:cursors[row] + chunk]
+        audio = codec.decode_step(batch, state, torch.tensor(mask))
+        for row, active in enumerate(mask):
+            if active:
+                outs[row].append(audio[row])
+                cursors[row] += chunk
+    return state, [torch.cat(o, dim=-1) for o in outs]
+
+
+def test_batched_streams_with_exec_mask(codec, codes50):
+    a, b = codes50[0, :36], codes50[1, :36]
+    schedule = [(1, 0), (1, 0), (1, 1), (0, 1), (1, 1), (0, 1), (0, 1), (1, 1), (1, 0)] + [(1, 1)] * 6
+    state, (out_a, out_b) = _run_schedule(codec, [a, b], schedule)
+    assert state.frames.tolist() == [36, 36]
+    assert_close_to_peak(out_a, codec.decode(a[None])[0])
+    assert_close_to_peak(out_b, codec.decode(b[None])[0])
+
+
+def test_reset_slot_then_reuse(codec, codes50):
+    a, b, c = codes50[0, :24], codes50[1, :30], codes50[0, 24:48]
+    state = codec.new_decode_state(2)
+    first_b = [codec.decode_step(torch.stack([a[i:i + 6], b[i:i + 6]]), state)[1] for i in range(0, 18, 6)]
+    state.reset(torch.tensor([True, False]))
+    assert state.frames.tolist() == [0, 18]
+    out_c, rest_b = [], []
+    for i in range(0, 12, 6):
+        audio = codec.decode_step(torch.stack([c[i:i + 6], b[18 + i:24 + i]]), state)
+        out_c.append(audio[0])
+        rest_b.append(audio[1])
+    assert_close_to_peak(torch.cat(out_c, -1), codec.decode(c[None, :12])[0])
+    assert_close_to_peak(torch.cat(first_b + rest_b, -1), codec.decode(b[None])[0])
