@@ -10,3 +10,4 @@ if ! .venv/bin/python -c "import sys; sys.exit(0 if open('requirements.txt').rea
   .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
   cp requirements.txt .venv/.installed-requirements
 fi
+scripts/setup_triton.sh
