@@ -99,7 +99,11 @@ def cmd_encode(args) -> None:
     audio = read_audio(src)
     codec = _load(args)
     codec.quantizer.check_n_quantizers(args.n_quantizers)
-    codes, _ = codec.encode(torch.from_numpy(audio)[None].to(args.device), n_quantizers=args.n_quantizers)
+    # Count the zero-padded last frame as real so a partial frame keeps its audio (the codec's
+    # default, like upstream, codes only whole frames and pads the rest).
+    padded = -(-audio.shape[1] // codec.samples_per_frame) * codec.samples_per_frame
+    codes, _ = codec.encode(torch.from_numpy(audio)[None].to(args.device), torch.tensor([padded]),
+                            n_quantizers=args.n_quantizers)
     np.save(dst, codes[0].cpu().numpy().astype(np.int64))
 
 

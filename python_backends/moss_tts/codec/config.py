@@ -237,5 +237,7 @@ def tiny_codec_config_dict() -> dict[str, Any]:
         _transformer(16, 32, 0.32, **tiny), _transformer(16, 16, 0.32, **tiny),
         _transformer(8, 16, 0.32, **tiny), _transformer(8, 16, 0.24, **tiny),
         _transformer(8, 16, 0.2, **tiny), _transformer(8, 240, 0.16, **tiny)], patch_first=False)
-    return _config(encoder, decoder, {"input_dim": 16, "rvq_dim": 16, "output_dim": 16,
+    # rvq_dim differs from input/output dims (as in the real 768/512/768) so the weight-normed
+    # projections exist: upstream drops them when the dims are equal.
+    return _config(encoder, decoder, {"input_dim": 16, "rvq_dim": 24, "output_dim": 16,
                                       "num_quantizers": 32, "codebook_size": 1024, "codebook_dim": 8})

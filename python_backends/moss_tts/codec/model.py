@@ -73,9 +73,9 @@ class MossAudioCodec(nn.Module):
                n_quantizers: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
         """audio [B, 2, S] -> (codes [B, T, n_quantizers] long, code_lengths [B] long), T = ceil(S/3840).
 
-        code_lengths = ceil(lengths / 3840): every frame holding at least one real sample. (The
-        upstream code floors here and so drops a final partial frame; the frames before it are
-        identical either way because the encoder is causal.)
+        code_lengths = floor(lengths / 3840), as upstream: a final partial frame is quantized from
+        a zeroed residual (padding codes), so only whole frames carry audio. The codes tensor
+        still has ceil(S / 3840) frames.
         """
         self.quantizer.check_n_quantizers(n_quantizers)
         if audio.dim() != 3 or audio.shape[1] != self.channels or audio.shape[-1] == 0:
@@ -90,7 +90,7 @@ class MossAudioCodec(nn.Module):
         x = interleave(x)
         for module in self.encoder:
             x = module(x)
-        code_lengths = torch.div(lengths.to(audio.device) + spf - 1, spf, rounding_mode="floor")
+        code_lengths = torch.div(lengths.to(audio.device), spf, rounding_mode="floor")
         return self.quantizer.encode(x, code_lengths, n_quantizers), code_lengths
 
     # ---------------------------------------------------------------- decode

@@ -17,12 +17,18 @@ from torch.nn.utils.parametrizations import weight_norm
 from .config import QuantizerConfig
 
 
-def _wn_conv(cin: int, cout: int) -> nn.Conv1d:
+def _wn_conv(cin: int, cout: int) -> nn.Module:
+    """Weight-normed 1x1 conv; upstream uses no projection at all (no tensors on disk) when
+    the dimensions already match, so neither do we."""
+    if cin == cout:
+        return nn.Identity()
     return weight_norm(nn.Conv1d(cin, cout, kernel_size=1))
 
 
-def _pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
-    """A 1x1 conv applied to channel-last x [B, T, Cin]."""
+def _pointwise(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A 1x1 conv (or identity) applied to channel-last x [B, T, Cin]."""
+    if isinstance(conv, nn.Identity):
+        return x
     return F.linear(x, conv.weight.squeeze(-1), conv.bias)
 
 
