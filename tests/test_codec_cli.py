@@ -43,8 +43,11 @@ def test_round_trip_subprocess(ckpt, tmp_path):
     codes = np.load(tmp_path / "codes.npy")
     assert codes.shape == (13, 12) and np.issubdtype(codes.dtype, np.integer)
     codec = load_codec(ckpt)
-    expected, _ = codec.encode(torch.from_numpy(audio)[None])
+    # The CLI counts the partial last frame as audio (length rounded up to whole frames).
+    expected, _ = codec.encode(torch.from_numpy(audio)[None], torch.tensor([13 * SPF]))
     assert np.array_equal(codes, expected[0].numpy())
+    whole_frames_only, _ = codec.encode(torch.from_numpy(audio)[None])
+    assert np.array_equal(codes[:12], whole_frames_only[0, :12].numpy())
 
     for out, extra in (("offline.wav", []), ("offline.npy", []), ("chunked.npy", ["--chunk-frames", "4"])):
         res = run_cli("decode", tmp_path / "codes.npy", "-o", tmp_path / out, "--codec", ckpt, *extra)
