@@ -1,0 +1,238 @@
+"""VocoderSessions: streamed decode through shared slots equals offline decode; slot lifecycle.
+
+Tiny codec, fp32 on CPU. Its decoder windows (4..64 frames at their stage rates) are all
+shorter than the 30-frame streams, so every ring buffer wraps during these tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moss_tts.codec import load_codec
+from moss_tts.serving import NoFreeSlot, VocoderConfig, VocoderSessions
+
+SPF = 3840  # samples per channel per codec frame
+
+
+class CountingCodec:
+    """The tiny codec with decode_step calls counted (and optionally failing)."""
+
+    def __init__(self, codec, fail: bool = False):
+        self._codec = codec
+        self.fail = fail
+        self.step_batches: list[int] = []  # number of executed rows per decode_step
+
+    def __getattr__(self, name):
+        return getattr(self._codec, name)
+
+    def decode_step(self, codes, state, exec_mask):
+        self.step_batches.append(int(exec_mask.sum()))
+        if self.fail:
+            raise RuntimeError("simulated device failure")
+        return self._codec.decode_step(codes, state, exec_mask)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_dir):
+    return load_codec(tiny_dir / "codec")
+
+
+@pytest.fixture(scope="module")
+def streams(codec) -> torch.Tensor:
+    """Two realistic code streams [2, 30, 12] (encoded noise)."""
+    g = torch.Generator().manual_seed(3)
+    return codec.encode(0.3 * torch.randn(2, 2, 30 * SPF, generator=g), n_quantizers=12)[0]
+
+
+def make(codec, max_slots: int = 4, **kwargs) -> tuple[VocoderSessions, CountingCodec]:
+    counting = CountingCodec(codec, kwargs.pop("fail", False))
+    return VocoderSessions(counting, VocoderConfig(max_slots=max_slots), **kwargs), counting
+
+
+def offline(codec, codes: torch.Tensor) -> torch.Tensor:
+    return codec.decode(codes[None])[0]
+
+
+def assert_close_to_peak(actual: torch.Tensor, expected: torch.Tensor, rel: float = 1e-6) -> None:
+    assert actual.shape == expected.shape and actual.dtype == torch.float32 and actual.device.type == "cpu"
+    err = (actual - expected).abs().max().item()
+    peak = expected.abs().max().item()
+    assert peak > 1e-3, "reference audio is trivial"
+    assert err <= rel * peak, f"max abs diff {err:.3e} > {rel} x peak {peak:.3e}"
+
+
+def chunked(codes: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    assert sum(sizes) == codes.shape[0]
+    return list(codes.split(sizes))
+
+
+def stream(sessions: VocoderSessions, seq_id, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    return torch.cat([sessions.decode({seq_id: c})[seq_id] for c in chunked(codes, sizes)], dim=-1)
+
+
+def assert_stats(sessions, **expected) -> None:
+    stats = sessions.stats()
+    actual = {name: getattr(stats, name) for name in expected}
+    assert actual == expected, f"stats {stats}"
+
+
+# ------------------------------------------------------------------ config
+@pytest.mark.parametrize("kwargs, field", [({"max_slots": 0}, "max_slots"), ({"n_vq": 1.5}, "n_vq"),
+                                           ({"dtype": "int8"}, "dtype"), ({"device": "gpu"}, "device")])
+def test_config_rejects_bad_values(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        VocoderConfig(**kwargs)
+
+
+def test_config_must_match_the_codec(codec):
+    assert VocoderConfig(dtype=torch.bfloat16).dtype == "bfloat16"
+    with pytest.raises(ValueError, match="same device and dtype"):
+        VocoderSessions(codec, VocoderConfig(dtype="bfloat16"))
+    with pytest.raises(ValueError, match="n_vq=33"):
+        VocoderSessions(codec, VocoderConfig(n_vq=33))
+
+
+# ------------------------------------------------------------------ streaming equals offline
+def test_chunked_stream_equals_offline(codec, streams):
+    sessions, _ = make(codec)
+    sessions.start("a")
+    audio = stream(sessions, "a", streams[0], [1, 5, 5, 5, 5, 5, 4])
+    assert_close_to_peak(audio, offline(codec, streams[0]))
+    assert_stats(sessions, decode_calls=7, frames_decoded=30, active_slots=1, free_slots=3)
+
+
+def test_interleaved_sequences_with_different_chunkings(codec, streams):
+    sessions, counting = make(codec)
+    sessions.start("a")
+    sessions.start(7)
+    pending = {"a": chunked(streams[0], [1, 5, 5, 5, 5, 5, 4]), 7: chunked(streams[1], [3, 5, 2, 5, 3, 3, 3, 3, 3])}
+    outputs = {"a": [], 7: []}
+    while any(pending.values()):
+        call = {sid: chunks.pop(0) for sid, chunks in pending.items() if chunks}
+        for sid, audio in sessions.decode(call).items():
+            assert audio.shape == (2, call[sid].shape[0] * SPF)
+            outputs[sid].append(audio)
+    assert_close_to_peak(torch.cat(outputs["a"], -1), offline(codec, streams[0]))
+    assert_close_to_peak(torch.cat(outputs[7], -1), offline(codec, streams[1]))
+    assert sorted(set(counting.step_batches)) == [1, 2]  # rounds 2 and 4 share one step (T=5)
+
+
+def test_equal_lengths_share_one_decode_step(codec, streams):
+    sessions, counting = make(codec)
+    sessions.start("a")
+    sessions.start("b")
+    sessions.start("c")
+    out = sessions.decode({"a": streams[0, :6], "b": streams[1, :6], "c": streams[1, :2]})
+    assert counting.step_batches == [2, 1]  # one call for T=6 (a, b), one for T=2 (c)
+    assert_stats(sessions, decode_calls=2, frames_decoded=14)
+    assert_close_to_peak(out["a"], offline(codec, streams[0, :6]))
+    assert_close_to_peak(out["b"], offline(codec, streams[1, :6]))
+    assert_close_to_peak(out["c"], offline(codec, streams[1, :2]))
+
+
+def test_prime_then_decode_continues_the_stream(codec, streams):
+    sessions, _ = make(codec)
+    sessions.start("a")
+    sessions.prime("a", streams[0, :10])
+    audio = stream(sessions, "a", streams[0, 10:], [4, 16])
+    assert_close_to_peak(audio, offline(codec, streams[0])[:, 10 * SPF:])
+    assert_stats(sessions, decode_calls=3, frames_decoded=30)
+
+
+def test_empty_chunk_returns_empty_audio_without_a_step(codec, streams):
+    sessions, counting = make(codec)
+    sessions.start("a")
+    out = sessions.decode({"a": streams[0, :0]})
+    assert out["a"].shape == (2, 0) and counting.step_batches == []
+
+
+# ------------------------------------------------------------------ slot lifecycle
+def test_slot_reuse_after_end_starts_fresh(codec, streams):
+    sessions, _ = make(codec, max_slots=1)
+    assert sessions.start("a") == 0
+    stream(sessions, "a", streams[0, :12], [6, 6])
+    sessions.end("a")
+    assert sessions.start("b") == 0
+    assert_close_to_peak(stream(sessions, "b", streams[1], [7, 23]), offline(codec, streams[1]))
+    sessions.end("b")
+    sessions.start("a")  # an ended id may come back as a new sequence
+    assert_close_to_peak(stream(sessions, "a", streams[0, 12:], [18]), offline(codec, streams[0, 12:]))
+    assert_stats(sessions, sessions_started=3, sessions_ended=2, active_slots=1)
+
+
+def test_no_free_slot_when_full(codec):
+    sessions, _ = make(codec, max_slots=2)
+    sessions.start("a")
+    sessions.start("b")
+    with pytest.raises(NoFreeSlot, match="all 2 vocoder slots"):
+        sessions.start("c")
+    sessions.end("a")
+    assert sessions.start("c") == 0
+    assert_stats(sessions, active_slots=2, free_slots=0, sessions_started=3)
+
+
+def test_expire_frees_idle_slots(codec, streams):
+    clock = FakeClock()
+    sessions, _ = make(codec, clock=clock)
+    sessions.start("idle")
+    sessions.start("busy")
+    clock.now = 5.0
+    sessions.decode({"busy": streams[0, :2]})
+    clock.now = 6.0
+    assert sessions.expire(idle_seconds=3.0) == ["idle"]
+    assert sessions.expire(idle_seconds=3.0, now=7.0) == []
+    assert sessions.expire(idle_seconds=3.0, now=8.5) == ["busy"]
+    assert_stats(sessions, sessions_expired=2, active_slots=0, free_slots=4)
+    with pytest.raises(KeyError, match="never started, or already ended, cancelled or expired"):
+        sessions.decode({"idle": streams[0, :1]})
+
+
+def test_cancel_frees_the_slot_and_is_counted(codec):
+    sessions, _ = make(codec, max_slots=1)
+    sessions.start("a")
+    sessions.cancel("a")
+    assert "a" not in sessions
+    sessions.start("b")
+    assert_stats(sessions, sessions_cancelled=1, sessions_ended=0, active_slots=1)
+
+
+def test_unknown_and_duplicate_ids(codec, streams):
+    sessions, _ = make(codec)
+    for call in (lambda: sessions.end("x"), lambda: sessions.cancel("x"), lambda: sessions.prime("x", streams[0, :1])):
+        with pytest.raises(KeyError, match="'x'"):
+            call()
+    sessions.start("a")
+    with pytest.raises(ValueError, match="already active"):
+        sessions.start("a")
+
+
+def test_bad_chunk_changes_no_state(codec, streams):
+    sessions, counting = make(codec)
+    sessions.start("a")
+    sessions.start("b")
+    bad = [streams[0, :3, :8], streams[0, :3].float(), torch.full((3, 12), 1024)]
+    for chunk in bad:
+        with pytest.raises(ValueError, match="sequence 'b'"):
+            sessions.decode({"a": streams[0, :3], "b": chunk})
+    assert counting.step_batches == []
+    assert_close_to_peak(stream(sessions, "a", streams[0], [30]), offline(codec, streams[0]))
+
+
+def test_failed_decode_step_ends_the_sequences_of_the_call(codec, streams):
+    sessions, counting = make(codec, fail=True)
+    sessions.start("a")
+    sessions.start("b")
+    sessions.start("c")
+    with pytest.raises(RuntimeError, match="simulated"):
+        sessions.decode({"a": streams[0, :2], "b": streams[1, :2]})
+    assert "a" not in sessions and "b" not in sessions and "c" in sessions
+    assert_stats(sessions, sessions_failed=2, active_slots=1)
