@@ -1,0 +1,139 @@
+"""moss_tts (BLS entry): TEXT [+ REFERENCE_AUDIO, ...] -> AUDIO [2, samples] float32, 48 kHz.
+
+execute() validates every request (INVALID_ARG at once for bad input) and starts a worker
+thread per stream (speech_pipeline.SpeechStream); workers call moss_tts_codes (ensemble) and
+vocoder over BLS with CPU tensors and send responses themselves. Bounded by
+max_concurrent_streams: past it a request gets UNAVAILABLE.
+"""
+
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from moss_tts.serving import triton_io as io
+from moss_tts.serving.speech_pipeline import ChildError, CodesChunk, SpeechStream, new_sequence_id
+from moss_tts.serving.synthesis_request import RequestError, parse_synthesis_request
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+# Inputs passed through to the ensemble unchanged when the client sent them.
+PASSTHROUGH = ("REFERENCE_TEXT", "MODE", "LANGUAGE", "INSTRUCTIONS", "TOKENS", "TEMPERATURE", "TOP_P", "TOP_K",
+               "REPETITION_PENALTY", "SEED", "MAX_FRAMES", "IGNORE_STOP", "FIRST_CHUNK_FRAMES", "CHUNK_FRAMES")
+
+
+def _child_error(response) -> ChildError:
+    err = response.error()
+    return ChildError(err.message(), io.error_kind(err))
+
+
+class TritonChildren:
+    """BLS calls of one stream: the codes ensemble, the engine's ABORT, the vocoder sequence."""
+
+    def __init__(self, inputs, request_id: str):
+        self.inputs = inputs
+        self.request_id = request_id
+        self.sequence_id = new_sequence_id()
+
+    def stream_codes(self):
+        request = pb_utils.InferenceRequest(model_name="moss_tts_codes", inputs=self.inputs,
+                                            requested_output_names=["CODES", "CONTEXT_CODES"])
+        for response in request.exec(decoupled=True):
+            if response.has_error():
+                raise _child_error(response)
+            codes = pb_utils.get_output_tensor_by_name(response, "CODES")
+            if codes is None:
+                continue  # the empty final response
+            context = pb_utils.get_output_tensor_by_name(response, "CONTEXT_CODES")
+            yield CodesChunk(codes.as_numpy(), context.as_numpy())
+
+    def abort_codes(self):
+        inputs = [io.bytes_tensor("TEXT", [b"-"], [1]), io.bytes_tensor("REQUEST_ID", [self.request_id.encode()], [1]),
+                  pb_utils.Tensor("ABORT", np.array([True]))]
+        for _ in pb_utils.InferenceRequest(model_name="tts_engine", inputs=inputs,
+                                           requested_output_names=["CODES"]).exec(decoupled=True):
+            pass
+
+    def vocode(self, codes, start, end):
+        flags = (START if start else 0) | (END if end else 0)
+        request = pb_utils.InferenceRequest(
+            model_name="vocoder", correlation_id=self.sequence_id, flags=flags,
+            inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes, dtype=np.int32)[None])],
+            requested_output_names=["AUDIO"])
+        response = request.exec()
+        if response.has_error():
+            raise _child_error(response)
+        return pb_utils.get_output_tensor_by_name(response, "AUDIO").as_numpy()[0]
+
+
+class TritonClient:
+    def __init__(self, sender):
+        self.sender = sender
+
+    def send_audio(self, audio, final):
+        response = pb_utils.InferenceResponse([pb_utils.Tensor("AUDIO", np.ascontiguousarray(audio, np.float32))])
+        self.sender.send(response, flags=FINAL if final else 0)
+
+    def send_error(self, message, code):
+        self.sender.send(io.error_response(message, code), flags=FINAL)
+
+    def send_final(self):
+        self.sender.send(flags=FINAL)
+
+    def is_cancelled(self):
+        return self.sender.is_cancelled()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config, params = io.model_config(args), io.model_parameters(args)
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("moss_tts must be decoupled (model_transaction_policy)")
+        self.slots = threading.BoundedSemaphore(int(params.get("max_concurrent_streams", 256)))
+        self.workers = set()
+        self.lock = threading.Lock()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                stream = self._prepare(request, sender)
+            except RequestError as exc:
+                sender.send(io.error_response(str(exc)), flags=FINAL)
+                continue
+            if not self.slots.acquire(blocking=False):
+                sender.send(io.error_response("server busy: too many concurrent streams", io.UNAVAILABLE), flags=FINAL)
+                continue
+            worker = threading.Thread(target=self._run, args=(stream,), daemon=True)
+            with self.lock:
+                self.workers.add(worker)
+            worker.start()
+        return None
+
+    def _prepare(self, request, sender):
+        get = io.getter(request)
+        synthesis = parse_synthesis_request(get, request.request_id() or "")
+        request_id = f"{synthesis.request_id or 'req'}-{new_sequence_id():x}"  # unique per stream
+        audio = get("REFERENCE_AUDIO")
+        audio = b"" if audio is None else bytes(audio.reshape(-1)[0])
+        if synthesis.mode == "continuation" and not audio:
+            raise RequestError("MODE=continuation needs REFERENCE_AUDIO (the audio to continue)")
+        inputs = [io.bytes_tensor("TEXT", [get("TEXT").reshape(-1)[0]], [1]),
+                  io.bytes_tensor("REFERENCE_AUDIO", [audio], [1, 1]),
+                  io.bytes_tensor("REQUEST_ID", [request_id.encode()], [1])]
+        inputs += [pb_utils.Tensor(name, get(name).reshape(1)) for name in PASSTHROUGH if get(name) is not None]
+        return SpeechStream(TritonChildren(inputs, request_id), TritonClient(sender), synthesis.stream)
+
+    def _run(self, stream):
+        try:
+            stream.run()
+        finally:
+            self.slots.release()
+            with self.lock:
+                self.workers.discard(threading.current_thread())
+
+    def finalize(self):
+        with self.lock:
+            workers = list(self.workers)
+        for worker in workers:
+            worker.join(timeout=30)

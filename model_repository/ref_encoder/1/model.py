@@ -1,0 +1,66 @@
+"""ref_encoder: REFERENCE_AUDIO [1] (file bytes) -> REFERENCE_CODES [1, frames, 12] (int32).
+
+Decode -> stereo 48 kHz -> loudness-normalise -> 12 quantizers, behind a content-addressed
+LRU cache (xxh3_64 of the bytes + encoder config). Concurrent misses on the same bytes encode
+once; the misses of one dynamic batch go to the codec together. Empty bytes mean "no
+reference" and give 0 frames. Unusable audio is INVALID_ARG for that request only.
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from moss_tts.audio import AudioError
+from moss_tts.codec.checkpoint import load_codec
+from moss_tts.serving import triton_io as io
+from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
+from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder
+
+COUNTERS = ("hits", "misses", "coalesced_waits", "encodes", "items_encoded", "evictions")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = io.model_parameters(args)
+        device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
+        # The encoder runs in fp32: reference codes are discrete, and bf16 rounding flips them.
+        codec_dir = checkpoint_dirs()[1]
+        codec = load_codec(codec_dir, device).eval()
+        config = ReferenceCacheConfig(max_entries=int(params.get("cache_max_entries", 8192)),
+                                      max_bytes=int(params.get("cache_max_bytes", 64 << 20)))
+        self.encoder = ReferenceEncoder(codec, config, encoder_id=str(codec_dir.resolve()))
+        # The family must outlive its metrics, so it is kept on the instance.
+        self.family = pb_utils.MetricFamily("moss_ref_cache_total", "reference cache events",
+                                            pb_utils.MetricFamily.COUNTER)
+        self.counters = {name: self.family.Metric(labels={"event": name}) for name in COUNTERS}
+        self.published = {name: 0 for name in COUNTERS}
+
+    def execute(self, requests):
+        audios = [bytes(io.getter(r)("REFERENCE_AUDIO").reshape(-1)[0]) for r in requests]
+        results = self._encode(audios)
+        self._publish()
+        return [io.error_response(str(r)) if isinstance(r, Exception)
+                else pb_utils.InferenceResponse([pb_utils.Tensor("REFERENCE_CODES", r)]) for r in results]
+
+    def _encode(self, audios):
+        wanted = [i for i, a in enumerate(audios) if a]
+        results = [np.zeros((1, 0, 12), dtype=np.int32)] * len(audios)
+        try:
+            codes = self.encoder.encode_many([audios[i] for i in wanted])
+            for i, c in zip(wanted, codes):
+                results[i] = c.numpy().astype(np.int32)[None]
+            return results
+        except AudioError:
+            pass  # some item is unusable: the good ones are cached now, so ask one by one
+        for i in wanted:
+            try:
+                results[i] = self.encoder.encode_many([audios[i]])[0].numpy().astype(np.int32)[None]
+            except AudioError as exc:
+                results[i] = exc
+        return results
+
+    def _publish(self):
+        stats = self.encoder.stats()
+        for name, metric in self.counters.items():
+            value = getattr(stats, name)
+            metric.increment(value - self.published[name])
+            self.published[name] = value

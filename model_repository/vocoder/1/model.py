@@ -1,0 +1,84 @@
+"""vocoder: CODES [1, frames, 12] of one sequence -> AUDIO [1, 2, frames * 3840] (48 kHz stereo).
+
+Sequence batcher (direct): START opens codec state for the correlation id, END frees it after
+decoding that request's chunk; a START with no codes primes nothing and returns no samples.
+State of sequences idle past max_sequence_idle_microseconds is freed on the next execute.
+Chunks of several sequences in one execute are decoded together (one call per chunk length).
+"""
+
+import torch
+import triton_python_backend_utils as pb_utils
+
+from moss_tts.codec.checkpoint import load_codec
+from moss_tts.serving import triton_io as io
+from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
+from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config, params = io.model_config(args), io.model_parameters(args)
+        device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
+        dtype = resolve_dtype(params.get("dtype"), device)
+        codec = load_codec(checkpoint_dirs()[1], device, dtype).eval()
+        self.sessions = VocoderSessions(codec, VocoderConfig(max_slots=config["max_batch_size"], device=str(device),
+                                                             dtype="bfloat16" if dtype == torch.bfloat16 else "float32"))
+        idle_us = int(config["sequence_batching"].get("max_sequence_idle_microseconds", 1_000_000))
+        self.idle_seconds = idle_us / 1e6
+        # The family must outlive its metrics, so it is kept on the instance.
+        self.family = pb_utils.MetricFamily("moss_vocoder_sessions", "vocoder codec state slots",
+                                            pb_utils.MetricFamily.GAUGE)
+        self.active_gauge = self.family.Metric(labels={"state": "active"})
+        self.free_gauge = self.family.Metric(labels={"state": "free"})
+        self._publish()
+
+    def execute(self, requests):
+        self.sessions.expire(self.idle_seconds)
+        responses = [None] * len(requests)
+        chunks, ends = {}, []
+        for i, request in enumerate(requests):
+            get = io.getter(request)
+            seq = int(get("CORRID").reshape(-1)[0])
+            try:
+                if bool(get("START").reshape(-1)[0]):
+                    if seq in self.sessions:
+                        self.sessions.end(seq)  # a restarted id starts from fresh state
+                    self.sessions.start(seq)
+                elif seq not in self.sessions:
+                    raise KeyError(f"sequence {seq} has no codec state (not started, ended or idle-expired)")
+                codes = torch.from_numpy(get("CODES")).reshape(-1, 12)
+                if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1024):
+                    raise ValueError(f"sequence {seq}: CODES must lie in [0, 1024)")
+                chunks[seq] = (i, codes)
+            except NoFreeSlot as exc:
+                responses[i] = io.error_response(str(exc), io.UNAVAILABLE)
+            except (KeyError, ValueError) as exc:
+                responses[i] = io.error_response(str(exc).strip("'\""))
+            if bool(get("END").reshape(-1)[0]):
+                ends.append(seq)
+        self._decode(chunks, responses)
+        for seq in ends:
+            if seq in self.sessions:
+                self.sessions.end(seq)
+        self._publish()
+        return responses
+
+    def _decode(self, chunks, responses):
+        try:
+            audio = self.sessions.decode({seq: codes for seq, (_, codes) in chunks.items()})
+        except Exception as exc:  # one bad chunk must not take the others' state down silently
+            for seq, (i, _) in chunks.items():
+                responses[i] = io.error_response(f"vocoder decode failed: {exc}", io.INTERNAL)
+                self.sessions.cancel(seq)
+            return
+        for seq, (i, _) in chunks.items():
+            samples = audio[seq].float().numpy()[None]
+            responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("AUDIO", samples)])
+
+    def _publish(self):
+        stats = self.sessions.stats()
+        self.active_gauge.set(stats.active_slots)
+        self.free_gauge.set(stats.free_slots)
+
+    def finalize(self):
+        self.sessions = None

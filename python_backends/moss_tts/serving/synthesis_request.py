@@ -1,0 +1,137 @@
+"""One synthesis request as the Triton models receive it: named tensors -> validated objects.
+
+Shared by the `tts_engine` and `moss_tts` (BLS) adapters so both reject the same bad input
+with the same message. Tensor names here are the public contract (README, client, pbtxt).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..processor import MAX_TEXT_CHARS, PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
+from ..sampling_params import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,
+                               DEFAULT_MAX_FRAMES, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P, ChannelParams,
+                               SamplingError, SamplingParams)
+
+MODES = {"clone": "clone", "voice_clone": "clone", "continuation": "continuation"}
+MAX_CHUNK_FRAMES = 250  # 20 s of audio per response at most
+
+
+class RequestError(ValueError):
+    """Client input that cannot be served; maps to INVALID_ARGUMENT with this message."""
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    text: str
+    fields: PromptFields
+    reference_text: Optional[str]
+    mode: str
+    params: SamplingParams
+    stream: bool
+    first_chunk_frames: Optional[int]
+    chunk_frames: Optional[int]
+    request_id: str
+
+    def prompt_spec(self, reference_codes) -> PromptSpec:
+        return PromptSpec(self.text, self.fields, reference_codes, self.reference_text, self.mode)
+
+
+Getter = Callable[[str], Optional[np.ndarray]]
+
+
+def _scalar(get: Getter, name: str):
+    value = get(name)
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.size != 1:
+        raise RequestError(f"input {name} must hold exactly one value, got shape {list(array.shape)}")
+    return array.reshape(-1)[0]
+
+
+def _string(get: Getter, name: str) -> Optional[str]:
+    value = _scalar(get, name)
+    if value is None:
+        return None
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(f"input {name} is not valid UTF-8") from None
+    return str(value)
+
+
+def _number(get: Getter, name: str, kind, default):
+    value = _scalar(get, name)
+    if value is None:
+        return default
+    if isinstance(value, (bytes, np.bytes_, str)):
+        raise RequestError(f"input {name} must be numeric, got a string")
+    number = float(value)
+    if not math.isfinite(number):
+        raise RequestError(f"input {name} must be a finite number, got {number}")
+    if kind is int and number != int(number):
+        raise RequestError(f"input {name} must be an integer, got {number}")
+    return kind(number)
+
+
+def _chunk(get: Getter, name: str) -> Optional[int]:
+    value = _number(get, name, int, None)
+    if value is not None and not (1 <= value <= MAX_CHUNK_FRAMES):
+        raise RequestError(f"input {name} must be in [1, {MAX_CHUNK_FRAMES}] frames, got {value}")
+    return value
+
+
+def parse_synthesis_request(get: Getter, default_request_id: str) -> SynthesisRequest:
+    """Read and validate every synthesis input; `get(name)` returns the tensor or None."""
+    text = _string(get, "TEXT")
+    if text is None:
+        raise RequestError("input TEXT is required")
+    try:
+        inline_tokens, text = split_token_prefix(text)
+        tokens = _number(get, "TOKENS", int, None)
+        tokens = parse_tokens(tokens, "input TOKENS") if tokens is not None else inline_tokens
+    except PromptError as exc:
+        raise RequestError(str(exc)) from None
+    if not text.strip():
+        raise RequestError("input TEXT is empty: give the words to speak")
+    if len(text) > MAX_TEXT_CHARS:
+        raise RequestError(f"input TEXT has {len(text)} characters, the limit is {MAX_TEXT_CHARS}")
+    mode_name = (_string(get, "MODE") or "clone").strip().lower()
+    if mode_name not in MODES:
+        raise RequestError(f"input MODE must be one of {sorted(MODES)}, got {mode_name!r}")
+    language = _string(get, "LANGUAGE")
+    if language is not None and language.strip().lower() == "auto":
+        language = None  # "auto" means: let the model infer it (no Language field)
+    try:
+        params = SamplingParams(
+            audio=ChannelParams(_number(get, "TEMPERATURE", float, AUDIO_TEMPERATURE),
+                                _number(get, "TOP_P", float, AUDIO_TOP_P),
+                                _number(get, "TOP_K", int, AUDIO_TOP_K),
+                                _number(get, "REPETITION_PENALTY", float, AUDIO_REPETITION_PENALTY)),
+            stop=ChannelParams(_number(get, "STOP_TEMPERATURE", float, STOP_TEMPERATURE),
+                               _number(get, "STOP_TOP_P", float, STOP_TOP_P),
+                               _number(get, "STOP_TOP_K", int, STOP_TOP_K)),
+            seed=_number(get, "SEED", int, None),
+            max_frames=_number(get, "MAX_FRAMES", int, DEFAULT_MAX_FRAMES),
+            ignore_stop=bool(_scalar(get, "IGNORE_STOP") or False),
+        )
+    except SamplingError as exc:
+        raise RequestError(str(exc)) from None
+    stream = _scalar(get, "STREAM")
+    return SynthesisRequest(
+        text=text,
+        fields=PromptFields(instruction=_string(get, "INSTRUCTIONS"), tokens=tokens, language=language),
+        reference_text=_string(get, "REFERENCE_TEXT"),
+        mode=MODES[mode_name],
+        params=params,
+        stream=True if stream is None else bool(stream),
+        first_chunk_frames=_chunk(get, "FIRST_CHUNK_FRAMES"),
+        chunk_frames=_chunk(get, "CHUNK_FRAMES"),
+        request_id=(_string(get, "REQUEST_ID") or "").strip() or default_request_id,
+    )
