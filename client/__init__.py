@@ -1,0 +1,1 @@
+"""Clients of the moss-tts-triton server (tritonclient gRPC streaming)."""

@@ -1,0 +1,70 @@
+"""Speak text through a moss-tts-triton server over gRPC streaming and write a WAV.
+
+  python -m client.speak "Hello world" -o out.wav [--reference ref.wav --reference-text "..."]
+         [--stream] [--seed 1] [--url localhost:8001]
+
+Prints the time to first audio, the total time and the real-time factor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import soundfile as sf
+
+from .tts_client import SAMPLE_RATE, InferenceServerException, TTSClient, build_inputs
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m client.speak", description=__doc__.split("\n\n")[0])
+    p.add_argument("text")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output .wav (48 kHz stereo)")
+    p.add_argument("--url", default="localhost:8001", help="tritonserver gRPC address")
+    p.add_argument("--reference", type=Path, help="reference audio to clone (wav/flac/ogg, <= 100 s)")
+    p.add_argument("--reference-text", help="transcript of the reference (continuation mode)")
+    p.add_argument("--mode", choices=["clone", "continuation"])
+    p.add_argument("--language")
+    p.add_argument("--instructions")
+    p.add_argument("--tokens", type=int, help="target duration in frames (12.5 per second)")
+    p.add_argument("--stream", action="store_true", help="receive audio chunk by chunk as it is decoded")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--max-frames", type=int)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reference = None
+    if args.reference is not None:
+        if not args.reference.is_file():
+            print(f"error: {args.reference}: file not found", file=sys.stderr)
+            return 2
+        reference = args.reference.read_bytes()
+    inputs = build_inputs(args.text, reference, reference_text=args.reference_text, mode=args.mode,
+                          language=args.language, instructions=args.instructions, tokens=args.tokens,
+                          stream=args.stream, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames)
+    try:
+        utterance = TTSClient(args.url).synthesize(inputs)
+    except InferenceServerException as exc:
+        print(f"error: {exc.status() or 'server'}: {exc.message()}", file=sys.stderr)
+        return 1
+    audio = utterance.audio
+    sf.write(str(args.output), audio.T, SAMPLE_RATE, subtype="FLOAT")
+    seconds = audio.shape[1] / SAMPLE_RATE
+    rtf = utterance.total_seconds / seconds if seconds else float("nan")
+    first = utterance.first_chunk_seconds
+    print(f"wrote {args.output}: {seconds:.2f} s of 48 kHz stereo audio in {len(utterance.chunks)} chunk(s)")
+    print(f"time to first audio: {first * 1000:.0f} ms" if first is not None else "time to first audio: n/a")
+    print(f"total time: {utterance.total_seconds * 1000:.0f} ms, real-time factor: {rtf:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Engine: one scheduler thread that turns submitted requests into streamed frame codes.
+
+Each step: schedule (retire aborted, admit waiting) -> prefill the admitted -> one batched
+decode step over every running request -> post-process (frames, stops, budgets, chunks)
+-> emit. Requests join and leave between steps, so batches change every step (continuous
+batching). Callers talk to it from any thread through submit / abort / stats / shutdown;
+events come back through `on_event`, always called from the engine thread and never under
+the engine's lock, so a callback may call submit or abort.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional
+
+from ..model import MossTTSLocalModel
+from .config import EngineConfig
+from .events import EngineEvent, Finished, FinishReason
+from .request import EngineRequest, RequestState
+from .runner import ModelRunner, StepOutput
+from .scheduler import Schedule, Scheduler
+from .stats import EngineStats, StatsCounters
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[EngineEvent], None]
+
+
+class EngineClosed(RuntimeError):
+    """submit() after shutdown()."""
+
+
+class Engine:
+    def __init__(self, model: MossTTSLocalModel, config: EngineConfig, on_event: EventCallback) -> None:
+        self.config = config
+        self._model_cfg = model.cfg
+        self._runner = ModelRunner(model, config)
+        self._scheduler = Scheduler(config)
+        self._on_event = on_event
+        # Guards the scheduler, the slot free list, the counters and the stop flag.
+        self._cond = threading.Condition()
+        self._counters = StatsCounters()
+        self._thread: Optional[threading.Thread] = None
+        self._is_stopping = False
+
+    # ---- caller side (any thread) ----
+
+    def start(self) -> None:
+        """Allocate device state (errors surface here), then start the engine thread."""
+        with self._cond:
+            if self._thread is not None or self._is_stopping:
+                raise RuntimeError("Engine.start() may be called once, before shutdown()")
+            self._runner.setup()
+            self._thread = threading.Thread(target=self._loop, name="moss-tts-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a request. Raises ValueError (bad request, duplicate id), QueueFull, EngineClosed."""
+        request.check_fits(self._model_cfg, self.config)
+        state = RequestState.create(request, self.config)
+        with self._cond:
+            if self._is_stopping:
+                raise EngineClosed("the engine is shut down")
+            self._scheduler.add(state)
+            self._cond.notify()
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a queued or running request at the next step boundary; it then gets
+        Finished(reason="cancelled"). False if the id is unknown, finished or already aborted
+        (a request finishing in the current step keeps its natural reason)."""
+        with self._cond:
+            found = self._scheduler.abort(request_id)
+            self._cond.notify()
+        return found
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            return self._counters.snapshot(self._scheduler.num_running, self._scheduler.num_waiting,
+                                           self._runner.num_free_slots)
+
+    def shutdown(self, timeout: Optional[float] = None) -> None:
+        """Stop the thread; requests still queued or running end with reason "cancelled"."""
+        with self._cond:
+            self._is_stopping = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is threading.current_thread():
+            return  # called from on_event: the loop ends after this step
+        if thread is not None:
+            thread.join(timeout)
+        else:
+            self._cancel_all("engine shut down")  # never started: nobody else will
+
+    # ---- engine thread ----
+
+    def _loop(self) -> None:
+        # No inference_mode here: the runner enters it, and chunks built out here are plain
+        # tensors that a consumer may modify in place.
+        while self._wait_for_work():
+            try:
+                self._step()
+            except Exception as exc:  # a bug outside the runner: fail what runs, keep serving
+                log.exception("engine step failed")
+                self._fail(self._unfinished_running(), f"engine step failed: {exc!r}")
+        self._cancel_all("engine shut down")
+
+    def _wait_for_work(self) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: self._is_stopping or self._scheduler.has_work)
+            return not self._is_stopping
+
+    def _step(self) -> None:
+        plan = self._schedule()
+        for state in plan.cancelled:
+            self._emit(Finished(state.request_id, "cancelled", None, state.num_flushed))
+        for state in plan.admitted:
+            self._prefill(state)
+        running = [s for s in plan.running if s.is_running]
+        if running:
+            self._decode(running)
+
+    def _schedule(self) -> Schedule:
+        with self._cond:
+            plan = self._scheduler.schedule()
+            # Free the aborted slots first: the scheduler already counted them out.
+            for state in plan.cancelled:
+                self._release(state, "cancelled")
+            for state in plan.admitted:
+                state.start(self._runner.allocate_slot())
+                self._counters.requests_admitted += 1
+        return plan
+
+    def _prefill(self, state: RequestState) -> None:
+        try:
+            self._runner.prefill(state.slot, state.request.prompt_rows, state.request.params)
+        except Exception as exc:
+            log.exception("prefill failed for request %s", state.request_id)
+            self._fail([state], f"prefill failed: {exc!r}")
+
+    def _decode(self, running: list[RequestState]) -> None:
+        try:
+            out = self._runner.decode([s.slot for s in running])
+            out.wait()
+        except Exception as exc:
+            log.exception("decode step failed for %d requests", len(running))
+            self._fail(running, f"decode step failed: {exc!r}")
+            return
+        num_frames = self._postprocess(running, out)
+        with self._cond:
+            self._counters.record_step(len(running), num_frames)
+
+    def _postprocess(self, running: list[RequestState], out: StepOutput) -> int:
+        """Apply one step's frames: stop, frame budget, chunk emission. Returns frames emitted."""
+        emitted, codes = out.emitted, out.codes
+        for state, is_emitted, row in zip(running, emitted, codes):
+            if not is_emitted:
+                self._end(state, "stop")
+                continue
+            state.add_frame(row)
+            if state.is_at_frame_budget:
+                self._end(state, "max_frames")
+            elif state.is_chunk_ready:
+                self._emit(state.take_chunk())
+        return sum(emitted)
+
+    def _end(self, state: RequestState, reason: FinishReason, error: Optional[str] = None) -> None:
+        """The one way out for a request: remainder chunk, free the slot, then Finished."""
+        # A cancelled client no longer wants audio; any other ending delivers what was made.
+        chunk = None if reason == "cancelled" else state.take_chunk()
+        if chunk is not None:
+            self._emit(chunk)
+        with self._cond:
+            self._release(state, reason)
+        self._emit(Finished(state.request_id, reason, error, state.num_flushed))
+
+    def _release(self, state: RequestState, reason: FinishReason) -> None:
+        """Forget a request and free its slot; the caller holds the lock and emits Finished."""
+        self._scheduler.retire(state)
+        if state.slot is not None:
+            self._runner.free_slot(state.slot)
+        state.finish()
+        self._counters.record_finish(reason)
+
+    def _fail(self, states: list[RequestState], error: str) -> None:
+        for state in states:
+            if not state.is_finished:
+                self._end(state, "error", error)
+
+    def _unfinished_running(self) -> list[RequestState]:
+        with self._cond:
+            return list(self._scheduler.running)
+
+    def _cancel_all(self, error: str) -> None:
+        with self._cond:
+            states = self._scheduler.live()
+        for state in states:
+            self._end(state, "cancelled", error)
+
+    def _emit(self, event: EngineEvent) -> None:
+        try:
+            self._on_event(event)
+        except Exception:  # a broken consumer must not stop the engine for everyone else
+            log.exception("on_event raised for request %s", event.request_id)

@@ -1,0 +1,147 @@
+"""One synthesis request: the immutable ask (EngineRequest) and its runtime state (RequestState)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..config import MossTTSConfig
+from ..sampling_params import SamplingParams
+from .config import EngineConfig
+from .events import CodesChunk
+
+
+@dataclass(frozen=True, eq=False)
+class EngineRequest:
+    """What to synthesize: prompt rows + sampling parameters -> frames of 12 codes, streamed."""
+
+    request_id: str
+    prompt_rows: torch.Tensor  # [T, 13] int64: text id + 12 codes per row (processor.PromptBuilder)
+    params: SamplingParams
+    first_chunk_frames: Optional[int] = None  # None = EngineConfig.first_chunk_frames
+    chunk_frames: Optional[int] = None  # None = EngineConfig.chunk_frames
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {self.request_id!r}")
+        rows = self.prompt_rows
+        if not isinstance(rows, torch.Tensor) or rows.dtype != torch.long or rows.ndim != 2 or rows.shape[0] == 0:
+            raise ValueError(f"request {self.request_id!r}: prompt_rows must be an int64 tensor [T>0, 13], got "
+                             f"{getattr(rows, 'dtype', type(rows).__name__)} {list(getattr(rows, 'shape', []))}")
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"request {self.request_id!r}: params must be a SamplingParams, got "
+                             f"{type(self.params).__name__}")
+        for name in ("first_chunk_frames", "chunk_frames"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"request {self.request_id!r}: {name} must be an integer >= 1 or None, "
+                                 f"got {value!r}")
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prompt_rows.shape[0]
+
+    @property
+    def max_seq_len(self) -> int:
+        """KV rows the request can need: its prompt plus one fed-back row per frame."""
+        return self.prompt_len + self.params.max_frames
+
+    def check_fits(self, model_cfg: MossTTSConfig, config: EngineConfig) -> None:
+        """Raise ValueError if this request cannot run on this model and engine."""
+        rid, rows = self.request_id, self.prompt_rows
+        if rows.shape[1] != model_cfg.row_width:
+            raise ValueError(f"request {rid!r}: prompt rows must have {model_cfg.row_width} columns, "
+                             f"got {rows.shape[1]}")
+        if self.max_seq_len > config.max_seq_len:
+            raise ValueError(f"request {rid!r}: prompt ({self.prompt_len} rows) + max_frames "
+                             f"({self.params.max_frames}) exceeds EngineConfig.max_seq_len "
+                             f"({config.max_seq_len}); shorten the prompt or lower max_frames")
+        text, codes = rows[:, 0], rows[:, 1:]
+        if int(text.min()) < 0 or int(text.max()) >= model_cfg.backbone.vocab_size:
+            raise ValueError(f"request {rid!r}: text ids must lie in [0, {model_cfg.backbone.vocab_size})")
+        if int(codes.min()) < 0 or int(codes.max()) > model_cfg.audio_pad_code:
+            raise ValueError(f"request {rid!r}: codes must lie in [0, {model_cfg.audio_pad_code}] "
+                             f"({model_cfg.audio_pad_code} = no code)")
+
+
+def chunk_target(num_flushed: int, first_chunk_frames: int, chunk_frames: int) -> int:
+    """Frames the next chunk carries: a short first chunk for latency, then steady ones."""
+    return first_chunk_frames if num_flushed == 0 else chunk_frames
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class RequestState:
+    request: EngineRequest
+    first_chunk_frames: int
+    chunk_frames: int
+    status: RequestStatus = RequestStatus.WAITING
+    slot: Optional[int] = None
+    num_frames: int = 0  # frames generated = the index of the next frame
+    num_flushed: int = 0  # frames delivered in chunks
+    pending: list[torch.Tensor] = field(default_factory=list)  # [n_vq] CPU rows not yet delivered
+    is_abort_requested: bool = False
+
+    @classmethod
+    def create(cls, request: EngineRequest, config: EngineConfig) -> "RequestState":
+        first = request.first_chunk_frames or config.first_chunk_frames
+        return cls(request, first, request.chunk_frames or config.chunk_frames)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return self.request.prompt_len
+
+    @property
+    def is_running(self) -> bool:
+        return self.status is RequestStatus.RUNNING
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.pending)
+
+    @property
+    def is_at_frame_budget(self) -> bool:
+        return self.num_frames >= self.request.params.max_frames
+
+    @property
+    def is_chunk_ready(self) -> bool:
+        return self.num_pending >= chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames)
+
+    def start(self, slot: int) -> None:
+        assert self.status is RequestStatus.WAITING, f"{self.request_id} started twice"
+        self.status, self.slot = RequestStatus.RUNNING, slot
+
+    def add_frame(self, codes: torch.Tensor) -> None:
+        self.pending.append(codes)
+        self.num_frames += 1
+
+    def take_chunk(self) -> Optional[CodesChunk]:
+        """All pending frames as one chunk (None if there are none); they count as delivered."""
+        if not self.pending:
+            return None
+        chunk = CodesChunk(self.request_id, torch.stack(self.pending), self.num_flushed)
+        self.num_flushed += len(self.pending)
+        self.pending.clear()
+        return chunk
+
+    def finish(self) -> None:
+        """Final transition; frees the per-request buffers (the caller frees the slot)."""
+        assert self.status is not RequestStatus.FINISHED, f"{self.request_id} finished twice"
+        self.status, self.slot = RequestStatus.FINISHED, None
+        self.pending.clear()

@@ -1,0 +1,318 @@
+"""Continuous-batching engine: equal to the reference loop whatever the admission timing,
+chunking, cancellation, admission errors and failure isolation. CPU, tiny checkpoint."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import pytest
+import torch
+
+from moss_tts.engine import (CodesChunk, Engine, EngineClosed, EngineConfig, EngineConfigError,
+                             EngineRequest, Finished, QueueFull, chunk_target)
+from moss_tts.engine.request import RequestState
+from moss_tts.engine.scheduler import Scheduler
+from moss_tts.generation import generate
+from moss_tts.processor import PromptFields, PromptSpec
+from moss_tts.sampling_params import ChannelParams, SamplingParams
+
+TIMEOUT_S = 120  # generous: the CPU may be shared with other jobs
+
+
+class Collector:
+    """on_event sink: events per request, plus threading.Events for the first chunk and the end."""
+
+    def __init__(self, on_first_chunk=None) -> None:
+        self.events: dict[str, list] = defaultdict(list)
+        self.first_chunk: dict[str, threading.Event] = defaultdict(threading.Event)
+        self.done: dict[str, threading.Event] = defaultdict(threading.Event)
+        self.on_first_chunk = on_first_chunk
+        self._lock = threading.Lock()
+
+    def __call__(self, event) -> None:
+        with self._lock:
+            self.events[event.request_id].append(event)
+            first_event = self.first_chunk[event.request_id]
+            done = self.done[event.request_id]
+        if isinstance(event, CodesChunk) and not first_event.is_set():
+            first_event.set()
+            if self.on_first_chunk is not None:
+                self.on_first_chunk(event)
+        if isinstance(event, Finished):
+            done.set()
+
+    def wait_finished(self, ids) -> None:
+        for rid in ids:
+            assert self.done[rid].wait(TIMEOUT_S), f"request {rid} never finished"
+
+    def chunks(self, rid) -> list[CodesChunk]:
+        return [e for e in self.events[rid] if isinstance(e, CodesChunk)]
+
+    def final(self, rid) -> Finished:
+        """The request's single Finished event, checked to be its last event."""
+        finals = [e for e in self.events[rid] if isinstance(e, Finished)]
+        assert len(finals) == 1, f"{rid}: {len(finals)} Finished events"
+        assert self.events[rid][-1] is finals[0], f"{rid}: Finished is not the last event"
+        return finals[0]
+
+    def codes(self, rid) -> torch.Tensor:
+        chunks = self.chunks(rid)
+        offsets = [c.frame_offset for c in chunks]
+        assert offsets == [sum(c.num_frames for c in chunks[:i]) for i in range(len(chunks))], offsets
+        return torch.cat([c.codes for c in chunks]) if chunks else torch.zeros(0, 12, dtype=torch.long)
+
+
+def assert_matches_reference(sink: Collector, rid: str, ref) -> None:
+    final = sink.final(rid)
+    codes = sink.codes(rid)
+    assert final.reason == ref.finish_reason and final.error is None, (rid, final)
+    assert final.num_frames == codes.shape[0] == ref.codes.shape[0], (rid, final, ref.codes.shape)
+    assert torch.equal(codes, ref.codes), f"{rid}: codes differ from the reference loop"
+
+
+def assert_idle(engine: Engine, max_running: int) -> None:
+    stats = engine.stats()
+    assert (stats.running, stats.waiting, stats.free_slots) == (0, 0, max_running), stats
+
+
+def expected_chunk_sizes(num_frames: int, first: int, every: int) -> list[int]:
+    sizes = []
+    while sum(sizes) < num_frames:
+        sizes.append(min(chunk_target(sum(sizes), first, every), num_frames - sum(sizes)))
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def prompts(builder):
+    ref = torch.randint(0, 1024, (6, 12), generator=torch.Generator().manual_seed(3))
+    specs = [
+        PromptSpec("Hello there."),
+        PromptSpec("A much longer sentence to speak, with a pause [pause 0.5s] inside.",
+                   PromptFields(language="English", tokens=40)),
+        PromptSpec("Clone this voice.", reference_codes=ref),
+        PromptSpec("and then it goes on", reference_codes=ref, reference_text="It starts ", mode="continuation"),
+        PromptSpec("Good morning, everyone."),
+        PromptSpec("Numbers: one, two, three.", PromptFields(instruction="calm")),
+        PromptSpec("Clone again, slower.", reference_codes=ref[:4]),
+        PromptSpec("Bye."),
+    ]
+    return [builder.build(s) for s in specs]
+
+
+def make_engine(model, sink, **config) -> Engine:
+    return Engine(model, EngineConfig(**config), sink)
+
+
+def test_engine_matches_reference_with_staggered_admission(tiny_model, prompts):
+    sampled = dict(ignore_stop=True)
+    params = [
+        SamplingParams(seed=100, max_frames=12, **sampled),
+        SamplingParams(seed=101, max_frames=16, **sampled),
+        SamplingParams(seed=102, max_frames=6, **sampled),
+        SamplingParams.greedy(max_frames=12),  # the greedy stop head of this checkpoint stops early
+        SamplingParams(seed=104, max_frames=14, audio=ChannelParams(1.0, 0.95, 50, 1.3), **sampled),
+        SamplingParams(seed=105, max_frames=9, **sampled),
+        SamplingParams(seed=106, max_frames=14),  # sampled stop head, may stop on its own
+        SamplingParams(seed=107, max_frames=10, **sampled),
+    ]
+    reference = generate(tiny_model, prompts, params)
+    assert reference[3].finish_reason == "stop"
+    ids = [f"req-{i}" for i in range(8)]
+    sink = Collector()
+    engine = make_engine(tiny_model, sink, max_running_requests=4, first_chunk_frames=2, chunk_frames=5)
+    engine.start()
+    try:
+        for i in range(3):
+            engine.submit(EngineRequest(ids[i], prompts[i], params[i]))
+        assert sink.first_chunk[ids[0]].wait(TIMEOUT_S)
+        for i in range(3, 8):  # these join batches already in flight, 4 of them wait for a slot
+            engine.submit(EngineRequest(ids[i], prompts[i], params[i]))
+        sink.wait_finished(ids)
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    for rid, ref in zip(ids, reference):
+        assert_matches_reference(sink, rid, ref)
+    stats = engine.stats()
+    assert 1 < stats.max_batch_size_seen <= 4, stats
+    assert stats.requests_admitted == stats.requests_finished == 8
+    assert stats.frames_generated == sum(r.codes.shape[0] for r in reference)
+    assert_idle(engine, 4)
+
+
+def test_chunk_sizes_follow_config_and_per_request_override(tiny_model, prompts):
+    sink = Collector()
+    engine = make_engine(tiny_model, sink, max_running_requests=4, first_chunk_frames=2, chunk_frames=5)
+    frames = [23, 23, 10, 1]
+    overrides = [{}, dict(first_chunk_frames=1, chunk_frames=7), dict(chunk_frames=3), {}]
+    ids = [f"chunk-{i}" for i in range(4)]
+    for i, rid in enumerate(ids):  # queued before start: the first step admits all four together
+        engine.submit(EngineRequest(rid, prompts[i], SamplingParams(seed=i, max_frames=frames[i],
+                                                                    ignore_stop=True), **overrides[i]))
+    engine.start()
+    try:
+        sink.wait_finished(ids)
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    sizes = {rid: [c.num_frames for c in sink.chunks(rid)] for rid in ids}
+    assert sizes == {
+        ids[0]: expected_chunk_sizes(23, 2, 5),  # [2, 5, 5, 5, 5, 1]
+        ids[1]: expected_chunk_sizes(23, 1, 7),  # [1, 7, 7, 7, 1]
+        ids[2]: expected_chunk_sizes(10, 2, 3),  # [2, 3, 3, 2]
+        ids[3]: [1],
+    }
+    assert sizes[ids[0]] == [2, 5, 5, 5, 5, 1]
+    codes = sink.chunks(ids[0])[0].codes
+    assert codes.dtype == torch.long and codes.device.type == "cpu" and codes.shape[1] == 12
+    assert not codes.is_inference()  # the consumer owns it and may change it in place
+    assert all(sink.final(rid).reason == "max_frames" for rid in ids)
+    assert engine.stats().max_batch_size_seen == 4
+    assert_idle(engine, 4)
+
+
+def test_abort_frees_the_slot_and_leaves_others_untouched(tiny_model, prompts):
+    params = {"a": SamplingParams(seed=7, max_frames=12, ignore_stop=True),
+              "b": SamplingParams(seed=8, max_frames=15, ignore_stop=True)}
+    reference = dict(zip(params, generate(tiny_model, prompts[1:3], list(params.values()))))
+    at_cancel = {}
+
+    def abort_long(event):  # from the engine thread: the abort lands at a known frame
+        if event.request_id == "long":
+            engine.abort("long")
+
+    def on_event(event):
+        if isinstance(event, Finished) and event.request_id == "long":
+            at_cancel["stats"] = engine.stats()
+        sink(event)
+
+    sink = Collector(on_first_chunk=abort_long)
+    engine = make_engine(tiny_model, on_event, max_running_requests=3, first_chunk_frames=2)
+    engine.submit(EngineRequest("long", prompts[0], SamplingParams(seed=1, max_frames=400, ignore_stop=True)))
+    engine.submit(EngineRequest("a", prompts[1], params["a"]))
+    engine.submit(EngineRequest("b", prompts[2], params["b"]))
+    engine.submit(EngineRequest("queued", prompts[3], SamplingParams(seed=2, max_frames=5)))
+    assert engine.abort("queued") and not engine.abort("queued") and not engine.abort("unknown")
+    engine.start()
+    try:
+        sink.wait_finished(["long", "a", "b", "queued"])
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    long_final = sink.final("long")
+    assert (long_final.reason, long_final.num_frames) == ("cancelled", 2)
+    assert [c.num_frames for c in sink.chunks("long")] == [2]
+    # Freed before Finished was sent; a and b were still running then.
+    assert (at_cancel["stats"].free_slots, at_cancel["stats"].running) == (1, 2)
+    queued = sink.final("queued")
+    assert (queued.reason, queued.num_frames, sink.chunks("queued")) == ("cancelled", 0, [])
+    for rid in ("a", "b"):
+        assert_matches_reference(sink, rid, reference[rid])
+    assert engine.stats().requests_cancelled == 2
+    assert not engine.abort("long")
+    assert_idle(engine, 3)
+
+
+def test_queue_full_and_bad_requests(tiny_model, prompts):
+    sink = Collector()
+    engine = make_engine(tiny_model, sink, max_queue=2, max_seq_len=128)
+    ok = SamplingParams(seed=0, max_frames=10)
+    engine.submit(EngineRequest("q0", prompts[0], ok))
+    with pytest.raises(ValueError, match="already queued"):
+        engine.submit(EngineRequest("q0", prompts[0], ok))
+    engine.submit(EngineRequest("q1", prompts[0], ok))
+    with pytest.raises(QueueFull, match="max_queue"):
+        engine.submit(EngineRequest("q2", prompts[0], ok))
+    with pytest.raises(ValueError, match="max_seq_len"):  # 94 prompt rows + 40 frames > 128
+        engine.submit(EngineRequest("long", prompts[1], SamplingParams(seed=0, max_frames=40)))
+    with pytest.raises(ValueError, match="13 columns"):
+        engine.submit(EngineRequest("narrow", prompts[0][:, :12], ok))
+    bad_ids = prompts[0].clone()
+    bad_ids[0, 5] = 2000
+    with pytest.raises(ValueError, match="codes must lie"):
+        engine.submit(EngineRequest("codes", bad_ids, ok))
+    with pytest.raises(ValueError, match="int64"):
+        EngineRequest("float", prompts[0].float(), ok)
+    with pytest.raises(ValueError, match="chunk_frames"):
+        EngineRequest("chunk", prompts[0], ok, chunk_frames=0)
+    with pytest.raises(ValueError, match="request_id"):
+        EngineRequest("", prompts[0], ok)
+    engine.shutdown()  # never started: the queued requests still get their one final event
+    assert [sink.final(r).reason for r in ("q0", "q1")] == ["cancelled", "cancelled"]
+    with pytest.raises(EngineClosed):
+        engine.submit(EngineRequest("late", prompts[0], ok))
+
+
+@pytest.mark.parametrize("field, value", [("max_running_requests", 0), ("max_queue", -1),
+                                          ("chunk_frames", 0), ("first_chunk_frames", 1.5),
+                                          ("prefill_chunk_tokens", 0), ("dtype", "int8")])
+def test_config_errors_name_the_field(field, value):
+    with pytest.raises(EngineConfigError, match=field):
+        EngineConfig(**{field: value})
+
+
+def test_config_must_match_the_model(tiny_model):
+    with pytest.raises(EngineConfigError, match="dtype"):
+        Engine(tiny_model, EngineConfig(dtype="bfloat16"), lambda e: None)
+    with pytest.raises(EngineConfigError, match="max_seq_len"):
+        Engine(tiny_model, EngineConfig(max_seq_len=10**6), lambda e: None)
+
+
+def test_step_failure_ends_running_requests_and_engine_keeps_serving(tiny_model, prompts, monkeypatch):
+    sink = Collector()
+    engine = make_engine(tiny_model, sink, max_running_requests=4)
+    runner = engine._runner
+    real_decode, real_prefill = runner.decode, runner.prefill
+    calls = {"decode": 0}
+
+    def flaky_decode(slots):
+        calls["decode"] += 1
+        if calls["decode"] == 1:
+            raise RuntimeError("injected decode failure")
+        return real_decode(slots)
+
+    def flaky_prefill(slot, rows, params):
+        if params.seed == 666:
+            raise RuntimeError("injected prefill failure")
+        real_prefill(slot, rows, params)
+
+    monkeypatch.setattr(runner, "decode", flaky_decode)
+    monkeypatch.setattr(runner, "prefill", flaky_prefill)
+    params = SamplingParams(seed=5, max_frames=8, ignore_stop=True)
+    reference = generate(tiny_model, [prompts[4]], [params])[0]
+    for rid in ("f0", "f1"):
+        engine.submit(EngineRequest(rid, prompts[0], SamplingParams(seed=1, max_frames=30, ignore_stop=True)))
+    engine.start()
+    try:
+        sink.wait_finished(["f0", "f1"])
+        for rid in ("f0", "f1"):
+            final = sink.final(rid)
+            assert final.reason == "error" and "injected decode failure" in final.error, final
+        assert_idle(engine, 4)
+        engine.submit(EngineRequest("bad-prefill", prompts[1], SamplingParams(seed=666, max_frames=8)))
+        engine.submit(EngineRequest("after", prompts[4], params))
+        sink.wait_finished(["bad-prefill", "after"])
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    final = sink.final("bad-prefill")
+    assert final.reason == "error" and "injected prefill failure" in final.error
+    assert_matches_reference(sink, "after", reference)
+    assert engine.stats().requests_failed == 3
+    assert_idle(engine, 4)
+
+
+def test_scheduler_admits_fifo_within_slots_and_prefill_budget(prompts):
+    config = EngineConfig(max_running_requests=2, prefill_chunk_tokens=100)
+    scheduler = Scheduler(config)
+    states = [RequestState.create(EngineRequest(f"s{i}", prompts[i], SamplingParams(seed=i)), config)
+              for i in range(4)]  # prompt rows 64, 94, 72, 82
+    for state in states:
+        scheduler.add(state)
+    admitted = lambda plan: [s.request_id for s in plan.admitted]  # noqa: E731
+    assert admitted(scheduler.schedule()) == ["s0"]  # 64 + 94 > 100: s1 waits for the next step
+    assert admitted(scheduler.schedule()) == ["s1"]  # the head always fits on its own
+    assert admitted(scheduler.schedule()) == []  # both slots taken
+    scheduler.retire(states[0])
+    scheduler.abort("s2")
+    plan = scheduler.schedule()
+    assert [s.request_id for s in plan.cancelled] == ["s2"] and admitted(plan) == ["s3"]
+    assert [s.request_id for s in plan.running] == ["s1", "s3"]
+    assert not scheduler.abort("s2") and scheduler.num_waiting == 0
