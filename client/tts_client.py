@@ -104,4 +104,15 @@ class TTSClient:
         return utterance
 
 
-__all__ = ["TTSClient", "Utterance", "build_inputs", "InferenceServerException", "SAMPLE_RATE"]
+__all__ = ["TTSClient", "Utterance", "build_inputs", "error_code", "InferenceServerException", "SAMPLE_RATE"]
+
+
+def error_code(exc: InferenceServerException) -> str:
+    """The gRPC code name of a server error: moss-tts-triton tags its messages "[CODE] ..."
+    because gRPC stream responses carry no status code."""
+    message = exc.message() or ""
+    if message.startswith("in ensemble '"):
+        message = message.split("', ", 1)[-1]
+    if message.startswith("[") and "]" in message:
+        return message[1:message.index("]")]
+    return str(exc.status() or "UNKNOWN")

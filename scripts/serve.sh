@@ -6,7 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
-  if [ ! -f checkpoints/tiny/model/model.safetensors ] || [ ! -f checkpoints/tiny/codec/model.safetensors ]; then
+  want=$(PYTHONPATH=python_backends .venv/bin/python -c \
+    "from moss_tts.tools.make_tiny_checkpoint import TINY_CHECKPOINT_VERSION as v; print(v)")
+  if [ "$(cat checkpoints/tiny/VERSION 2>/dev/null)" != "$want" ]; then
+    rm -rf checkpoints/tiny
     PYTHONPATH=python_backends .venv/bin/python -m moss_tts.tools.make_tiny_checkpoint checkpoints/tiny
   fi
   export MOSS_TTS_MODEL_DIR="$PWD/checkpoints/tiny/model"

@@ -9,6 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python_backends"))
+sys.path.insert(0, str(ROOT))  # the client package
+sys.path.insert(0, str(ROOT / "tests"))
 
 
 def pytest_configure(config):
@@ -54,3 +56,13 @@ def builder(tiny_model, tiny_tokenizer):
     from moss_tts.processor import PromptBuilder
 
     return PromptBuilder(tiny_tokenizer, tiny_model.cfg)
+
+
+@pytest.fixture(scope="session")
+def triton(tiny_dir, tmp_path_factory):
+    """The real tritonserver serving model_repository/ on the tiny checkpoint (CPU)."""
+    from triton_server import start_server, stop_server
+
+    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path_factory.mktemp("triton") / "server.log")
+    yield server
+    stop_server(server)

@@ -4,6 +4,7 @@ Python backend stub (it imports triton_python_backend_utils)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Callable, Optional
 
 import numpy as np
@@ -13,6 +14,10 @@ import triton_python_backend_utils as pb_utils
 # numeric codes are looked up when an error is made, never at import time.
 INVALID, UNAVAILABLE, CANCELLED, INTERNAL = "invalid", "unavailable", "cancelled", "internal"
 _CODE_ATTRS = {INVALID: "INVALID_ARG", UNAVAILABLE: "UNAVAILABLE", CANCELLED: "CANCELLED", INTERNAL: "INTERNAL"}
+# gRPC stream responses carry only a message, not a status code, so every error message of
+# ours starts with the gRPC code name in brackets: "[INVALID_ARGUMENT] input TEXT is empty ...".
+GRPC_NAMES = {INVALID: "INVALID_ARGUMENT", UNAVAILABLE: "UNAVAILABLE", CANCELLED: "CANCELLED", INTERNAL: "INTERNAL"}
+_PREFIX = re.compile(r"^(in ensemble '[^']*', )?\[([A-Z_]+)\] ")
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -32,7 +37,13 @@ def getter(request) -> Callable[[str], Optional[np.ndarray]]:
 
 
 def error(message: str, code: str = INVALID):
-    return pb_utils.TritonError(message, getattr(pb_utils.TritonError, _CODE_ATTRS[code]))
+    return pb_utils.TritonError(f"[{GRPC_NAMES[code]}] {strip_prefix(message)}",
+                                getattr(pb_utils.TritonError, _CODE_ATTRS[code]))
+
+
+def strip_prefix(message: str) -> str:
+    """Drop a child's "[CODE] " tag (and Triton's "in ensemble 'x', ") before re-tagging."""
+    return _PREFIX.sub("", message, count=1)
 
 
 def error_response(message: str, code=INVALID):
@@ -44,7 +55,10 @@ def bytes_tensor(name: str, values: list[bytes | str], shape) -> "pb_utils.Tenso
 
 
 def error_kind(err) -> str:
-    """A child's TritonError as one of our kind names; INTERNAL when the stub cannot tell."""
+    """A child's TritonError as one of our kind names, from its code or else its "[CODE]" tag."""
+    match = _PREFIX.match(err.message())
+    if match:
+        return {v: k for k, v in GRPC_NAMES.items()}.get(match.group(2), INTERNAL)
     try:
         code = err.code()
     except Exception:  # older stubs have no code()

@@ -21,6 +21,9 @@ from ..config import MossTTSConfig, real_model_config_dict
 from ..loading import build_random_model, tied_copies
 from .tiny_tokenizer import save_tokenizer
 
+# Bump when the tiny layout changes, so scripts/serve.sh rebuilds a stale demo checkpoint.
+TINY_CHECKPOINT_VERSION = "2"
+
 
 def tiny_model_config_dict() -> dict:
     cfg = real_model_config_dict()
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     write_model_dir(args.out_dir / "model", tiny_model_config_dict(), args.seed)
     write_codec_checkpoint(args.out_dir / "codec", tiny_codec_config_dict(), args.seed)
+    (args.out_dir / "VERSION").write_text(TINY_CHECKPOINT_VERSION + "\n")
     print(f"wrote {args.out_dir}/model and {args.out_dir}/codec (random weights: output audio is noise)")
 
 

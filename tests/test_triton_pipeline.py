@@ -1,0 +1,172 @@
+"""End to end against the real tritonserver: streaming, batching, cache, cancellation, errors."""
+
+from __future__ import annotations
+
+import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
+
+SPF = 3840  # samples per frame per channel
+
+
+def tone_wav(seconds: float, freq: float, rate: int = 24000) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), rate, format="WAV")
+    return buf.getvalue()
+
+
+def speak(triton, text="Hello world.", **options):
+    options.setdefault("seed", 7)
+    return TTSClient(triton.grpc_url).synthesize(build_inputs(text, **options))
+
+
+def test_streaming_equals_non_streaming(triton):
+    streamed = speak(triton, stream=True, max_frames=23, ignore_stop=True, first_chunk_frames=2, chunk_frames=5)
+    whole = speak(triton, stream=False, max_frames=23, ignore_stop=True)
+    assert [c.shape[1] for c in streamed.chunks] == [2 * SPF, 5 * SPF, 5 * SPF, 5 * SPF, 5 * SPF, 1 * SPF]
+    assert len(whole.chunks) == 1 and whole.audio.shape == (2, 23 * SPF)
+    assert whole.audio.dtype == np.float32 and np.isfinite(whole.audio).all()
+    peak = np.abs(whole.audio).max()
+    assert peak > 0 and np.abs(streamed.audio - whole.audio).max() <= 1e-6 * peak
+
+
+def test_codes_ensemble_streams_code_rows(triton):
+    client = TTSClient(triton.grpc_url)
+    chunks = list(client.stream(build_inputs("Codes please.", ensemble=True, seed=3, max_frames=7, ignore_stop=True,
+                                             first_chunk_frames=1, chunk_frames=3),
+                                model="moss_tts_codes", output="CODES"))
+    assert [c.shape for c in chunks] == [(1, 12), (3, 12), (3, 12)]
+    codes = np.concatenate(chunks)
+    assert codes.dtype == np.int32 and codes.min() >= 0 and codes.max() < 1024
+
+
+def test_clone_and_continuation(triton):
+    ref = tone_wav(1.2, 200.0)
+    clone = speak(triton, reference_audio=ref, max_frames=6, ignore_stop=True, stream=False)
+    assert clone.audio.shape == (2, 6 * SPF)
+    cont = speak(triton, "and this follows.", reference_audio=ref, reference_text="This was said. ",
+                 mode="continuation", max_frames=4, ignore_stop=True, stream=True)
+    assert cont.audio.shape == (2, 4 * SPF)  # the reference's own audio is not returned
+
+
+def test_eight_concurrent_streams_are_batched(triton):
+    before = triton.metrics()['moss_engine{stat="requests_finished"}']
+    gate = threading.Barrier(8)
+
+    def one(i):
+        gate.wait()
+        return speak(triton, f"Stream number {i}.", seed=i, max_frames=30, ignore_stop=True, stream=True)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    assert all(r.audio.shape == (2, 30 * SPF) for r in results)
+    assert len({r.audio[:, :SPF].tobytes() for r in results}) == 8  # different seeds, different audio
+    alone = speak(triton, "Stream number 3.", seed=3, max_frames=30, ignore_stop=True, stream=True)
+    assert np.abs(alone.audio - results[3].audio).max() <= 1e-6 * np.abs(alone.audio).max()
+    metrics = triton.wait_for_metrics(lambda m: m['moss_engine{stat="requests_finished"}'] >= before + 9)
+    assert metrics['moss_engine{stat="max_batch_size_seen"}'] > 1  # continuous batching really batched
+
+
+def test_reference_cache_hit_and_single_flight(triton):
+    ref = tone_wav(0.9, 333.0)
+    m0 = triton.metrics()
+    speak(triton, reference_audio=ref, max_frames=2, ignore_stop=True)
+    speak(triton, reference_audio=ref, max_frames=2, ignore_stop=True)
+    m1 = triton.metrics()
+    assert m1['moss_ref_cache_total{event="items_encoded"}'] - m0['moss_ref_cache_total{event="items_encoded"}'] == 1
+    assert m1['moss_ref_cache_total{event="hits"}'] - m0['moss_ref_cache_total{event="hits"}'] == 1
+
+    new_ref = tone_wav(1.1, 555.0)
+    gate = threading.Barrier(6)
+
+    def one(i):
+        gate.wait()
+        return speak(triton, reference_audio=new_ref, seed=i, max_frames=2, ignore_stop=True)
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(one, range(6)))
+    m2 = triton.metrics()
+    assert m2['moss_ref_cache_total{event="items_encoded"}'] - m1['moss_ref_cache_total{event="items_encoded"}'] == 1
+
+
+def test_cancel_frees_engine_rows_and_vocoder_slot(triton):
+    client = TTSClient(triton.grpc_url)
+    stream = client.stream(build_inputs("A very long utterance.", seed=1, max_frames=3000, ignore_stop=True,
+                                        first_chunk_frames=1, chunk_frames=1, stream=True))
+    first = next(stream)
+    assert first.shape == (2, SPF)
+    during = triton.metrics()
+    assert during['moss_engine{stat="running"}'] >= 1 or during['moss_vocoder_sessions{state="active"}'] >= 1
+    stream.close()  # stop_stream(cancel_requests=True)
+    after = triton.wait_for_metrics(lambda m: m['moss_engine{stat="running"}'] == 0
+                                    and m['moss_engine{stat="free_slots"}'] == 16
+                                    and m['moss_vocoder_sessions{state="active"}'] == 0)
+    assert after['moss_engine{stat="running"}'] == 0
+    assert after['moss_engine{stat="free_slots"}'] == 16
+    assert after['moss_vocoder_sessions{state="active"}'] == 0
+    assert after['moss_engine{stat="requests_cancelled"}'] >= 1
+    assert after['moss_engine{stat="frames_generated"}'] < 3000  # it really stopped early
+
+
+BAD_INPUTS = [
+    (dict(text=""), "TEXT is empty"),
+    (dict(text="   \n "), "TEXT is empty"),
+    (dict(text="x" * 20001), "limit is 20000"),
+    (dict(text=b"\xff\xfe bad utf8"), "not valid UTF-8"),
+    (dict(temperature=-1.0), "temperature must be in"),
+    (dict(temperature=float("nan")), "finite number"),
+    (dict(top_p=0.0), "top_p must be in"),
+    (dict(top_p=1.5), "top_p must be in"),
+    (dict(top_k=-5), "top_k must be"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be in"),
+    (dict(seed=-3), "seed must be"),
+    (dict(max_frames=0), "max_frames must be in"),
+    (dict(max_frames=100000), "max_frames must be in"),
+    (dict(tokens=0), "TOKENS must be in"),
+    (dict(text="${token:abc}Hello"), "prefix must be a positive integer"),
+    (dict(mode="sing"), "MODE must be one of"),
+    (dict(mode="continuation"), "continuation needs REFERENCE_AUDIO"),
+    (dict(first_chunk_frames=0), "FIRST_CHUNK_FRAMES must be in"),
+    (dict(reference_audio=b"RIFF this is not audio"), "could not be decoded"),
+    (dict(reference_audio=None), None),  # placeholder replaced below: a reference over 100 s
+]
+BAD_INPUTS[-1] = (dict(reference_audio="LONG"), "limit is 100 s")
+
+
+@pytest.mark.parametrize("options, message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_input_is_invalid_argument_and_server_keeps_serving(triton, options, message):
+    options = dict(options)
+    if options.get("reference_audio") == "LONG":
+        options["reference_audio"] = tone_wav(101.0, 100.0, rate=8000)
+    text = options.pop("text", "Hello.")
+    client = TTSClient(triton.grpc_url)
+    inputs = build_inputs("x", **options)
+    if isinstance(text, bytes):
+        inputs[0].set_data_from_numpy(np.array([text], dtype=object))
+    else:
+        inputs[0].set_data_from_numpy(np.array([text.encode()], dtype=object))
+    with pytest.raises(InferenceServerException) as info:
+        client.synthesize(inputs)
+    assert error_code(info.value) == "INVALID_ARGUMENT", info.value.message()
+    assert message in info.value.message()
+    assert triton.is_alive()
+    assert speak(triton, max_frames=2, ignore_stop=True).audio.shape == (2, 2 * SPF)
+
+
+def test_perf_analyzer_streaming_smoke(triton, tmp_path):
+    import subprocess
+
+    from conftest import ROOT
+
+    proc = subprocess.run(["bash", str(ROOT / "perf" / "perf_analyzer_smoke.sh"), triton.grpc_url, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Detected decoupled model" in proc.stdout or "Throughput" in proc.stdout
+    assert (tmp_path / "perf.csv").read_text().count("\n") >= 2

@@ -1,0 +1,91 @@
+"""Start the real tritonserver (scripts/serve.sh) once per test session, on free ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("ref_encoder", "tts_engine", "vocoder", "moss_tts_codes", "moss_tts")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TritonServer:
+    process: subprocess.Popen
+    grpc_url: str
+    http_url: str
+    metrics_url: str
+    log_path: Path
+
+    def metrics(self) -> dict[str, float]:
+        """Our custom series, e.g. {'moss_engine{stat="running"}': 0.0}."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(moss_\S+) (\S+)$", text, re.M)}
+
+    def wait_for_metrics(self, predicate, timeout: float = 30.0) -> dict[str, float]:
+        """Poll the metrics endpoint until predicate(metrics) holds (gauges refresh every 0.25 s)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            values = self.metrics()
+            if predicate(values) or time.monotonic() > deadline:
+                return values
+            time.sleep(0.1)
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: float = 240.0) -> TritonServer:
+    http, grpc, metrics = _free_port(), _free_port(), _free_port()
+    env = dict(os.environ, MOSS_TTS_MODEL_DIR=str(model_dir), MOSS_TTS_CODEC_DIR=str(codec_dir),
+               HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics))
+    log = open(log_path, "w")
+    process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    server = TritonServer(process, f"127.0.0.1:{grpc}", f"127.0.0.1:{http}",
+                          f"http://127.0.0.1:{metrics}/metrics", log_path)
+    deadline = time.monotonic() + timeout
+    while not _is_ready(server):
+        if not server.is_alive():
+            raise RuntimeError(f"tritonserver exited during start-up:\n{server.log_tail()}")
+        if time.monotonic() > deadline:
+            stop_server(server)
+            raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s:\n{server.log_tail()}")
+        time.sleep(0.5)
+    return server
+
+
+def _is_ready(server: TritonServer) -> bool:
+    try:
+        for model in MODELS:
+            url = f"http://{server.http_url}/v2/models/{model}/ready"
+            if urllib.request.urlopen(url, timeout=2).status != 200:
+                return False
+        return True
+    except OSError:
+        return False
+
+
+def stop_server(server: TritonServer) -> None:
+    if server.is_alive():
+        os.killpg(server.process.pid, 15)
+        try:
+            server.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.process.pid, 9)
+            server.process.wait()
