@@ -6,6 +6,8 @@ Module and parameter names follow the checkpoint (`transformer.embed_tokens`,
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,6 +77,9 @@ def attention_bias(key_valid: torch.Tensor, q_len: int, dtype: torch.dtype) -> t
     return bias.masked_fill(~allowed, torch.finfo(dtype).min).unsqueeze(1)
 
 
+KVWrite = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 class Qwen3Attention(nn.Module):
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
@@ -87,23 +92,31 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, bias, cache: KVCache | None, start: int) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos, sin):
+        """x [B, T, H] -> q [B, T, heads, d], k and v [B, T, kv_heads, d], q/k normed and rotated."""
         b, t, _ = x.shape
         c = self.cfg
         q = self.q_norm(self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim))
         k = self.k_norm(self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim))
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim)
-        q, k = apply_neox_rope(q, cos, sin), apply_neox_rope(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(start, k, v)
-        groups = c.num_attention_heads // c.num_key_value_heads
+        return apply_neox_rope(q, cos, sin), apply_neox_rope(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """GQA attention of q [B, T, heads, d] over keys/values [B, K, kv_heads, d] -> [B, T, H]."""
+        b, t = q.shape[:2]
+        groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
-            k.repeat_interleave(groups, dim=2).transpose(1, 2),
-            v.repeat_interleave(groups, dim=2).transpose(1, 2),
+            keys.repeat_interleave(groups, dim=2).transpose(1, 2),
+            values.repeat_interleave(groups, dim=2).transpose(1, 2),
             attn_mask=bias,
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def forward(self, x, cos, sin, bias, write: "KVWrite") -> torch.Tensor:
+        q, k, v = self.project(x, cos, sin)
+        keys, values = write(k, v)
+        return self.attend(q, keys, values, bias)
 
 
 class Qwen3MLP(nn.Module):
@@ -125,8 +138,8 @@ class Qwen3Layer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, bias, cache, start):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, bias, cache, start)
+    def forward(self, x, cos, sin, bias, write: "KVWrite"):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, bias, write)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -145,6 +158,16 @@ class Qwen3Backbone(nn.Module):
         return [KVCache(batch, max_len, c.num_key_value_heads, c.head_dim, device, dtype)
                 for _ in range(c.num_hidden_layers)]
 
+    def run(self, embeds: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
+            write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """All layers + final norm. `write(layer, k, v)` stores the new keys/values wherever the
+        caller keeps its cache and returns every key/value the queries attend to."""
+        cos, sin = neox_rope(positions, self.cfg.head_dim, self.cfg.rope_theta, embeds.dtype)
+        x = embeds
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, bias, lambda k, v, i=i: write(i, k, v))
+        return self.norm(x)
+
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor,
                 caches: list[KVCache] | None = None, start: int = 0) -> torch.Tensor:
         """embeds [B, T, H]; positions [B, T]; key_valid [B, start+T] (False = padding).
@@ -152,9 +175,7 @@ class Qwen3Backbone(nn.Module):
         With caches, the T new keys are written at [start, start+T) and attention covers
         [0, start+T); without, attention covers the T inputs only (start must be 0).
         """
-        cos, sin = neox_rope(positions, self.cfg.head_dim, self.cfg.rope_theta, embeds.dtype)
         bias = attention_bias(key_valid, embeds.shape[1], embeds.dtype)
-        x = embeds
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, bias, None if caches is None else caches[i], start)
-        return self.norm(x)
+        if caches is None:
+            return self.run(embeds, positions, bias, lambda i, k, v: (k, v))
+        return self.run(embeds, positions, bias, lambda i, k, v: caches[i].update(start, k, v))

@@ -87,8 +87,7 @@ class TritonClient:
 class TritonPythonModel:
     def initialize(self, args):
         config, params = io.model_config(args), io.model_parameters(args)
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise pb_utils.TritonModelException("moss_tts must be decoupled (model_transaction_policy)")
+        io.require_decoupled(config)
         self.slots = threading.BoundedSemaphore(int(params.get("max_concurrent_streams", 256)))
         self.workers = set()
         self.lock = threading.Lock()

@@ -52,8 +52,7 @@ class TritonSender:
 class TritonPythonModel:
     def initialize(self, args):
         config, params = io.model_config(args), io.model_parameters(args)
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise pb_utils.TritonModelException("tts_engine must be decoupled (model_transaction_policy)")
+        io.require_decoupled(config)
         device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
         dtype = resolve_dtype(params.get("dtype"), device)
         model_dir, _ = checkpoint_dirs()

@@ -10,48 +10,17 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from ..qwen3 import Qwen3Attention, Qwen3Backbone, apply_neox_rope, attention_bias, neox_rope
+from ..qwen3 import Qwen3Backbone, attention_bias
 from .kv_cache import StaticKVCache
 
 WriteFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _project_qkv(attn: Qwen3Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    b, t, _ = x.shape
-    c = attn.cfg
-    q = attn.q_norm(attn.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim))
-    k = attn.k_norm(attn.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim))
-    v = attn.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim)
-    return apply_neox_rope(q, cos, sin), apply_neox_rope(k, cos, sin), v
-
-
-def _attend(attn: Qwen3Attention, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            bias: torch.Tensor) -> torch.Tensor:
-    b, t = q.shape[:2]
-    groups = attn.cfg.num_attention_heads // attn.cfg.num_key_value_heads
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        keys.repeat_interleave(groups, dim=2).transpose(1, 2),
-        values.repeat_interleave(groups, dim=2).transpose(1, 2),
-        attn_mask=bias,
-    )
-    return attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-
 def _run_layers(backbone: Qwen3Backbone, x: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
                 write: WriteFn) -> torch.Tensor:
-    cfg = backbone.cfg
-    cos, sin = neox_rope(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
-    for i, layer in enumerate(backbone.layers):
-        attn = layer.self_attn
-        q, k, v = _project_qkv(attn, layer.input_layernorm(x), cos, sin)
-        keys, values = write(i, k, v)
-        x = x + _attend(attn, q, keys, values, bias)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
     # Norm before slicing, as the reference does, so the reduction sees the same layout.
-    return backbone.norm(x)[:, -1]
+    return backbone.run(x, positions, bias, write)[:, -1]
 
 
 def prefill(backbone: Qwen3Backbone, cache: StaticKVCache, slot: int, embeds: torch.Tensor,

@@ -29,6 +29,13 @@ def model_config(args: dict) -> dict:
     return json.loads(args["model_config"])
 
 
+def require_decoupled(config: dict) -> None:
+    """Load-time contract check: the model streams, so its pbtxt must say decoupled."""
+    if not pb_utils.using_decoupled_model_transaction_policy(config):
+        raise pb_utils.TritonModelException(
+            f"{config['name']} must be decoupled: set model_transaction_policy {{ decoupled: true }}")
+
+
 def getter(request) -> Callable[[str], Optional[np.ndarray]]:
     def get(name: str) -> Optional[np.ndarray]:
         tensor = pb_utils.get_input_tensor_by_name(request, name)

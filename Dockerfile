@@ -1,0 +1,26 @@
+# moss-tts-triton on the NGC Triton image of the same version the tests run (2.51.0 = 24.10).
+# Not buildable on the development machines (no Docker engine there); kept in step with
+# scripts/setup_env.sh + scripts/serve.sh, which do the same without Docker.
+#
+#   docker build -t moss-tts-triton .
+#   docker run --gpus all --shm-size=2g -p 8000:8000 -p 8001:8001 -p 8002:8002 \
+#     -v /path/to/MOSS-TTS-Local-Transformer-v1.5:/models/moss-tts:ro \
+#     -v /path/to/MOSS-Audio-Tokenizer-v2:/models/moss-codec:ro moss-tts-triton
+FROM nvcr.io/nvidia/tritonserver:24.10-py3
+
+# The image's Python (3.10) runs our Python-backend models. torch: a CUDA 12.4 build, which the
+# image's CUDA 12.6 driver stack runs. numpy<2: the 24.10 stub mis-reads BYTES tensors with numpy 2.
+ARG TORCH_VERSION=2.5.1
+RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cu124 \
+ && pip install --no-cache-dir "numpy<2" "transformers>=4.51" tokenizers safetensors soundfile xxhash
+
+WORKDIR /opt/moss-tts-triton
+COPY python_backends/ python_backends/
+COPY model_repository/ model_repository/
+# The stub's interpreter ignores PYTHONPATH (isolated config): put our package on its path.
+RUN echo /opt/moss-tts-triton/python_backends > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/moss_tts.pth"
+
+ENV MOSS_TTS_MODEL_DIR=/models/moss-tts \
+    MOSS_TTS_CODEC_DIR=/models/moss-codec
+EXPOSE 8000 8001 8002
+CMD ["tritonserver", "--model-repository=/opt/moss-tts-triton/model_repository"]
