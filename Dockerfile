@@ -22,5 +22,9 @@ RUN echo /opt/moss-tts-triton/python_backends > "$(python3 -c 'import site; prin
 
 ENV MOSS_TTS_MODEL_DIR=/models/moss-tts \
     MOSS_TTS_CODEC_DIR=/models/moss-codec
+COPY client/ client/
+RUN pip install --no-cache-dir "tritonclient[grpc]==2.51.0"
+# Readiness stays 200 when a Python stub has died (24.10 does not restart stubs): probe for real.
+HEALTHCHECK --interval=30s --timeout=40s --start-period=300s CMD python3 -m client.healthcheck --timeout 30
 EXPOSE 8000 8001 8002
 CMD ["tritonserver", "--model-repository=/opt/moss-tts-triton/model_repository"]

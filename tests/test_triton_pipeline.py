@@ -170,3 +170,10 @@ def test_perf_analyzer_streaming_smoke(triton, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Detected decoupled model" in proc.stdout or "Throughput" in proc.stdout
     assert (tmp_path / "perf.csv").read_text().count("\n") >= 2
+
+
+def test_end_to_end_liveness_probe(triton):
+    from client.healthcheck import probe
+
+    assert probe(triton.grpc_url, timeout=60) is None
+    assert probe("127.0.0.1:1", timeout=10) is not None  # nothing listens there
