@@ -93,7 +93,9 @@ class TritonPythonModel:
             self.frontend.abort(rid)
             sender.send(flags=FINAL)
             return
-        req = parse_synthesis_request(get, request.request_id() or uuid.uuid4().hex)
+        # Client request ids repeat across clients ("1"...): without an explicit REQUEST_ID the
+        # engine id gets a unique suffix; an explicit REQUEST_ID is used as given (for ABORT).
+        req = parse_synthesis_request(get, f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}")
         ref = get("REFERENCE_CODES")
         ref = None if ref is None or ref.size == 0 else torch.from_numpy(ref.reshape(-1, 12).astype(np.int64))
         rows = self.builder.build(req.prompt_spec(ref))
