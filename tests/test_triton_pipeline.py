@@ -97,6 +97,7 @@ def test_reference_cache_hit_and_single_flight(triton):
 
 
 def test_cancel_frees_engine_rows_and_vocoder_slot(triton):
+    before_cancelled = triton.metrics()['moss_engine{stat="requests_cancelled"}']
     client = TTSClient(triton.grpc_url)
     stream = client.stream(build_inputs("A very long utterance.", seed=1, max_frames=3000, ignore_stop=True,
                                         first_chunk_frames=1, chunk_frames=1, stream=True))
@@ -105,13 +106,16 @@ def test_cancel_frees_engine_rows_and_vocoder_slot(triton):
     during = triton.metrics()
     assert during['moss_engine{stat="running"}'] >= 1 or during['moss_vocoder_sessions{state="active"}'] >= 1
     stream.close()  # stop_stream(cancel_requests=True)
-    after = triton.wait_for_metrics(lambda m: m['moss_engine{stat="running"}'] == 0
+    # requests_cancelled first: the gauges refresh every 0.25 s, so a snapshot from before the
+    # request was admitted would also read running == 0.
+    after = triton.wait_for_metrics(lambda m: m['moss_engine{stat="requests_cancelled"}'] > before_cancelled
+                                    and m['moss_engine{stat="running"}'] == 0
                                     and m['moss_engine{stat="free_slots"}'] == 16
                                     and m['moss_vocoder_sessions{state="active"}'] == 0)
     assert after['moss_engine{stat="running"}'] == 0
     assert after['moss_engine{stat="free_slots"}'] == 16
     assert after['moss_vocoder_sessions{state="active"}'] == 0
-    assert after['moss_engine{stat="requests_cancelled"}'] >= 1
+    assert after['moss_engine{stat="requests_cancelled"}'] > before_cancelled
     assert after['moss_engine{stat="frames_generated"}'] < 3000  # it really stopped early
 
 

@@ -27,7 +27,8 @@ from moss_tts.serving.synthesis_request import RequestError, parse_synthesis_req
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "requests_failed", "steps",
-         "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots")
+         "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
+         "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks")
 
 
 class TritonSender:
@@ -58,11 +59,7 @@ class TritonPythonModel:
         model_dir, _ = checkpoint_dirs()
         model = load_model(model_dir, device, dtype)
         self.builder = PromptBuilder(load_tokenizer(model_dir), model.cfg)
-        engine_config = EngineConfig(
-            max_running_requests=int(params.get("max_running_requests", 16)),
-            max_queue=int(params.get("max_queue", 256)),
-            first_chunk_frames=int(params.get("first_chunk_frames", 2)),
-            chunk_frames=int(params.get("chunk_frames", 10)))
+        engine_config = EngineConfig.from_parameters(params)
         self.frontend = EngineFrontend(lambda on_event: Engine(model, engine_config, on_event))
         self.frontend.start()
         # The family must outlive its metrics, so it is kept on the instance.

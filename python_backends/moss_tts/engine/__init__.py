@@ -1,20 +1,26 @@
 """Continuous-batching engine for MOSS-TTS-Local: requests in, streamed frame codes out.
 
 Layout (one noun per file): config (EngineConfig), request (EngineRequest + RequestState),
-events (CodesChunk, Finished), scheduler (policy, no tensors), kv_cache (static slot-major
-cache), slot_sampling (per-slot sampling state), backbone (layer walk over the cache),
-runner (owns the tensors), stats, engine (the thread that ties them together).
+events (CodesChunk, Finished), scheduler (policy, no tensors), buckets (shape policy),
+kv_cache (static slot-major cache), slot_state (per-slot device state), memory (budget),
+fused (pointwise chains, compiled on a GPU), backbone (layer walk over the cache), frame
+(local transformer + sampling), step (the two step functions), graph_runner (CUDA graphs),
+runner (owns the tensors, launches steps), stats, engine (the thread that ties them together).
 
 Request lifecycle:
 1. Engine.submit validates the request against the model and EngineConfig (ValueError),
    then queues it (QueueFull beyond max_queue).
 2. At a step boundary the scheduler admits it (FIFO, free slot, prefill token budget);
-   the runner takes a KV slot, resets the slot's sampling state and prefills the prompt.
-3. Every step samples one frame for each running request and feeds it back through the
-   backbone at the request's own position; frames leave as CodesChunk events
-   (first_chunk_frames, then every chunk_frames).
-4. Stop, max_frames, abort (at the next boundary), an error in its step or shutdown end
-   it: the remainder chunk (not after a cancel), the slot freed, then one Finished.
+   the engine takes a KV slot and stages the prompt with the runner.
+3. The next step launches the staged prompts' batched prefill, which writes their KV rows,
+   assigns their slots' sampling state and samples frame 0, then one decode step over every
+   running slot (frame 1 for the new ones): feed back the last frame at the slot's own
+   position, sample the next. On a GPU both replay CUDA graphs where the shape has one.
+4. The host reads a step's single output copy after launching the next step (overlap);
+   frames leave as CodesChunk events (first_chunk_frames, then every chunk_frames).
+5. Stop, max_frames, abort (at the next boundary), an error in its step or shutdown end
+   it: the remainder chunk (not after a cancel), the slot freed (and marked idle on the
+   device), then one Finished. Frames a request's last in-flight step made are dropped.
 """
 
 from .config import EngineConfig, EngineConfigError

@@ -1,8 +1,10 @@
 """The Qwen3 backbone walked layer by layer over the engine's static, slot-major KV cache.
 
-Same modules and the same op order as qwen3.Qwen3Backbone.forward (so results match the
-reference loop), but keys/values go to each request's own slot and own length instead of
-one batch-wide cache position.
+The model's own modules and weights, in the op order of qwen3.Qwen3Backbone, with two changes
+for a batched step: the pointwise chains come from `Fusions` (fused kernels on a GPU), and a
+decode step attends straight from the cache — one query row per slot over a fixed window of
+keys with a mask, the 4 query heads of each KV head batched together — so nothing of the cache
+is gathered or repeated per step and the shapes stay fixed for a CUDA graph.
 """
 
 from __future__ import annotations
@@ -10,36 +12,94 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
-from ..qwen3 import Qwen3Backbone, attention_bias
+from ..qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
+from .fused import Fusions
 from .kv_cache import StaticKVCache
 
-WriteFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# attend(layer, q [B, T, heads, d], k, v [B, T, kv_heads, d]) -> o_proj output [B, T, H]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _run_layers(backbone: Qwen3Backbone, x: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
-                write: WriteFn) -> torch.Tensor:
-    # Norm before slicing, as the reference does, so the reduction sees the same layout.
-    return backbone.run(x, positions, bias, write)[:, -1]
+def _layer(layer: Qwen3Layer, x, h, cos, sin, attend, f: Fusions, next_norm: torch.Tensor):
+    """One layer from (residual x, normed h); returns (x, the next norm of x)."""
+    attn, mlp, c = layer.self_attn, layer.mlp, layer.self_attn.cfg
+    b, t, _ = h.shape
+    q = attn.q_proj(h).view(b, t, c.num_attention_heads, c.head_dim)
+    k = attn.k_proj(h).view(b, t, c.num_key_value_heads, c.head_dim)
+    v = attn.v_proj(h).view(b, t, c.num_key_value_heads, c.head_dim)
+    q, k = f.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.rms_norm_eps, cos, sin)
+    x, h = f.add_rms_norm(x, attend(q, k, v), layer.post_attention_layernorm.weight, c.rms_norm_eps)
+    delta = mlp.down_proj(f.silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))
+    return f.add_rms_norm(x, delta, next_norm, c.rms_norm_eps)
 
 
-def prefill(backbone: Qwen3Backbone, cache: StaticKVCache, slot: int, embeds: torch.Tensor,
-            start: int) -> torch.Tensor:
-    """Prompt rows [start, start+T) of one slot: embeds [1, T, H] -> last hidden [1, H]."""
+def walk(backbone: Qwen3Backbone, f: Fusions, embeds: torch.Tensor, positions: torch.Tensor,
+         attend: AttendFn) -> torch.Tensor:
+    """embeds [B, T, H] at positions [B, T] -> final-normed hidden states [B, T, H]."""
+    cfg, layers = backbone.cfg, backbone.layers
+    cos, sin = neox_rope(positions, cfg.head_dim, cfg.rope_theta, embeds.dtype)
+    x, h = embeds, f.rms_norm(embeds, layers[0].input_layernorm.weight, cfg.rms_norm_eps)
+    for i, layer in enumerate(layers):
+        next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else backbone.norm.weight
+        x, h = _layer(layer, x, h, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v), f, next_norm)
+    return h
+
+
+def decode(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: torch.Tensor,
+           slot_ids: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Slots [0, S), one fed-back row each at its own position: embeds [S, 1, H] -> hidden [S, H].
+
+    Each slot attends to its rows [0, position] inside the window [0, kv_len); rows of a slot
+    that is not generating are computed and ignored.
+    """
+    num_slots = embeds.shape[0]
+    key_valid = torch.arange(kv_len, device=embeds.device).unsqueeze(0) <= positions.unsqueeze(1)
+    bias = attention_bias(key_valid, 1, embeds.dtype)  # [S, 1, 1, kv_len]
+
+    def attend(i: int, q, k, v):
+        attn = backbone.layers[i].self_attn
+        cache.write_step(i, slot_ids, positions, k[:, 0], v[:, 0])
+        keys, values = cache.window(i, num_slots, kv_len)
+        kv_heads, head_dim = keys.shape[2], keys.shape[3]
+        grouped = q.reshape(num_slots, kv_heads, -1, head_dim)  # heads kv*g .. kv*g+g-1 share kv head kv
+        out = F.scaled_dot_product_attention(grouped, keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=bias)
+        return attn.o_proj(out.reshape(num_slots, 1, -1))
+
+    return walk(backbone, f, embeds, positions.unsqueeze(1), attend)[:, 0]
+
+
+def prefill(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: torch.Tensor,
+            slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Whole prompts from row 0, right-padded: embeds [N, T, H] -> each prompt's last hidden [N, H].
+
+    Rows past a prompt's length are padding: their keys land in the slot past its length (stale
+    rows that later steps mask or overwrite) and no valid query attends to them.
+    """
+    n, t = embeds.shape[:2]
+    device = embeds.device
+    positions = torch.arange(t, device=device).unsqueeze(0).expand(n, t)
+    bias = attention_bias(positions < lengths.unsqueeze(1), t, embeds.dtype)
+
+    def attend(i: int, q, k, v):
+        cache.write_prompts(i, slots, k, v)
+        return backbone.layers[i].self_attn.attend(q, k, v, bias)
+
+    hidden = walk(backbone, f, embeds, positions, attend)
+    return hidden[torch.arange(n, device=device), lengths - 1]
+
+
+def prefill_chunk(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, slot: int,
+                  embeds: torch.Tensor, start: int) -> torch.Tensor:
+    """Rows [start, start+T) of one long prompt: embeds [1, T, H] -> last hidden [1, H]."""
     t, device = embeds.shape[1], embeds.device
     positions = torch.arange(start, start + t, device=device).unsqueeze(0)
     bias = attention_bias(torch.ones(1, start + t, dtype=torch.bool, device=device), t, embeds.dtype)
-    return _run_layers(backbone, embeds, positions, bias,
-                       lambda i, k, v: cache.write_range(i, slot, start, k, v))
 
+    def attend(i: int, q, k, v):
+        keys, values = cache.write_range(i, slot, start, k, v)
+        return backbone.layers[i].self_attn.attend(q, keys, values, bias)
 
-def decode(backbone: Qwen3Backbone, cache: StaticKVCache, slots: torch.Tensor, positions: torch.Tensor,
-           embeds: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """One row per slot at its own position: embeds [B, 1, H] -> hidden [B, H].
-
-    kv_len (host int) = max(positions) + 1; each slot attends to its rows [0, position].
-    """
-    key_valid = torch.arange(kv_len, device=embeds.device).unsqueeze(0) <= positions.unsqueeze(1)
-    bias = attention_bias(key_valid, 1, embeds.dtype)
-    return _run_layers(backbone, embeds, positions.unsqueeze(1), bias,
-                       lambda i, k, v: cache.write_rows(i, slots, positions, k, v, kv_len))
+    return walk(backbone, f, embeds, positions, attend)[:, -1]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, fields
+from typing import Mapping, Optional
 
 import torch
 
@@ -13,12 +13,28 @@ MAX_SEQ_LEN = 4096 + 1024  # tokens per slot: prompt rows + generated frames
 FIRST_CHUNK_FRAMES = 2  # 160 ms at 12.5 frames/s: small, for a short time to first audio
 CHUNK_FRAMES = 10  # 800 ms at 12.5 frames/s
 PREFILL_CHUNK_TOKENS = 2048
+CUDA_GRAPH_MAX_BATCH = 256  # largest decode batch bucket captured (capped by max_running_requests)
+CUDA_GRAPH_PREFILL_TOKENS = 512  # single-prompt prefills up to this many rows replay a graph
+MIN_KV_BUCKET = 256  # smallest attention window of a decode graph; windows double up to max_seq_len
+GPU_MEMORY_UTILIZATION = 0.9  # share of the device this engine may fill (weights + KV + graphs)
+ACTIVATION_RESERVE_GIB = 4.0  # graph pool and prefill activations, kept out of the KV budget
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class EngineConfigError(ValueError):
     """An EngineConfig field is out of range; the message names the field."""
+
+
+def _parse(name: str, text: str, kind: str):
+    try:
+        if kind == "bool":
+            if text.strip().lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.strip().lower() in ("true", "1")
+        return float(text) if kind == "float" else int(text)
+    except ValueError:
+        raise EngineConfigError(f"parameter {name}={text!r} is not a valid {kind}") from None
 
 
 def _require_positive(name: str, value) -> None:
@@ -40,11 +56,33 @@ class EngineConfig:
     # None = follow the model's parameters; when given, they must match the model.
     device: Optional[str] = None
     dtype: Optional[str] = None
+    # GPU only (ignored on CPU, which always runs eagerly with exact shapes).
+    enforce_eager: bool = False  # no CUDA graphs; shapes are still padded to buckets, so the
+    # eager path computes exactly what the graphs compute (the debugging reference)
+    fuse_kernels: bool = True  # torch.compile the pointwise chains (norms, RoPE, sampling)
+    cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
+    cuda_graph_prefill_tokens: int = CUDA_GRAPH_PREFILL_TOKENS  # 0 = no prefill graphs
+    min_kv_bucket: int = MIN_KV_BUCKET
+    # Memory budget: weights + KV cache + ACTIVATION_RESERVE_GIB must fit in
+    # gpu_memory_utilization x device memory, less reserved_memory_gib for colocated stages
+    # (vocoder, reference encoder). setup() raises with the numbers when it does not.
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    reserved_memory_gib: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "max_queue", "max_seq_len", "first_chunk_frames",
-                     "chunk_frames", "prefill_chunk_tokens"):
+                     "chunk_frames", "prefill_chunk_tokens", "cuda_graph_max_batch", "min_kv_bucket"):
             _require_positive(name, getattr(self, name))
+        if isinstance(self.cuda_graph_prefill_tokens, bool) or not isinstance(self.cuda_graph_prefill_tokens, int) \
+                or self.cuda_graph_prefill_tokens < 0:
+            raise EngineConfigError(f"EngineConfig.cuda_graph_prefill_tokens must be an integer >= 0, "
+                                    f"got {self.cuda_graph_prefill_tokens!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise EngineConfigError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], "
+                                    f"got {self.gpu_memory_utilization!r}")
+        if not self.reserved_memory_gib >= 0.0:
+            raise EngineConfigError(f"EngineConfig.reserved_memory_gib must be >= 0, "
+                                    f"got {self.reserved_memory_gib!r}")
         if self.max_seq_len < 2:
             raise EngineConfigError(f"EngineConfig.max_seq_len must be >= 2 (one prompt row and one "
                                     f"frame), got {self.max_seq_len}")
@@ -57,6 +95,17 @@ class EngineConfig:
             except (RuntimeError, TypeError) as exc:
                 raise EngineConfigError(f"EngineConfig.device {self.device!r} is not a torch device "
                                         f"({exc})") from None
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]) -> "EngineConfig":
+        """Triton pbtxt `parameters` (all strings) -> config; keys that are no field are skipped
+        (device and dtype are the adapter's), a value that does not parse names its key."""
+        kinds = {f.name: f.type for f in fields(cls) if f.name not in ("device", "dtype")}
+        values = {}
+        for name, text in parameters.items():
+            if name in kinds:
+                values[name] = _parse(name, str(text), kinds[name])
+        return cls(**values)
 
     @property
     def torch_dtype(self) -> Optional[torch.dtype]:

@@ -1,17 +1,20 @@
 """Engine: one scheduler thread that turns submitted requests into streamed frame codes.
 
-Each step: schedule (retire aborted, admit waiting) -> prefill the admitted -> one batched
-decode step over every running request -> post-process (frames, stops, budgets, chunks)
--> emit. Requests join and leave between steps, so batches change every step (continuous
-batching). Callers talk to it from any thread through submit / abort / stats / shutdown;
-events come back through `on_event`, always called from the engine thread and never under
-the engine's lock, so a callback may call submit or abort.
+Each step: schedule (retire aborted, admit waiting) -> launch (the admitted prompts' prefill,
+then one batched decode step over every running request) -> post-process the *previous*
+step's output (frames, stops, budgets, chunks) -> emit. The device state alone decides what a
+step computes, so step N+1 is launched before step N's output is read: the host work of one
+step overlaps the device work of the next. Requests join and leave between steps, so batches
+change every step (continuous batching). Callers talk to it from any thread through submit /
+abort / stats / shutdown; events come back through `on_event`, always called from the engine
+thread and never under the engine's lock, so a callback may call submit or abort.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..model import MossTTSLocalModel
@@ -31,6 +34,19 @@ class EngineClosed(RuntimeError):
     """submit() after shutdown()."""
 
 
+@dataclass(frozen=True)
+class Launch:
+    """A step in flight: its output and the requests (with their slots) whose rows it carries."""
+
+    out: StepOutput
+    prefilled: list[RequestState]  # output rows 0.. in order
+    decoded: list[tuple[RequestState, int]]  # (request, slot): row decode_offset + slot
+
+    @property
+    def states(self) -> list[RequestState]:
+        return list(dict.fromkeys([*self.prefilled, *(s for s, _ in self.decoded)]))
+
+
 class Engine:
     def __init__(self, model: MossTTSLocalModel, config: EngineConfig, on_event: EventCallback) -> None:
         self.config = config
@@ -43,6 +59,7 @@ class Engine:
         self._counters = StatsCounters()
         self._thread: Optional[threading.Thread] = None
         self._is_stopping = False
+        self._in_flight: Optional[Launch] = None  # engine thread only
 
     # ---- caller side (any thread) ----
 
@@ -102,23 +119,26 @@ class Engine:
                 self._step()
             except Exception as exc:  # a bug outside the runner: fail what runs, keep serving
                 log.exception("engine step failed")
+                self._in_flight = None
                 self._fail(self._unfinished_running(), f"engine step failed: {exc!r}")
+        self._in_flight = None  # its requests are cancelled below; nobody reads its rows
         self._cancel_all("engine shut down")
 
     def _wait_for_work(self) -> bool:
         with self._cond:
-            self._cond.wait_for(lambda: self._is_stopping or self._scheduler.has_work)
+            self._cond.wait_for(lambda: self._is_stopping or self._scheduler.has_work
+                                or self._in_flight is not None)
             return not self._is_stopping
 
     def _step(self) -> None:
         plan = self._schedule()
         for state in plan.cancelled:
             self._emit(Finished(state.request_id, "cancelled", None, state.num_flushed))
-        for state in plan.admitted:
-            self._prefill(state)
-        running = [s for s in plan.running if s.is_running]
-        if running:
-            self._decode(running)
+        staged = [state for state in plan.admitted if self._stage(state)]
+        launch = self._launch(staged, plan.running)
+        previous, self._in_flight = self._in_flight, launch
+        if previous is not None:
+            self._complete(previous)
 
     def _schedule(self) -> Schedule:
         with self._cond:
@@ -131,38 +151,60 @@ class Engine:
                 self._counters.requests_admitted += 1
         return plan
 
-    def _prefill(self, state: RequestState) -> None:
+    def _stage(self, state: RequestState) -> bool:
         try:
             self._runner.prefill(state.slot, state.request.prompt_rows, state.request.params)
         except Exception as exc:
             log.exception("prefill failed for request %s", state.request_id)
             self._fail([state], f"prefill failed: {exc!r}")
+            return False
+        state.num_issued = 1  # the prefill samples frame 0
+        return True
 
-    def _decode(self, running: list[RequestState]) -> None:
+    def _launch(self, staged: list[RequestState], running: list[RequestState]) -> Optional[Launch]:
+        """Launch the staged prefills + one frame for every request that may still generate."""
+        decoding = [s for s in running if s.is_running and s.can_issue]
+        if not staged and not decoding:
+            return None
         try:
-            out = self._runner.decode([s.slot for s in running])
-            out.wait()
+            out = self._runner.decode([s.slot for s in decoding])
         except Exception as exc:
-            log.exception("decode step failed for %d requests", len(running))
-            self._fail(running, f"decode step failed: {exc!r}")
-            return
-        num_frames = self._postprocess(running, out)
+            log.exception("decode step failed for %d requests", len(decoding))
+            self._fail(list(dict.fromkeys(staged + decoding)), f"decode step failed: {exc!r}")
+            return None
+        for state in decoding:
+            state.num_issued += 1
         with self._cond:
-            self._counters.record_step(len(running), num_frames)
+            self._counters.record_step(len(set(staged) | set(decoding)), out.graph_use)
+        return Launch(out, staged, [(s, s.slot) for s in decoding])
 
-    def _postprocess(self, running: list[RequestState], out: StepOutput) -> int:
-        """Apply one step's frames: stop, frame budget, chunk emission. Returns frames emitted."""
-        emitted, codes = out.emitted, out.codes
-        for state, is_emitted, row in zip(running, emitted, codes):
-            if not is_emitted:
-                self._end(state, "stop")
-                continue
-            state.add_frame(row)
-            if state.is_at_frame_budget:
-                self._end(state, "max_frames")
-            elif state.is_chunk_ready:
-                self._emit(state.take_chunk())
-        return sum(emitted)
+    def _complete(self, launch: Launch) -> None:
+        """Apply a finished step's frames: stop, frame budget, chunk emission."""
+        try:
+            rows = launch.out.wait()
+        except Exception as exc:
+            log.exception("step failed on the device")
+            self._fail(launch.states, f"decode step failed: {exc!r}")
+            return
+        frames = sum(self._apply(state, rows[i]) for i, state in enumerate(launch.prefilled))
+        offset = launch.out.decode_offset
+        frames += sum(self._apply(state, rows[offset + slot]) for state, slot in launch.decoded)
+        with self._cond:
+            self._counters.record_frames(frames)
+
+    def _apply(self, state: RequestState, row: list[int]) -> int:
+        """One frame row [emitted, codes...] of a request; returns 1 if a frame was added."""
+        if not state.is_running:  # ended while the step ran (stop, cancel, error)
+            return 0
+        if not row[0]:
+            self._end(state, "stop")
+            return 0
+        state.add_frame(row[1:])
+        if state.is_at_frame_budget:
+            self._end(state, "max_frames")
+        elif state.is_chunk_ready:
+            self._emit(state.take_chunk())
+        return 1
 
     def _end(self, state: RequestState, reason: FinishReason, error: Optional[str] = None) -> None:
         """The one way out for a request: remainder chunk, free the slot, then Finished."""

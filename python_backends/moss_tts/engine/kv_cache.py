@@ -7,6 +7,7 @@ values of earlier occupants; attention masks them, so a freed slot is never clea
 
 from __future__ import annotations
 
+import heapq
 import logging
 
 import torch
@@ -21,9 +22,12 @@ class StaticKVCache:
         self.kv_heads, self.head_dim = kv_heads, head_dim
         self.k: list[torch.Tensor] = []  # per layer [num_slots, max_seq_len, kv_heads, head_dim]
         self.v: list[torch.Tensor] = []
-        self.lengths = [0] * num_slots  # host mirror: valid rows per slot, known without a sync
-        # Popped from the end: slot 0 first, so a lightly loaded engine keeps touching the same rows.
-        self._free = list(range(num_slots - 1, -1, -1))
+        # Host upper bound of each slot's KV rows (exact while the slot generates), known without
+        # a sync: it picks the attention window of a decode step.
+        self.lengths = [0] * num_slots
+        # Lowest slot first: running slots stay packed at the front, so a decode step over
+        # slots [0, S) wastes few rows.
+        self._free = list(range(num_slots))
 
     @property
     def is_ready(self) -> bool:
@@ -52,14 +56,14 @@ class StaticKVCache:
     def allocate(self) -> int:
         if not self._free:
             raise RuntimeError("no free KV slot: the scheduler admitted more than max_running_requests")
-        slot = self._free.pop()
+        slot = heapq.heappop(self._free)
         self.lengths[slot] = 0
         return slot
 
     def free(self, slot: int) -> None:
         assert slot not in self._free, f"KV slot {slot} freed twice"
         self.lengths[slot] = 0
-        self._free.append(slot)
+        heapq.heappush(self._free, slot)
 
     def write_range(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor):
         """Prefill: k/v [1, T, kv_heads, head_dim] at rows [start, start+T) of one slot; returns
@@ -69,15 +73,22 @@ class StaticKVCache:
         self.v[layer][slot, start:end] = v[0]
         return self.k[layer][slot:slot + 1, :end], self.v[layer][slot:slot + 1, :end]
 
-    def write_rows(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, kv_len: int):
-        """Decode: k/v [B, 1, ...] at each slot's own position; returns keys/values [B, kv_len, ...]
-        of those slots (rows past a slot's length are for the caller to mask)."""
-        self.k[layer][slots, positions] = k[:, 0]
-        self.v[layer][slots, positions] = v[:, 0]
-        # Slice first so the gather copies kv_len rows per slot, not max_seq_len.
-        return (self.k[layer][:, :kv_len].index_select(0, slots),
-                self.v[layer][:, :kv_len].index_select(0, slots))
+    def write_prompts(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Batched prefill from row 0: k/v [N, T, kv_heads, head_dim] into rows [0, T) of `slots`."""
+        t = k.shape[1]
+        self.k[layer][:, :t].index_copy_(0, slots, k)
+        self.v[layer][:, :t].index_copy_(0, slots, v)
+
+    def write_step(self, layer: int, slot_ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor) -> None:
+        """Decode: k/v [S, kv_heads, head_dim] at row positions[i] of slot slot_ids[i]."""
+        self.k[layer].index_put_((slot_ids, positions), k)
+        self.v[layer].index_put_((slot_ids, positions), v)
+
+    def window(self, layer: int, num_slots: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views [S, kv_len, kv_heads, head_dim] of slots [0, S): no copy (rows past a slot's
+        length are stale and for the caller to mask)."""
+        return self.k[layer][:num_slots, :kv_len], self.v[layer][:num_slots, :kv_len]
 
 
 def _free_memory(device: torch.device) -> str:

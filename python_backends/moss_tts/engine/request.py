@@ -86,8 +86,9 @@ class RequestState:
     status: RequestStatus = RequestStatus.WAITING
     slot: Optional[int] = None
     num_frames: int = 0  # frames generated = the index of the next frame
+    num_issued: int = 0  # frames launched on the device (ahead of num_frames while a step runs)
     num_flushed: int = 0  # frames delivered in chunks
-    pending: list[torch.Tensor] = field(default_factory=list)  # [n_vq] CPU rows not yet delivered
+    pending: list[list[int]] = field(default_factory=list)  # n_vq codes per frame not yet delivered
     is_abort_requested: bool = False
 
     @classmethod
@@ -120,6 +121,11 @@ class RequestState:
         return self.num_frames >= self.request.params.max_frames
 
     @property
+    def can_issue(self) -> bool:
+        """Another frame may be launched: the budget is not yet covered by launched frames."""
+        return self.num_issued < self.request.params.max_frames
+
+    @property
     def is_chunk_ready(self) -> bool:
         return self.num_pending >= chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames)
 
@@ -127,7 +133,7 @@ class RequestState:
         assert self.status is RequestStatus.WAITING, f"{self.request_id} started twice"
         self.status, self.slot = RequestStatus.RUNNING, slot
 
-    def add_frame(self, codes: torch.Tensor) -> None:
+    def add_frame(self, codes: list[int]) -> None:
         self.pending.append(codes)
         self.num_frames += 1
 
@@ -135,7 +141,7 @@ class RequestState:
         """All pending frames as one chunk (None if there are none); they count as delivered."""
         if not self.pending:
             return None
-        chunk = CodesChunk(self.request_id, torch.stack(self.pending), self.num_flushed)
+        chunk = CodesChunk(self.request_id, torch.tensor(self.pending, dtype=torch.long), self.num_flushed)
         self.num_flushed += len(self.pending)
         self.pending.clear()
         return chunk

@@ -1,44 +1,60 @@
-"""ModelRunner: owns every tensor of the engine (KV cache, per-slot sampling state, last hidden
-states) and runs prefill and batched decode steps. It makes no policy decisions.
+"""ModelRunner: owns every tensor of the engine (KV cache, slot state, step outputs, graphs) and
+launches steps. It makes no policy decisions.
 
-A decode step, for the running slots: sample a frame from each slot's last backbone hidden
-state, record it, feed it back through the backbone at the slot's own position, keep the new
-hidden state. The step's only device->host copy carries the emitted flags and codes.
+A step = the batched prefill of the prompts staged since the last step (each samples its first
+frame) + one decode step over the running slots (each samples its next frame), launched without
+waiting for anything, then one device->host copy of the step's output rows. The caller reads
+the output later (StepOutput.wait), typically after launching the next step.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 from ..model import MossTTSLocalModel
 from ..sampling_params import SamplingParams
-from . import backbone
+from . import backbone, step
+from .buckets import Buckets
 from .config import EngineConfig
+from .frame import LocalRope
+from .fused import Fusions
+from .graph_runner import GraphRunner
 from .kv_cache import StaticKVCache
-from .slot_sampling import SlotSampling
+from .memory import check_memory_budget
+from .slot_state import SlotState, param_rows
+from .stats import GraphUse
+from .step import PrefillInputs, StepContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StagedPrompt:
+    slot: int
+    rows: torch.Tensor  # [T, 13] int64, CPU
+    params: SamplingParams
 
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Host copy [B, 1 + n_vq] int64 of one step: column 0 = emitted flag, then the codes."""
+    """Host copy of one step's rows [emitted, 12 codes]: prefilled prompts in staging order at
+    rows [0, P), the decode row of slot s at decode_offset + s."""
 
     host: torch.Tensor
     ready: Optional["torch.cuda.Event"]
+    prefill_slots: list[int]
+    decode_offset: int
+    graph_use: GraphUse
 
-    def wait(self) -> None:
+    def wait(self) -> list[list[int]]:
         if self.ready is not None:
             self.ready.synchronize()
-
-    @property
-    def emitted(self) -> list[bool]:
-        return [bool(x) for x in self.host[:, 0].tolist()]
-
-    @property
-    def codes(self) -> torch.Tensor:
-        return self.host[:, 1:]
+        return self.host.tolist()
 
 
 class ModelRunner:
@@ -50,78 +66,179 @@ class ModelRunner:
         config.check_model(self.device, self.dtype, b.max_position_embeddings)
         self.kv = StaticKVCache(b.num_hidden_layers, config.max_running_requests, config.max_seq_len,
                                 b.num_key_value_heads, b.head_dim)
-        self.sampling: Optional[SlotSampling] = None
-        self.hidden: Optional[torch.Tensor] = None  # [slots, H]: each slot's last backbone output
+        is_cuda = self.device.type == "cuda"
+        self.buckets = Buckets.build(config.max_running_requests, config.max_seq_len,
+                                     config.cuda_graph_max_batch, config.min_kv_bucket,
+                                     config.cuda_graph_prefill_tokens, is_padded=is_cuda)
+        self.uses_graphs = is_cuda and not config.enforce_eager
+        self.ctx: Optional[StepContext] = None
+        self.graphs: Optional[GraphRunner] = None
+        self._staged: list[StagedPrompt] = []
 
     @property
     def is_ready(self) -> bool:
-        return self.hidden is not None and self.kv.is_ready
+        return self.ctx is not None
 
     @property
     def num_free_slots(self) -> int:
         return self.kv.num_free_slots
 
+    # ---- setup ----
+
     def setup(self) -> None:
-        """Allocate all device state once; safe to call twice."""
+        """Allocate all device state and capture the graphs once; safe to call twice."""
         if self.is_ready:
             return
-        cfg, slots = self.model.cfg, self.config.max_running_requests
+        if self.device.type == "cuda":
+            check_memory_budget(self.config, self.model, self.kv.num_bytes(self.dtype), self.device)
         self.kv.setup(self.device, self.dtype)
-        self.sampling = SlotSampling(slots, cfg.n_vq, cfg.audio_vocab_size, self.device)
-        self.hidden = torch.zeros(slots, cfg.hidden_size, device=self.device, dtype=self.dtype)
+        cfg, slots = self.model.cfg, self.config.max_running_requests
+        fusions = Fusions.for_device(self.device, self.config.fuse_kernels)
+        ctx = StepContext(self.model, self.kv, SlotState.allocate(slots, cfg, self.device), fusions,
+                          LocalRope(self.model.local_transformer, cfg.n_vq + 1, self.device, self.dtype),
+                          torch.arange(slots, device=self.device),
+                          torch.zeros(2 * slots, 1 + cfg.n_vq, dtype=torch.long, device=self.device))
+        if self.device.type == "cuda":
+            with torch.inference_mode():
+                self._warm_up(ctx)
+                ctx.state.reset()
+                if self.uses_graphs:
+                    self.graphs = GraphRunner(self.buckets)
+                    self.graphs.capture(lambda s, k: step.decode_step(ctx, s, k),
+                                        lambda inputs: step.prefill_step(ctx, inputs),
+                                        lambda t: self._dummy_inputs(1, t))
+                ctx.state.reset()  # warm-up and capture runs wrote into slots
+        self.ctx = ctx
+
+    def _warm_up(self, ctx: StepContext) -> None:
+        """Eager prefills (1, 2 and many prompts) and decode steps (1 and 2 slots), so the fused
+        kernels of the eager paths compile, and the allocator holds a full prefill's
+        activations, before the first request rather than during it."""
+        cfg = self.config
+        for n in range(1, min(2, cfg.max_running_requests) + 1):
+            num_tokens = min(self.buckets.prefill_len(n, 16), cfg.max_seq_len - 1)
+            step.prefill_step(ctx, self._dummy_inputs(n, num_tokens))
+            step.decode_step(ctx, n, self.buckets.kv[0])
+        rows = min(256, cfg.max_seq_len - 1, cfg.prefill_chunk_tokens)
+        many = min(cfg.max_running_requests, max(1, cfg.prefill_chunk_tokens // rows))
+        step.prefill_step(ctx, self._dummy_inputs(many, rows))
+        torch.cuda.synchronize()
+
+    def _dummy_inputs(self, num_prompts: int, num_tokens: int) -> PrefillInputs:
+        inputs = PrefillInputs.empty(num_prompts, num_tokens, self.model.cfg.row_width, self.device)
+        floats, ints = param_rows(SamplingParams(seed=0, max_frames=2))
+        inputs.slots.copy_(torch.arange(num_prompts))
+        inputs.lengths.fill_(num_tokens)
+        inputs.floats[:] = torch.tensor(floats)
+        inputs.ints[:] = torch.tensor(ints)
+        return inputs
+
+    # ---- slots ----
 
     def allocate_slot(self) -> int:
         return self.kv.allocate()
 
     def free_slot(self, slot: int) -> None:
+        self._staged = [p for p in self._staged if p.slot != slot]
+        if self.ctx is not None:
+            self.ctx.state.release(slot)
         self.kv.free(slot)
 
-    @torch.inference_mode()
+    # ---- steps ----
+
     def prefill(self, slot: int, prompt_rows: torch.Tensor, params: SamplingParams) -> None:
-        """Run a new request's prompt [T, 13] into its slot, chunk by chunk."""
+        """Stage a newly admitted prompt for the next step's batched prefill."""
         assert self.is_ready, "ModelRunner.setup() must run before prefill"
-        rows = prompt_rows.to(self.device, non_blocking=True)
-        self.sampling.assign(slot, params)
-        step = self.config.prefill_chunk_tokens
-        for start in range(0, rows.shape[0], step):
-            embeds = self.model.embed_rows(rows[start:start + step].unsqueeze(0)).to(self.dtype)
-            hidden = backbone.prefill(self.model.transformer, self.kv, slot, embeds, start)
-        self.hidden[slot] = hidden[0]
-        self.kv.lengths[slot] = rows.shape[0]
+        self._staged.append(StagedPrompt(slot, prompt_rows, params))
+        self.kv.lengths[slot] = prompt_rows.shape[0]
 
     @torch.inference_mode()
     def decode(self, slots: list[int]) -> StepOutput:
-        """One frame for each slot in `slots` (every one of them holds a prefilled request)."""
-        assert self.is_ready and slots, "decode needs setup() and at least one slot"
-        model = self.model
-        positions_host = [self.kv.lengths[s] for s in slots]
-        rows, positions = self._upload([slots, positions_host])
-        batch = self.sampling.gather(rows)
-        is_stop, codes = model.sample_frame(self.hidden.index_select(0, rows), batch,
-                                            self.sampling.frame_index.index_select(0, rows))
-        emitted = ~(is_stop & ~self.sampling.ignore_stop.index_select(0, rows))
-        self.sampling.record(rows, batch, codes, emitted)
-        out = self._download(torch.cat([emitted.long().unsqueeze(1), codes], dim=1))
-        # Rows that stopped feed back a pad row too: their slot is freed before anyone reads it.
-        embeds = model.embed_rows(model.feedback_rows(codes, emitted).unsqueeze(1)).to(self.dtype)
-        self.hidden[rows] = backbone.decode(model.transformer, self.kv, rows, positions, embeds,
-                                            max(positions_host) + 1)
+        """Launch one step: the staged prefills, then one frame for each slot in `slots`, which
+        must include every slot still generating. Returns without waiting for the device."""
+        assert self.is_ready and (slots or self._staged), "a step needs setup() and some work"
+        staged, groups = _prefill_plan(self._staged, self.config.prefill_chunk_tokens)
+        self._staged = []
+        use = GraphUse()
+        for offset, group in groups:
+            self._run_prefill(group, offset, use)
+        num_rows = len(staged)
+        if slots:
+            self._run_decode(slots, use)
+            num_rows = self.ctx.decode_offset + max(slots) + 1
+        return self._download(num_rows, [p.slot for p in staged], use)
+
+    def _run_prefill(self, group: list[StagedPrompt], offset: int, use: GraphUse) -> None:
+        ctx = self.ctx
+        if len(group) == 1 and group[0].rows.shape[0] > self.config.prefill_chunk_tokens:
+            hidden = self._prefill_long(group[0])
+            step.prefill_step(ctx, self._inputs(group, 1).to(self.device), offset, hidden)
+            use.count_prefill(False, self.uses_graphs)
+            return
+        longest = max(p.rows.shape[0] for p in group)
+        num_tokens = min(self.buckets.prefill_len(len(group), longest), self.config.max_seq_len)
+        host = self._inputs(group, num_tokens)
+        if self.graphs is not None and offset == 0 and self.graphs.can_replay_prefill(host):
+            self.graphs.replay_prefill(host)
+            use.count_prefill(True, True)
+            return
+        step.prefill_step(ctx, host.to(self.device), offset)
+        use.count_prefill(False, self.uses_graphs)
+
+    def _prefill_long(self, prompt: StagedPrompt) -> torch.Tensor:
+        rows = prompt.rows.to(self.device, non_blocking=True)
+        chunk, model = self.config.prefill_chunk_tokens, self.model
+        with sdpa_kernel(step.PREFILL_ATTENTION):
+            for start in range(0, rows.shape[0], chunk):
+                embeds = model.embed_rows(rows[start:start + chunk].unsqueeze(0)).to(self.dtype)
+                hidden = backbone.prefill_chunk(model.transformer, self.ctx.fusions, self.kv, prompt.slot,
+                                                embeds, start)
+        return hidden
+
+    def _inputs(self, group: list[StagedPrompt], num_tokens: int) -> PrefillInputs:
+        """Right-padded prompt rows and parameters, pinned for an asynchronous upload."""
+        cfg = self.model.cfg
+        host = PrefillInputs.empty(len(group), num_tokens, cfg.row_width, "cpu", pin=self.device.type == "cuda")
+        host.rows[..., 0] = cfg.pad_token_id
+        host.rows[..., 1:] = cfg.audio_pad_code
+        for i, p in enumerate(group):
+            t = min(p.rows.shape[0], num_tokens)
+            host.rows[i, :t] = p.rows[:t]
+            host.slots[i], host.lengths[i] = p.slot, p.rows.shape[0]
+            floats, ints = param_rows(p.params)
+            host.floats[i] = torch.tensor(floats, dtype=torch.float32)
+            host.ints[i] = torch.tensor(ints, dtype=torch.long)
+        return host
+
+    def _run_decode(self, slots: list[int], use: GraphUse) -> None:
+        lengths = self.kv.lengths
+        size, kv_len = max(slots) + 1, max(lengths[s] for s in slots) + 1
+        size, kv_len = self.buckets.decode_shape(size, kv_len)
+        if self.graphs is not None and self.graphs.can_replay_decode(size, kv_len):
+            self.graphs.replay_decode(size, kv_len)
+            use.count_decode(True, True)
+        else:
+            step.decode_step(self.ctx, size, kv_len)
+            use.count_decode(False, self.uses_graphs)
         for s in slots:
-            self.kv.lengths[s] += 1
-        return out
+            lengths[s] += 1
 
-    def _upload(self, values: list[list[int]]) -> list[torch.Tensor]:
-        host = torch.tensor(values, dtype=torch.long)
-        if self.device.type == "cuda":
-            # Pinned + non_blocking: a pageable copy would wait for the whole queued stream.
-            host = host.pin_memory()
-        return list(host.to(self.device, non_blocking=True).unbind(0))
-
-    def _download(self, out: torch.Tensor) -> StepOutput:
+    def _download(self, num_rows: int, prefill_slots: list[int], use: GraphUse) -> StepOutput:
+        out = self.ctx.out[:num_rows]
         if self.device.type != "cuda":
-            return StepOutput(out, None)
+            return StepOutput(out.clone(), None, prefill_slots, self.ctx.decode_offset, use)
         host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
         host.copy_(out, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return StepOutput(host, ready)
+        return StepOutput(host, ready, prefill_slots, self.ctx.decode_offset, use)
+
+
+def _prefill_plan(staged: list[StagedPrompt], chunk_tokens: int):
+    """Output order of the prompts, and (first output row, prompts) per prefill launch: every
+    prompt that fits one chunk together, then each longer one alone (run chunk by chunk)."""
+    short = [p for p in staged if p.rows.shape[0] <= chunk_tokens]
+    long = [p for p in staged if p.rows.shape[0] > chunk_tokens]
+    groups = [(0, short)] if short else []
+    groups += [(len(short) + i, [p]) for i, p in enumerate(long)]
+    return short + long, groups

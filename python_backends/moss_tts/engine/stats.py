@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -11,12 +11,36 @@ class EngineStats:
     requests_finished: int  # final events of any reason (cancelled and failed included)
     requests_cancelled: int
     requests_failed: int
-    steps: int  # decode steps run
-    max_batch_size_seen: int  # most rows in one decode step
+    steps: int  # steps launched (prefills and/or one decode each)
+    max_batch_size_seen: int  # most requests served by one step (prefilled or decoded)
     frames_generated: int
     running: int
     waiting: int
     free_slots: int
+    # CUDA graph use (GPU, graphs on): a hit replays a graph, a fallback runs eagerly because the
+    # shape has none. Both stay 0 on the CPU and with enforce_eager.
+    decode_graph_hits: int = 0
+    decode_graph_fallbacks: int = 0
+    prefill_graph_hits: int = 0
+    prefill_graph_fallbacks: int = 0
+
+
+@dataclass
+class GraphUse:
+    """Graph hits and fallbacks of one step, filled in by the runner."""
+
+    decode_hits: int = 0
+    decode_fallbacks: int = 0
+    prefill_hits: int = 0
+    prefill_fallbacks: int = 0
+
+    def count_decode(self, is_graphed: bool, graphs_on: bool) -> None:
+        self.decode_hits += is_graphed
+        self.decode_fallbacks += graphs_on and not is_graphed
+
+    def count_prefill(self, is_graphed: bool, graphs_on: bool) -> None:
+        self.prefill_hits += is_graphed
+        self.prefill_fallbacks += graphs_on and not is_graphed
 
 
 @dataclass
@@ -28,10 +52,18 @@ class StatsCounters:
     steps: int = 0
     max_batch_size_seen: int = 0
     frames_generated: int = 0
+    graphs: GraphUse = field(default_factory=GraphUse)
 
-    def record_step(self, batch_size: int, num_frames: int) -> None:
+    def record_step(self, batch_size: int, use: GraphUse) -> None:
         self.steps += 1
         self.max_batch_size_seen = max(self.max_batch_size_seen, batch_size)
+        g = self.graphs
+        g.decode_hits += use.decode_hits
+        g.decode_fallbacks += use.decode_fallbacks
+        g.prefill_hits += use.prefill_hits
+        g.prefill_fallbacks += use.prefill_fallbacks
+
+    def record_frames(self, num_frames: int) -> None:
         self.frames_generated += num_frames
 
     def record_finish(self, reason: str) -> None:
@@ -40,6 +72,8 @@ class StatsCounters:
         self.requests_failed += reason == "error"
 
     def snapshot(self, running: int, waiting: int, free_slots: int) -> EngineStats:
+        g = self.graphs
         return EngineStats(self.requests_admitted, self.requests_finished, self.requests_cancelled,
                            self.requests_failed, self.steps, self.max_batch_size_seen,
-                           self.frames_generated, running, waiting, free_slots)
+                           self.frames_generated, running, waiting, free_slots,
+                           g.decode_hits, g.decode_fallbacks, g.prefill_hits, g.prefill_fallbacks)

@@ -1,0 +1,467 @@
+"""Engine benchmark: real-size MOSS-TTS-Local (random weights, bf16) on one GPU, in-process.
+
+    PYTHONPATH=python_backends python3 perf/bench_engine.py --out DIR     # GPU, ~5 min
+    PYTHONPATH=python_backends python3 perf/bench_engine.py --tiny        # CPU smoke of the script
+
+Every request ignores the stop head and runs a fixed number of frames (112 = 8.96 s of audio),
+prompts are 150 random text rows. Sections, in order, each also written to DIR/bench.json:
+  equivalence  graphed engine vs eager engine (same padded shapes: must be identical) and vs the
+               reference loop generation.generate (bf16: agreement reported, not asserted)
+  offline      whole-engine throughput at batch 1..256 (submit all, wait for all; prefill included)
+  step         one decode step by graph replay per batch (steady state, no prefill)
+  latency      submit -> first 2 frames / first 5 frames at concurrency 1 and 64
+  naive        the eager reference loop at batch 1 and 16, same prompts and frames
+  probe        host launch time and total time of eager batched prefills (16, 37, 54 prompts)
+  split        one step at batch 1 and 256: backbone vs local frame, fused vs unfused kernels
+  fp32         a float32 copy of the model: graphed engine (unfused kernels) vs generation.generate
+The table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import threading
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from moss_tts.config import MossTTSConfig, real_model_config_dict
+from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest, Finished
+from moss_tts.engine import backbone, frame, step
+from moss_tts.engine.fused import Fusions
+from moss_tts.generation import generate
+from moss_tts.loading import build_random_model
+from moss_tts.sampling_params import ChannelParams, SamplingParams
+
+FRAME_RATE = 12.5  # frames per second of audio
+AUDIO_START = 151669  # ends every prompt, as in the processor's prompts
+TIMEOUT_S = 300
+
+
+# ---- inputs ----
+
+def make_prompt(rows: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.full((rows, 13), 1024, dtype=torch.long)
+    prompt[:, 0] = torch.randint(0, 150000, (rows,), generator=gen)
+    prompt[-1, 0] = AUDIO_START
+    return prompt
+
+
+def fixed_length(seed: int, frames: int) -> SamplingParams:
+    return SamplingParams(seed=seed, max_frames=frames, ignore_stop=True)
+
+
+def mixed_requests(frames: int, prompt_rows: int):
+    """8 requests of mixed prompt lengths and sampling kinds (greedy, seeded, filtered +
+    penalised, stop head live), half admitted while the others run."""
+    lengths = [max(2, prompt_rows * n // 150) for n in (150, 90, 200, 60, 150, 120, 30, 170)]
+    kinds = [SamplingParams.greedy(max_frames=frames, ignore_stop=True),
+             SamplingParams(seed=11, max_frames=frames, ignore_stop=True),
+             SamplingParams(seed=12, max_frames=frames - 8, ignore_stop=True,
+                            audio=ChannelParams(1.0, 0.95, 50, 1.3)),
+             SamplingParams(seed=13, max_frames=frames)]
+    params = kinds + [replace(p, row_seed=p.row_seed + 1) for p in kinds]
+    return [make_prompt(n, 100 + i) for i, n in enumerate(lengths)], params
+
+
+# ---- engine harness ----
+
+class Sink:
+    """on_event: per request the times of its chunks and its codes; an Event when all finish."""
+
+    def __init__(self, expected: int) -> None:
+        self.submitted: dict[str, float] = {}
+        self.chunk_times: dict[str, list[tuple[float, int]]] = {}
+        self.codes: dict[str, list[torch.Tensor]] = {}
+        self.finals: dict[str, Finished] = {}
+        self.expected, self.all_done = expected, threading.Event()
+        self.on_chunk = self.on_finish = None
+
+    def __call__(self, event) -> None:
+        now = time.perf_counter()
+        rid = event.request_id
+        if isinstance(event, CodesChunk):
+            self.chunk_times.setdefault(rid, []).append((now, event.frame_offset + event.num_frames))
+            self.codes.setdefault(rid, []).append(event.codes)
+            if self.on_chunk is not None:
+                self.on_chunk(event)
+        elif isinstance(event, Finished):
+            self.finals[rid] = event
+            if self.on_finish is not None:
+                self.on_finish(event)
+            if len(self.finals) == self.expected:
+                self.all_done.set()
+
+    def all_codes(self, rid: str) -> torch.Tensor:
+        return torch.cat(self.codes.get(rid, [torch.zeros(0, 12, dtype=torch.long)]))
+
+    def time_to(self, rid: str, frames: int) -> float:
+        return next(t for t, n in self.chunk_times[rid] if n >= frames) - self.submitted[rid]
+
+
+def run_requests(engine: Engine, sink: Sink, prompts, params, prefix: str, **chunking) -> float:
+    """Submit all at once, wait for all; returns wall seconds."""
+    start = time.perf_counter()
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        rid = f"{prefix}{i}"
+        sink.submitted[rid] = time.perf_counter()
+        engine.submit(EngineRequest(rid, prompt, p, **chunking))
+    assert sink.all_done.wait(TIMEOUT_S), f"{prefix}: requests did not finish"
+    return time.perf_counter() - start
+
+
+class Bench:
+    def __init__(self, model, config: EngineConfig, frames: int, prompt_rows: int) -> None:
+        self.model, self.config, self.frames, self.prompt_rows = model, config, frames, prompt_rows
+        self.sink = Sink(0)
+        start = time.perf_counter()
+        self.engine = Engine(model, config, self._dispatch)
+        self.engine.start()
+        self.setup_s = time.perf_counter() - start
+
+    def _dispatch(self, event) -> None:
+        self.sink(event)
+
+    def batch(self, prompts, params, prefix: str, **chunking) -> tuple[float, Sink]:
+        self.sink = Sink(len(prompts))
+        return run_requests(self.engine, self.sink, prompts, params, prefix, **chunking), self.sink
+
+    def close(self) -> None:
+        self.engine.shutdown(TIMEOUT_S)
+
+
+# ---- sections ----
+
+def equivalence(model, graphed: Bench, frames: int) -> dict:
+    prompts, params = mixed_requests(frames, graphed.prompt_rows)
+    eager = Bench(model, replace(graphed.config, enforce_eager=True), frames, 0)
+    results = {}
+    for name, bench in (("graphed", graphed), ("eager", eager)):
+        results[name] = _staggered(bench, prompts, params)
+    eager.close()
+    reference = generate(model, prompts, params)
+    identical = [torch.equal(results["graphed"][i], results["eager"][i]) for i in range(len(prompts))]
+    agree = [_leading_equal(results["graphed"][i], reference[i].codes) for i in range(len(prompts))]
+    return {"graphed_equals_eager": all(identical), "requests_identical": sum(identical),
+            "requests": len(prompts), "frames": [int(r.shape[0]) for r in results["graphed"]],
+            "reference_frames": [int(r.codes.shape[0]) for r in reference],
+            "leading_frames_equal_to_reference": agree}
+
+
+def _staggered(bench: Bench, prompts, params) -> list[torch.Tensor]:
+    """4 requests, then 4 more at request 0's first chunk; every submit comes from the engine
+    thread (the first 4 when a one-frame kick request finishes), so both engines batch the
+    same requests at the same steps."""
+    sink = bench.sink = Sink(len(prompts) + 1)
+
+    def submit(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            bench.engine.submit(EngineRequest(f"eq{i}", prompts[i], params[i]))
+
+    def on_chunk(event):
+        if event.request_id == "eq0" and event.frame_offset == 0:
+            submit(4, len(prompts))
+
+    sink.on_chunk = on_chunk
+    sink.on_finish = lambda event: submit(0, 4) if event.request_id == "kick" else None
+    bench.engine.submit(EngineRequest("kick", prompts[0], fixed_length(0, 1)))
+    assert sink.all_done.wait(TIMEOUT_S)
+    return [sink.all_codes(f"eq{i}") for i in range(len(prompts))]
+
+
+def _leading_equal(a: torch.Tensor, b: torch.Tensor) -> int:
+    n = min(a.shape[0], b.shape[0])
+    differs = (a[:n] != b[:n]).any(-1).nonzero()
+    return int(differs[0]) if differs.numel() else n
+
+
+def offline(bench: Bench, batches: list[int]) -> list[dict]:
+    rows = []
+    for b in batches:
+        prompts = [make_prompt(bench.prompt_rows, 1000 + i) for i in range(b)]
+        params = [fixed_length(i, bench.frames) for i in range(b)]
+        before = bench.engine.stats()
+        seconds, sink = bench.batch(prompts, params, f"off{b}-")
+        after = bench.engine.stats()
+        frames = sum(f.num_frames for f in sink.finals.values())
+        rows.append({"batch": b, "seconds": seconds, "frames": frames, "frames_per_s": frames / seconds,
+                     "audio_s_per_s": frames / FRAME_RATE / seconds, "steps": after.steps - before.steps,
+                     "graph_hits": after.decode_graph_hits - before.decode_graph_hits,
+                     "graph_fallbacks": after.decode_graph_fallbacks - before.decode_graph_fallbacks})
+    return rows
+
+
+def step_times(bench: Bench, batches: list[int], kv_len: int) -> list[dict]:
+    graphs = bench.engine._runner.graphs
+    rows = []
+    for b in batches:
+        ms = time_replays(lambda: graphs.replay_decode(b, kv_len))
+        rows.append({"batch": b, "kv_len": kv_len, "ms": ms, "frames_per_s": b / ms * 1000,
+                     "audio_s_per_s": b / ms * 1000 / FRAME_RATE})
+    return rows
+
+
+def time_replays(replay, iters: int = 20) -> float:
+    for _ in range(3):
+        replay()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(iters):
+        replay()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / iters
+
+
+def latency(bench: Bench, concurrency: int, repeats: int) -> dict:
+    first2, first5 = [], []
+    chunking = dict(first_chunk_frames=2, chunk_frames=3)
+    for r in range(repeats):
+        prompts = [make_prompt(bench.prompt_rows, 5000 + 100 * r + i) for i in range(concurrency)]
+        params = [fixed_length(i, 8) for i in range(concurrency)]
+        _, sink = bench.batch(prompts, params, f"lat{concurrency}-{r}-", **chunking)
+        first2 += [sink.time_to(rid, 2) * 1000 for rid in sink.finals]
+        first5 += [sink.time_to(rid, 5) * 1000 for rid in sink.finals]
+    return {"concurrency": concurrency, "first2_ms_median": statistics.median(first2),
+            "first2_ms_max": max(first2), "first5_ms_median": statistics.median(first5),
+            "first5_ms_max": max(first5), "samples": len(first2)}
+
+
+def naive(model, batches: list[int], frames: int, prompt_rows: int) -> list[dict]:
+    rows = []
+    generate(model, [make_prompt(prompt_rows, 0)], [fixed_length(0, 2)])  # warm-up
+    for b in batches:
+        prompts = [make_prompt(prompt_rows, 1000 + i) for i in range(b)]
+        params = [fixed_length(i, frames) for i in range(b)]
+        _sync(model)
+        start = time.perf_counter()
+        out = generate(model, prompts, params)
+        _sync(model)
+        seconds = time.perf_counter() - start
+        n = sum(r.codes.shape[0] for r in out)
+        rows.append({"batch": b, "seconds": seconds, "frames_per_s": n / seconds,
+                     "audio_s_per_s": n / FRAME_RATE / seconds, "ms_per_step": seconds / frames * 1000})
+    return rows
+
+
+def split(bench: Bench, batches: list[int], kv_len: int) -> list[dict]:
+    """Graph-replay time of one step's parts: backbone, local frame, whole; fused vs unfused."""
+    runner = bench.engine._runner
+    ctx, pool = runner.ctx, torch.cuda.graph_pool_handle()
+    rows = []
+    for b in batches:
+        hidden = torch.zeros(b, bench.model.cfg.hidden_size, device=runner.device, dtype=runner.dtype)
+        parts = {
+            "step_fused": lambda: step.decode_step(ctx, b, kv_len),
+            "backbone_fused": lambda: _backbone_part(ctx, b, kv_len),
+            "frame_fused": lambda: frame.sample_frame(ctx.model, ctx.fusions, ctx.rope, hidden,
+                                                      ctx.state.view(b), ctx.state.frame_index[:b]),
+            "step_unfused": lambda: step.decode_step(replace(ctx, fusions=Fusions.eager()), b, kv_len),
+        }
+        longest = runner.config.max_seq_len
+        if b > 1 and longest > kv_len:  # attention's share: the same step over a longer window
+            parts["backbone_fused_kvmax"] = lambda: _backbone_part(ctx, b, longest)
+        row = {"batch": b, "kv_len": kv_len}
+        for name, fn in parts.items():
+            row[name + "_ms"] = time_replays(_graph_of(fn, pool).replay)
+        rows.append(row)
+    return rows
+
+
+def prefill_probe(bench: Bench, rows: int) -> list[dict]:
+    """Eager batched prefills run directly on the idle engine's runner (slots then reset)."""
+    runner = bench.engine._runner
+    out = []
+    with torch.inference_mode():
+        for n in (16, 16, 37, 37, 54, 54):
+            inputs = runner._dummy_inputs(n, runner.buckets.prefill_len(n, rows))
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            step.prefill_step(runner.ctx, inputs)
+            launched = time.perf_counter()
+            torch.cuda.synchronize()
+            out.append({"prompts": n, "host_ms": (launched - start) * 1000,
+                        "total_ms": (time.perf_counter() - start) * 1000})
+        runner.ctx.state.reset()
+    return out
+
+
+def fp32_equivalence(frames: int, prompt_rows: int) -> dict:
+    """Float32 weights, TF32 off: the engine's GPU path (graphs, unfused kernels) against the
+    reference loop, where rounding is too small to flip samples."""
+    cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
+    model = build_random_model(cfg, "cuda", torch.float32, seed=0)
+    config = EngineConfig(max_running_requests=8, max_seq_len=256, cuda_graph_prefill_tokens=256,
+                          fuse_kernels=False)
+    bench = Bench(model, config, frames, prompt_rows)
+    prompts, params = mixed_requests(frames, prompt_rows)
+    got = _staggered(bench, prompts, params)
+    stats = bench.engine.stats()
+    bench.close()
+    reference = generate(model, prompts, params)
+    del model, bench
+    torch.cuda.empty_cache()
+    same = [torch.equal(g, r.codes) for g, r in zip(got, reference)]
+    return {"requests_identical": sum(same), "requests": len(same), "frames": [int(g.shape[0]) for g in got],
+            "leading_frames_equal": [_leading_equal(g, r.codes) for g, r in zip(got, reference)],
+            "decode_graph_hits": stats.decode_graph_hits, "prefill_graph_hits": stats.prefill_graph_hits}
+
+
+def _backbone_part(ctx, b: int, kv_len: int):
+    model, st = ctx.model, ctx.state
+    rows = model.feedback_rows(st.last_codes[:b], st.active[:b]).unsqueeze(1)
+    embeds = model.embed_rows(rows).to(model.dtype)
+    return backbone.decode(model.transformer, ctx.fusions, ctx.cache, embeds, ctx.slot_ids[:b],
+                           st.lengths[:b], kv_len)
+
+
+def _graph_of(fn, pool) -> torch.cuda.CUDAGraph:
+    with torch.inference_mode():
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            fn()
+    return graph
+
+
+def _sync(model) -> None:
+    if model.local_text_lm_head.weight.is_cuda:
+        torch.cuda.synchronize()
+
+
+# ---- report ----
+
+def table(results: dict) -> str:
+    lines = ["", "=" * 78, f"MOSS-TTS-Local engine benchmark  {results['meta']['device']}  "
+             f"{results['meta']['frames']} frames/request, prompt {results['meta']['prompt_rows']} rows"]
+    if "equivalence" in results:
+        e = results["equivalence"]
+        lines.append(f"equivalence  graphed == eager engine: {e['graphed_equals_eager']} "
+                     f"({e['requests_identical']}/{e['requests']} requests, frames {e['frames']})")
+        lines.append(f"             leading frames equal to generation.generate (bf16): "
+                     f"{e['leading_frames_equal_to_reference']} of {e['reference_frames']}")
+    if results.get("fp32"):
+        e = results["fp32"]
+        lines.append(f"equivalence  fp32 graphed engine == generation.generate: {e['requests_identical']}/"
+                     f"{e['requests']} requests identical, leading equal frames {e['leading_frames_equal']} "
+                     f"of {e['frames']}")
+    lines.append(f"{'':14}{'batch':>6}{'frames/s':>11}{'audio-s/s':>11}{'ms/step':>9}  note")
+    for r in results.get("naive", []):
+        lines.append(f"{'naive loop':14}{r['batch']:>6}{r['frames_per_s']:>11.1f}{r['audio_s_per_s']:>11.2f}"
+                     f"{r['ms_per_step']:>9.1f}  generation.generate, eager")
+    for r in results.get("offline", []):
+        lines.append(f"{'engine':14}{r['batch']:>6}{r['frames_per_s']:>11.1f}{r['audio_s_per_s']:>11.2f}"
+                     f"{'':>9}  end to end incl. prefill, {r['steps']} steps, graph hits "
+                     f"{r['graph_hits']}/fallbacks {r['graph_fallbacks']}")
+    for r in results.get("step", []):
+        lines.append(f"{'decode step':14}{r['batch']:>6}{r['frames_per_s']:>11.1f}{r['audio_s_per_s']:>11.2f}"
+                     f"{r['ms']:>9.2f}  graph replay, kv window {r['kv_len']}")
+    if results.get("naive") and results.get("offline"):
+        best_naive = max(r["frames_per_s"] for r in results["naive"])
+        best = max(r["frames_per_s"] for r in results["offline"])
+        lines.append(f"speedup vs the naive loop's better figure ({best_naive:.1f} frames/s): "
+                     f"{best / best_naive:.0f}x end to end" + (
+                         f", {max(r['frames_per_s'] for r in results['step']) / best_naive:.0f}x decode step"
+                         if results.get("step") else ""))
+    for r in results.get("latency", []):
+        lines.append(f"latency c={r['concurrency']:<3} first 2 frames {r['first2_ms_median']:.1f} ms median "
+                     f"({r['first2_ms_max']:.1f} max), first 5 frames {r['first5_ms_median']:.1f} ms median "
+                     f"({r['first5_ms_max']:.1f} max), n={r['samples']}")
+    longest_kv = results["meta"]["prompt_rows"] + results["meta"]["frames"] + 122
+    for r in results.get("split", []):
+        lines.append(f"split b={r['batch']:<4} step {r['step_fused_ms']:.2f} ms = backbone "
+                     f"{r['backbone_fused_ms']:.2f} + frame {r['frame_fused_ms']:.2f}; unfused step "
+                     f"{r['step_unfused_ms']:.2f} ms" + (f"; backbone at kv window {longest_kv} "
+                                                         f"{r['backbone_fused_kvmax_ms']:.2f} ms"
+                                                         if "backbone_fused_kvmax_ms" in r else ""))
+    if results.get("probe"):
+        lines.append("eager prefill (150-row prompts): " + ", ".join(
+            f"{r['prompts']}: {r['total_ms']:.0f} ms (host {r['host_ms']:.0f})" for r in results["probe"]))
+    for name, err in results.get("errors", {}).items():
+        lines.append(f"ERROR in {name}: {err.splitlines()[-1]}")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="directory for bench.json")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run on a tiny random model")
+    ap.add_argument("--frames", type=int, default=112)
+    ap.add_argument("--prompt-rows", type=int, default=150)
+    ap.add_argument("--batches", default="1,16,64,128,256")
+    ap.add_argument("--naive-batches", default="1,16")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip")
+    return ap.parse_args(argv)
+
+
+def build(args):
+    if args.tiny:
+        from moss_tts.tools.make_tiny_checkpoint import tiny_model_config_dict
+
+        cfg = MossTTSConfig.from_dict(tiny_model_config_dict(), "tiny")
+        return build_random_model(cfg, "cpu", torch.float32, seed=0, std=0.15), "cpu"
+    cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
+    model = build_random_model(cfg, "cuda", torch.bfloat16, seed=0)
+    return model, torch.cuda.get_device_name()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("moss_tts").setLevel(logging.INFO)
+    batches = [int(b) for b in args.batches.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    model, device = build(args)
+    results = {"meta": {"device": device, "torch": torch.__version__, "frames": args.frames,
+                        "prompt_rows": args.prompt_rows, "model_build_s": time.perf_counter() - start},
+               "errors": {}}
+    config = EngineConfig(max_running_requests=max(batches), max_queue=1024,
+                          max_seq_len=args.prompt_rows + args.frames + 122, prefill_chunk_tokens=8192)
+    bench = Bench(model, config, args.frames, args.prompt_rows)
+    results["meta"]["engine_setup_s"] = bench.setup_s
+    is_gpu = not args.tiny
+    sections = [
+        ("equivalence", lambda: equivalence(model, bench, min(args.frames, 40))),
+        ("offline", lambda: offline(bench, batches)),
+        ("step", lambda: step_times(bench, batches, 256) if is_gpu else []),
+        ("latency", lambda: [latency(bench, 1, 5), latency(bench, min(64, max(batches)), 1)]),
+        ("probe", lambda: prefill_probe(bench, args.prompt_rows) if is_gpu else []),
+        ("split", lambda: split(bench, [1, max(batches)], 256) if is_gpu else []),
+        ("naive", lambda: naive(model, [int(b) for b in args.naive_batches.split(",")], args.frames,
+                                args.prompt_rows)),
+        ("fp32", lambda: fp32_equivalence(min(args.frames, 40), args.prompt_rows) if is_gpu else {}),
+    ]
+    for name, run in sections:
+        if name in skip:
+            continue
+        t0 = time.perf_counter()
+        try:
+            results[name] = run()
+        except Exception:  # keep the other sections' numbers
+            results["errors"][name] = traceback.format_exc()
+            print(results["errors"][name], file=sys.stderr, flush=True)
+        results["meta"][f"{name}_s"] = time.perf_counter() - t0
+        print(f"[{name}] {json.dumps(results.get(name), default=str)[:2000]}", flush=True)
+    stats = bench.engine.stats()
+    results["meta"]["engine_stats"] = stats.__dict__
+    bench.close()
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
+    print(table(results), flush=True)
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Shape buckets: which padded shapes a step runs at, and which of them have a CUDA graph.
+
+Policy only, no tensors. On a GPU every step is padded to a bucket whether or not graphs are
+on, so the eager path (enforce_eager) computes exactly what a replay computes; beyond the
+largest bucket a step runs eagerly at its exact size. On the CPU nothing is padded.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+TOKEN_BUCKET = 32  # a single prompt's rows are padded to a multiple of this (one graph per multiple)
+BATCH_TOKEN_MULTIPLE = 16  # several prompts prefilled together: rows padded to a multiple of this
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Buckets:
+    batch: tuple[int, ...]  # decode batch sizes (slot ranges [0, S)), ascending
+    kv: tuple[int, ...]  # attention windows of a decode step, ascending, last = max_seq_len
+    prefill_tokens: tuple[int, ...]  # single-prompt prefill lengths with a graph, ascending
+    is_padded: bool  # False on the CPU: exact shapes everywhere
+
+    @classmethod
+    def build(cls, max_running: int, max_seq_len: int, max_graph_batch: int, min_kv: int,
+              prefill_tokens: int, is_padded: bool) -> "Buckets":
+        if not is_padded:
+            return cls((), (), (), False)
+        top = min(max_graph_batch, max_running)
+        batch = tuple(b for b in BATCH_BUCKETS if b < top) + (top,)
+        kv, window = [], min(min_kv, max_seq_len)
+        while window < max_seq_len:
+            kv.append(window)
+            window *= 2
+        kv.append(max_seq_len)
+        tokens = tuple(range(TOKEN_BUCKET, min(prefill_tokens, max_seq_len) + 1, TOKEN_BUCKET))
+        return cls(batch, tuple(kv), tokens, True)
+
+    def decode_shape(self, num_slots: int, kv_len: int) -> tuple[int, int]:
+        """(S, K) a decode step over slots [0, num_slots) needing kv_len keys runs at."""
+        return self._pad(self.batch, num_slots), self._pad(self.kv, kv_len)
+
+    def prefill_len(self, num_prompts: int, num_tokens: int) -> int:
+        """Rows a prefill of num_prompts prompts, the longest num_tokens rows, runs at."""
+        if not self.is_padded:
+            return num_tokens
+        return _round_up(num_tokens, TOKEN_BUCKET if num_prompts == 1 else BATCH_TOKEN_MULTIPLE)
+
+    def has_decode_graph(self, num_slots: int, kv_len: int) -> bool:
+        return num_slots in self.batch and kv_len in self.kv
+
+    def has_prefill_graph(self, num_prompts: int, num_tokens: int) -> bool:
+        return num_prompts == 1 and num_tokens in self.prefill_tokens
+
+    def _pad(self, buckets: tuple[int, ...], n: int) -> int:
+        i = bisect_left(buckets, n)
+        return buckets[i] if i < len(buckets) else n

@@ -1,0 +1,164 @@
+"""The pointwise chains of a step as small pure functions, optionally compiled into fused kernels.
+
+Each function repeats, op for op, what the model's modules do (qwen3.RMSNorm, apply_neox_rope,
+the SwiGLU MLP, sampler.sample), so run eagerly they give the modules' results. A decode
+step launches ~1,000 kernels instead of ~3,000 when they are compiled: on a GPU most of a
+small-batch step is launch gaps between tiny kernels, not arithmetic.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..local_transformer import apply_interleaved_rope
+from ..qwen3 import apply_neox_rope
+from ..sampler import gumbel_noise
+
+RECOMPILE_LIMIT = 32  # specialisations per fused function (a handful are used)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """Residual add, then the next norm: (x + delta, rms_norm(x + delta))."""
+    x = x + delta
+    return x, rms_norm(x, weight, eps)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 eps: float, cos: torch.Tensor, sin: torch.Tensor):
+    """q [B, T, heads, d], k [B, T, kv_heads, d] -> per-head RMSNorm, then NeoX rotation."""
+    q = apply_neox_rope(rms_norm(q, q_weight, eps), cos, sin)
+    return q, apply_neox_rope(rms_norm(k, k_weight, eps), cos, sin)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def add_layer_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float):
+    """Residual add, then the next LayerNorm: (x + delta, layer_norm(x + delta))."""
+    x = x + delta
+    return x, layer_norm(x, weight, bias, eps)
+
+
+def local_qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int):
+    """LocalAttention's split of c_attn's output [B, T, 3H] and its interleaved RoPE of q and k:
+    q, k, v [B, T, heads, head_dim]."""
+    b, t, width = qkv.shape
+    q, k, v = qkv.split(width // 3, dim=-1)
+    head_dim = width // 3 // num_heads
+    q = apply_interleaved_rope(q.reshape(b, t, num_heads, head_dim), cos, sin)
+    k = apply_interleaved_rope(k.reshape(b, t, num_heads, head_dim), cos, sin)
+    return q, k, v.reshape(b, t, num_heads, head_dim)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x)
+
+
+def select_token(sorted_scores: torch.Tensor, sorted_ids: torch.Tensor, scores: torch.Tensor,
+                 is_greedy: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,
+                 position: torch.Tensor) -> torch.Tensor:
+    """sampler.sample after its sort: top-k, top-p, a Gumbel-max draw at counter `position`
+    [B], argmax where greedy. Compiled, the noise hash fuses into the draw."""
+    vocab = sorted_scores.shape[-1]
+    k = torch.where((top_k <= 0) | (top_k > vocab), torch.full_like(top_k, vocab), top_k)
+    kth = sorted_scores.gather(-1, (k - 1).unsqueeze(-1))
+    sorted_scores = sorted_scores.masked_fill(sorted_scores < kth, float("-inf"))
+    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+    beyond_p = cumulative > top_p.unsqueeze(-1)
+    remove = torch.cat([torch.zeros_like(beyond_p[:, :1]), beyond_p[:, :-1]], dim=1)
+    remove &= (top_p < 1.0).unsqueeze(-1)
+    sorted_scores = sorted_scores.masked_fill(remove, float("-inf"))
+    perturbed = sorted_scores.double() + gumbel_noise(seed, position, sorted_ids)
+    drawn = sorted_ids.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    return torch.where(is_greedy, scores.argmax(dim=-1), drawn)
+
+
+def select_stop(*args) -> torch.Tensor:
+    """select_token for the 2-way stop head: its own compiled code, so the vocab-2 shapes do
+    not add specialisations to the codebooks' one."""
+    return select_token(*args)
+
+
+def temperature_scores(logits: torch.Tensor, temperature: torch.Tensor):
+    """The start of sampler.sample: (scores, scores / temperature, is_greedy)."""
+    scores = logits.float()
+    is_greedy = temperature == 0
+    temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+    return scores, scores / temp.unsqueeze(-1), is_greedy
+
+
+def penalized_scores(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor,
+                     temperature: torch.Tensor):
+    """sampler.apply_repetition_penalty on float logits, then temperature_scores."""
+    p = penalty.unsqueeze(-1)
+    scores = logits.float()
+    scores = torch.where(seen, torch.where(scores < 0, scores * p, scores / p), scores)
+    return temperature_scores(scores, temperature)
+
+
+@dataclass(frozen=True)
+class Fusions:
+    """The functions a step calls; compiled on a GPU when fuse_kernels is on."""
+
+    rms_norm: Callable
+    add_rms_norm: Callable
+    qk_norm_rope: Callable
+    silu_mul: Callable
+    layer_norm: Callable
+    add_layer_norm: Callable
+    local_qkv_rope: Callable
+    silu: Callable
+    select_token: Callable
+    select_stop: Callable
+    temperature_scores: Callable
+    penalized_scores: Callable
+    is_compiled: bool
+
+    @classmethod
+    def eager(cls) -> "Fusions":
+        return cls(rms_norm, add_rms_norm, qk_norm_rope, silu_mul, layer_norm, add_layer_norm,
+                   local_qkv_rope, silu, select_token, select_stop, temperature_scores, penalized_scores,
+                   False)
+
+    @classmethod
+    def compiled(cls) -> "Fusions":
+        return _compiled_fusions()
+
+    @classmethod
+    def for_device(cls, device: torch.device, enabled: bool) -> "Fusions":
+        return cls.compiled() if enabled and device.type == "cuda" else cls.eager()
+
+
+@functools.cache
+def _compiled_fusions() -> Fusions:
+    """One set per process: every engine shares the compiled kernels instead of compiling again.
+
+    dynamic=True: one kernel set serves every batch bucket; only batch 1 (and the prefill's
+    [N, T] layouts) add a specialisation. Inputs are never slices at varying offsets (each
+    offset would be a recompile); the raised limit is a margin, not a budget.
+    """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+
+    def fuse(fn):
+        return torch.compile(fn, dynamic=True, fullgraph=True)
+    return Fusions(fuse(rms_norm), fuse(add_rms_norm), fuse(qk_norm_rope), fuse(silu_mul),
+                   fuse(layer_norm), fuse(add_layer_norm), fuse(local_qkv_rope), fuse(silu),
+                   fuse(select_token), fuse(select_stop), fuse(temperature_scores),
+                   fuse(penalized_scores), True)

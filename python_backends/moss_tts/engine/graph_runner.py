@@ -1,0 +1,90 @@
+"""GraphRunner: CUDA graphs of the whole decode step and of single-prompt prefills.
+
+One graph per (batch bucket, KV window) covers a full decode step — backbone, stop decision,
+12 codebooks with feedback, sampling and the state updates — and one per prompt-length bucket
+covers a single prompt's prefill + first frame. The decode step reads only persistent slot
+state, so its graphs have no inputs; a prefill graph keeps its own static PrefillInputs.
+Graphs are captured largest first into one memory pool, so smaller ones reuse its blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from .buckets import Buckets
+from .step import PrefillInputs
+
+log = logging.getLogger(__name__)
+
+
+class GraphCaptureError(RuntimeError):
+    """Capture failed; the message lists what to try."""
+
+
+class GraphRunner:
+    def __init__(self, buckets: Buckets) -> None:
+        self.buckets = buckets
+        self._decode: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._prefill: dict[int, tuple[torch.cuda.CUDAGraph, PrefillInputs]] = {}
+        self._pool = None
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._decode) + len(self._prefill)
+
+    def capture(self, decode: Callable[[int, int], None], prefill: Callable[[PrefillInputs], None],
+                make_inputs: Callable[[int], PrefillInputs]) -> None:
+        """Capture every bucket: decode(S, K) and prefill(static inputs of T rows)."""
+        start = time.perf_counter()
+        self._pool = torch.cuda.graph_pool_handle()
+        try:
+            for size in sorted(self.buckets.batch, reverse=True):
+                for kv_len in sorted(self.buckets.kv, reverse=True):
+                    self._decode[size, kv_len] = self._capture(lambda: decode(size, kv_len))
+            for num_tokens in sorted(self.buckets.prefill_tokens, reverse=True):
+                inputs = make_inputs(num_tokens)
+                self._prefill[num_tokens] = (self._capture(lambda: prefill(inputs)), inputs)
+        except RuntimeError as exc:
+            self.destroy()
+            raise GraphCaptureError(
+                f"CUDA graph capture failed ({exc}). Remedies: 1) set enforce_eager=true to serve "
+                f"without graphs; 2) set fuse_kernels=false if the error names torch.compile or "
+                f"Triton; 3) lower cuda_graph_max_batch or max_seq_len if memory ran out.") from exc
+        log.info("captured %d decode graphs (batch %s x kv %s) and %d prefill graphs in %.1f s",
+                 len(self._decode), list(self.buckets.batch), list(self.buckets.kv), len(self._prefill),
+                 time.perf_counter() - start)
+
+    def _capture(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        fn()  # warm-up: compiles the fused kernels for this shape, sets up cuBLAS workspaces
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            fn()
+        return graph
+
+    def can_replay_decode(self, num_slots: int, kv_len: int) -> bool:
+        return (num_slots, kv_len) in self._decode
+
+    def replay_decode(self, num_slots: int, kv_len: int) -> None:
+        self._decode[num_slots, kv_len].replay()
+
+    def can_replay_prefill(self, inputs: PrefillInputs) -> bool:
+        num_prompts, num_tokens = inputs.shape
+        return num_prompts == 1 and num_tokens in self._prefill
+
+    def replay_prefill(self, inputs: PrefillInputs) -> None:
+        graph, static = self._prefill[inputs.shape[1]]
+        static.copy_from(inputs)
+        graph.replay()
+
+    def destroy(self) -> None:
+        # NOTE: graphs go before their pool; the pool's memory returns to the caching allocator
+        # only once no graph refers to it.
+        self._decode.clear()
+        self._prefill.clear()
+        self._pool = None
+        torch.cuda.empty_cache()

@@ -1,0 +1,131 @@
+"""The two step functions, pure over device state: run eagerly or captured in a CUDA graph.
+
+decode_step: for every slot in [0, S): feed back its last frame through the backbone (one KV row
+at its own position), sample the next frame (stop + 12 codebooks), update the slot's state and
+write [emitted, codes] to the output rows. prefill_step: for N newly admitted prompts: assign
+their slots, run the prompts through the backbone and sample each one's first frame.
+Neither reads anything from the host nor syncs with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..model import FrameSampling, MossTTSLocalModel
+from . import backbone, frame
+from .fused import Fusions
+from .kv_cache import StaticKVCache
+from .slot_state import FLOAT_PARAMS, INT_PARAMS, SlotState
+
+# Prefill attention without cuDNN: cuDNN builds an execution plan for every new (prompts, rows)
+# shape, ~0.5 s of host time each (measured on the H200), and batched prefills rarely repeat a
+# shape. Graphed and eager prefills use the same backends, so they stay identical.
+PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@dataclass
+class StepContext:
+    """Everything the step functions touch, allocated once in ModelRunner.setup."""
+
+    model: MossTTSLocalModel
+    cache: StaticKVCache
+    state: SlotState
+    fusions: Fusions
+    rope: frame.LocalRope
+    slot_ids: torch.Tensor  # arange(num_slots)
+    out: torch.Tensor  # [num_slots (prefill rows) + num_slots (decode rows), 1 + n_vq] int64
+
+    @property
+    def decode_offset(self) -> int:
+        return self.state.active.shape[0]
+
+
+@dataclass
+class PrefillInputs:
+    """Host-built inputs of one batched prefill (pinned on a GPU); a graph keeps a device copy."""
+
+    rows: torch.Tensor  # [N, T, 13] int64 prompt rows, right-padded with pad rows
+    slots: torch.Tensor  # [N] int64
+    lengths: torch.Tensor  # [N] int64 prompt rows
+    floats: torch.Tensor  # [N, len(FLOAT_PARAMS)] float32
+    ints: torch.Tensor  # [N, len(INT_PARAMS)] int64
+
+    @classmethod
+    def empty(cls, num_prompts: int, num_tokens: int, row_width: int, device, pin: bool = False):
+        def make(*shape, dtype=torch.long):
+            return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
+        return cls(make(num_prompts, num_tokens, row_width), make(num_prompts), make(num_prompts),
+                   make(num_prompts, len(FLOAT_PARAMS), dtype=torch.float32),
+                   make(num_prompts, len(INT_PARAMS)))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows.shape[0], self.rows.shape[1]
+
+    def copy_from(self, other: "PrefillInputs") -> None:
+        for f in fields(self):
+            getattr(self, f.name).copy_(getattr(other, f.name), non_blocking=True)
+
+    def to(self, device) -> "PrefillInputs":
+        return PrefillInputs(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
+
+
+def _sample(ctx: StepContext, hidden, sampling: FrameSampling, frame_index, ignore_stop, active):
+    """Sample a frame and record it in the history; emitted = active and not a (heeded) stop."""
+    is_stop, codes = frame.sample_frame(ctx.model, ctx.fusions, ctx.rope, hidden, sampling, frame_index)
+    emitted = active & ~(is_stop & ~ignore_stop)
+    sampling.record(codes, emitted)
+    return emitted, codes
+
+
+def _write_out(ctx: StepContext, offset: int, emitted: torch.Tensor, codes: torch.Tensor) -> None:
+    ctx.out[offset:offset + codes.shape[0], 0] = emitted.long()
+    ctx.out[offset:offset + codes.shape[0], 1:] = codes
+
+
+def decode_step(ctx: StepContext, num_slots: int, kv_len: int) -> None:
+    """One frame for every generating slot in [0, num_slots); output rows decode_offset + slot."""
+    model, st, n = ctx.model, ctx.state, num_slots
+    active = st.active[:n]
+    rows = model.feedback_rows(st.last_codes[:n], active).unsqueeze(1)
+    embeds = model.embed_rows(rows).to(model.dtype)
+    positions = st.lengths[:n]
+    hidden = backbone.decode(model.transformer, ctx.fusions, ctx.cache, embeds, ctx.slot_ids[:n],
+                             positions, kv_len)
+    st.lengths[:n] += active.long()
+    frame_index = st.frame_index[:n]
+    emitted, codes = _sample(ctx, hidden, st.view(n), frame_index, st.ignore_stop[:n], active)
+    frame_index += emitted.long()
+    st.active[:n] = emitted & (frame_index < st.max_frames[:n])
+    st.last_codes[:n] = torch.where(emitted.unsqueeze(1), codes, st.last_codes[:n])
+    _write_out(ctx, ctx.decode_offset, emitted, codes)
+
+
+def prefill_step(ctx: StepContext, inputs: PrefillInputs, offset: int = 0,
+                 hidden: Optional[torch.Tensor] = None) -> None:
+    """Admit N prompts: frame 0 of each to output rows [offset, offset + N). `hidden` [N, H]
+    skips the backbone (a long prompt already run chunk by chunk)."""
+    with sdpa_kernel(PREFILL_ATTENTION):
+        _prefill(ctx, inputs, offset, hidden)
+
+
+def _prefill(ctx: StepContext, inputs: PrefillInputs, offset: int, hidden: Optional[torch.Tensor]) -> None:
+    model, st, slots = ctx.model, ctx.state, inputs.slots
+    if hidden is None:
+        embeds = model.embed_rows(inputs.rows).to(model.dtype)
+        hidden = backbone.prefill(model.transformer, ctx.fusions, ctx.cache, embeds, slots, inputs.lengths)
+    st.assign(slots, inputs.floats, inputs.ints)
+    st.lengths.index_copy_(0, slots, inputs.lengths)
+    sampling = st.gather(slots)
+    first = torch.zeros_like(slots)
+    admitted = torch.ones_like(slots, dtype=torch.bool)
+    emitted, codes = _sample(ctx, hidden, sampling, first, st.ignore_stop.index_select(0, slots), admitted)
+    st.sampling.seen.index_copy_(0, slots, sampling.seen)
+    st.frame_index.index_copy_(0, slots, emitted.long())
+    st.active.index_copy_(0, slots, emitted & (emitted.long() < st.max_frames.index_select(0, slots)))
+    st.last_codes.index_copy_(0, slots, codes)
+    _write_out(ctx, offset, emitted, codes)

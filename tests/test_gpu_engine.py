@@ -1,0 +1,120 @@
+"""GPU engine on the real-size model (random weights, bf16): graphed steps equal eager steps,
+graph hits and fallbacks are counted, and an over-budget KV cache is refused at start."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineConfigError, EngineRequest, Finished
+from moss_tts.sampling_params import ChannelParams, SamplingParams
+
+pytestmark = pytest.mark.gpu
+TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def real_model():
+    from moss_tts.config import MossTTSConfig, real_model_config_dict
+    from moss_tts.loading import build_random_model
+
+    cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
+    return build_random_model(cfg, "cuda", torch.bfloat16, seed=0)
+
+
+def _prompt(length: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.full((length, 13), 1024, dtype=torch.long)
+    rows[:, 0] = torch.randint(0, 150000, (length,), generator=gen)
+    rows[-1, 0] = 151669
+    return rows
+
+
+def _requests():
+    lengths = [150, 90, 200, 60, 120, 30]
+    params = [SamplingParams.greedy(max_frames=20, ignore_stop=True),
+              SamplingParams(seed=1, max_frames=24, ignore_stop=True),
+              SamplingParams(seed=2, max_frames=16, ignore_stop=True, audio=ChannelParams(1.0, 0.95, 50, 1.3)),
+              SamplingParams(seed=3, max_frames=24),  # the stop head decides
+              SamplingParams(seed=4, max_frames=12, ignore_stop=True),
+              SamplingParams.greedy(max_frames=18, ignore_stop=True)]
+    return [_prompt(n, i) for i, n in enumerate(lengths)], params
+
+
+def _run(model, config: EngineConfig, prompts, params):
+    """r0-r2 queued before start (admitted together), then each later request alone, submitted
+    from the engine thread at the first event of the one before it, so both runs batch the same
+    way step for step. Returns the codes and finish reasons per request and the engine's stats."""
+    codes: dict[str, list] = {f"r{i}": [torch.zeros(0, 12, dtype=torch.long)] for i in range(len(prompts))}
+    done = threading.Event()
+    finished, submitted = [], set()
+
+    def on_event(event):
+        i = int(event.request_id[1:]) + 1
+        if 3 <= i < len(prompts) and i not in submitted:  # the first event of the one before
+            submitted.add(i)
+            engine.submit(EngineRequest(f"r{i}", prompts[i], params[i]))
+        if isinstance(event, CodesChunk):
+            codes[event.request_id].append(event.codes)
+        elif isinstance(event, Finished):
+            finished.append((event.request_id, event.reason))
+            if len(finished) == len(prompts):
+                done.set()
+
+    engine = Engine(model, config, on_event)
+    for i in range(3):
+        engine.submit(EngineRequest(f"r{i}", prompts[i], params[i]))
+    engine.start()
+    try:
+        assert done.wait(TIMEOUT_S)
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    assert all(reason in ("stop", "max_frames") for _, reason in finished), finished
+    return {rid: torch.cat(c) for rid, c in codes.items()}, engine.stats()
+
+
+def test_graphed_engine_equals_eager_engine(real_model):
+    config = EngineConfig(max_running_requests=8, max_seq_len=256, cuda_graph_prefill_tokens=256)
+    prompts, params = _requests()
+    graphed, stats = _run(real_model, config, prompts, params)
+    eager, eager_stats = _run(real_model, replace(config, enforce_eager=True), prompts, params)
+    assert graphed.keys() == eager.keys()
+    for rid in graphed:
+        assert torch.equal(graphed[rid], eager[rid]), f"{rid}: graphed codes differ from eager"
+    assert stats.decode_graph_hits > 0 and stats.decode_graph_fallbacks == 0, stats
+    assert stats.prefill_graph_hits == 3 and stats.prefill_graph_fallbacks == 1, stats  # r0-r2 batched
+    assert eager_stats.decode_graph_hits == eager_stats.decode_graph_fallbacks == 0, eager_stats
+
+
+def test_shapes_past_the_largest_bucket_fall_back_to_eager(real_model):
+    config = EngineConfig(max_running_requests=4, max_seq_len=128, cuda_graph_max_batch=2,
+                          cuda_graph_prefill_tokens=0)
+    done = threading.Event()
+    finished = []
+
+    def on_event(event):
+        if isinstance(event, Finished):
+            finished.append(event)
+            if len(finished) == 4:
+                done.set()
+
+    engine = Engine(real_model, config, on_event)
+    for i in range(4):
+        engine.submit(EngineRequest(f"f{i}", _prompt(40, i), SamplingParams(seed=i, max_frames=6, ignore_stop=True)))
+    engine.start()
+    try:
+        assert done.wait(TIMEOUT_S)
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    stats = engine.stats()
+    assert all(f.num_frames == 6 for f in finished)
+    assert stats.decode_graph_fallbacks > 0 and stats.prefill_graph_fallbacks > 0, stats
+
+
+def test_kv_cache_over_the_memory_budget_is_refused(real_model):
+    engine = Engine(real_model, EngineConfig(max_running_requests=4096, max_seq_len=32768), lambda e: None)
+    with pytest.raises(EngineConfigError, match="lower max_running_requests"):
+        engine.start()
