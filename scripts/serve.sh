@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Serve: make sure a checkpoint exists, then start tritonserver on model_repository/.
+# Serve: make sure a checkpoint exists, then start tritonserver on model_repository/ and, next to
+# it, the OpenAI-compatible speech API (python -m client.openai_shim). Ctrl-C / SIGTERM stops both;
+# either one exiting stops the other.
 #   MOSS_TTS_MODEL_DIR  MOSS-TTS-Local-Transformer-v1.5 directory (default: tiny random demo)
 #   MOSS_TTS_CODEC_DIR  MOSS-Audio-Tokenizer-v2 directory (default: from the model config)
 #   HTTP_PORT / GRPC_PORT / METRICS_PORT (default 8000 / 8001 / 8002)
+#   SHIM_PORT           OpenAI-compatible API port (default 8080; 0 = tritonserver only)
+#   SHIM_ARGS           extra shim flags, e.g. "--reference-dir /data/voices --allow-url-references"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
@@ -18,7 +22,24 @@ if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
   echo "!!!                  hf download OpenMOSS-Team/MOSS-Audio-Tokenizer-v2 --local-dir C"
   echo "!!!                  MOSS_TTS_MODEL_DIR=M MOSS_TTS_CODEC_DIR=C make serve"
 fi
+shim=(.venv/bin/python -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.0.0.1:${GRPC_PORT:-8001}")
 source scripts/triton_env.sh
-exec "$TRITONSERVER" --model-repository="$PWD/model_repository" --backend-directory="$TRITON_BACKENDS" \
-  --http-port="${HTTP_PORT:-8000}" --grpc-port="${GRPC_PORT:-8001}" --metrics-port="${METRICS_PORT:-8002}" \
-  --log-verbose=0 "$@"
+triton=("$TRITONSERVER" --model-repository="$PWD/model_repository" --backend-directory="$TRITON_BACKENDS"
+  --http-port="${HTTP_PORT:-8000}" --grpc-port="${GRPC_PORT:-8001}" --metrics-port="${METRICS_PORT:-8002}"
+  --log-verbose=0 "$@")
+if [ "${SHIM_PORT:-8080}" = "0" ]; then
+  exec "${triton[@]}"
+fi
+# Background jobs of a script ignore SIGINT, so Ctrl-C reaches only this shell: the trap passes it on.
+"${triton[@]}" &
+triton_pid=$!
+env -u LD_LIBRARY_PATH "${shim[@]}" ${SHIM_ARGS:-} &
+shim_pid=$!
+echo "OpenAI-compatible speech API on http://localhost:${SHIM_PORT:-8080}/v1/audio/speech (pid $shim_pid)"
+stop_both() { kill -TERM "$triton_pid" "$shim_pid" 2>/dev/null || true; }
+trap stop_both INT TERM
+status=0
+wait -n "$triton_pid" "$shim_pid" || status=$?
+stop_both
+wait "$triton_pid" "$shim_pid" 2>/dev/null || true
+exit "$status"

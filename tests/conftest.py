@@ -66,3 +66,17 @@ def triton(tiny_dir, tmp_path_factory):
     server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path_factory.mktemp("triton") / "server.log")
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def openai_shim(triton, tmp_path_factory):
+    """`python -m client.openai_shim` on a free port in front of the `triton` fixture, with small
+    limits so the limit tests stay cheap, and a reference directory of its own."""
+    from shim_server import start_shim, stop_shim
+
+    root = tmp_path_factory.mktemp("openai_shim")
+    (root / "refs").mkdir()
+    shim = start_shim(triton.grpc_url, root / "shim.log", root / "refs", "--max-body-bytes", "1000000",
+                      "--max-reference-bytes", "200000", "--max-input-chars", "1000")
+    yield shim
+    stop_shim(shim)

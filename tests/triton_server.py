@@ -53,7 +53,8 @@ class TritonServer:
 def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: float = 240.0) -> TritonServer:
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     env = dict(os.environ, MOSS_TTS_MODEL_DIR=str(model_dir), MOSS_TTS_CODEC_DIR=str(codec_dir),
-               HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics))
+               HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics),
+               SHIM_PORT="0")  # tritonserver only; tests start the OpenAI shim themselves (openai_shim fixture)
     log = open(log_path, "w")
     process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)

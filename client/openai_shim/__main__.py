@@ -1,0 +1,64 @@
+"""The OpenAI speech API (POST /v1/audio/speech, GET /v1/models, GET /health) in front of a
+running tritonserver; `make serve` starts it next to tritonserver (scripts/serve.sh).
+
+  python -m client.openai_shim [--port 8080] [--triton-url localhost:8001] [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import DEFAULT_MODEL_NAMES, ConfigError, ShimConfig
+
+GRACEFUL_SHUTDOWN_S = 10  # open streams get this long on SIGTERM, then they are cut (and cancelled)
+
+
+def parse_args(argv) -> argparse.Namespace:
+    defaults = ShimConfig()
+    p = argparse.ArgumentParser(prog="python -m client.openai_shim", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default=defaults.host)
+    p.add_argument("--port", type=int, default=defaults.port)
+    p.add_argument("--triton-url", default=defaults.triton_url, help="tritonserver gRPC address")
+    p.add_argument("--triton-model", default=defaults.triton_model)
+    p.add_argument("--served-model-name", action="append", dest="model_names",
+                   help=f"a model id clients may send (repeatable; default: {', '.join(DEFAULT_MODEL_NAMES)})")
+    p.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    p.add_argument("--max-input-chars", type=int, default=defaults.max_input_chars)
+    p.add_argument("--max-reference-bytes", type=int, default=defaults.max_reference_bytes)
+    p.add_argument("--reference-dir", type=Path, help="allow `audio_path` references to files inside this directory")
+    p.add_argument("--allow-url-references", action="store_true", help="allow http(s) URL references")
+    p.add_argument("--allow-private-url-hosts", action="store_true",
+                   help="let URL references reach loopback/private/link-local addresses (off: SSRF guard)")
+    p.add_argument("--url-timeout", type=float, default=defaults.url_timeout_s, help="seconds per URL download")
+    p.add_argument("--response-timeout", type=float, default=defaults.response_timeout_s,
+                   help="seconds to wait for the next Triton response before answering 504")
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        config = ShimConfig(
+            triton_url=args.triton_url, triton_model=args.triton_model,
+            model_names=tuple(args.model_names or DEFAULT_MODEL_NAMES), host=args.host, port=args.port,
+            max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
+            max_reference_bytes=args.max_reference_bytes, reference_dir=args.reference_dir,
+            allow_url_references=args.allow_url_references, allow_private_url_hosts=args.allow_private_url_hosts,
+            url_timeout_s=args.url_timeout, response_timeout_s=args.response_timeout)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from .app import create_app
+
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The FastAPI app: POST /v1/audio/speech, GET /v1/models, GET /health.
+
+It holds no model: each speech request becomes one gRPC stream to tritonserver's `moss_tts`
+entry (triton_stream.py). A request is validated whole (body size, schema, limits, reference)
+before anything reaches the server; the first Triton response is awaited before the HTTP status
+is chosen, so server-side validation errors are still proper 4xx. After that, chunks are
+forwarded as they arrive. A client that goes away at any point cancels the Triton stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Awaitable, Optional, TypeVar
+
+import anyio
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import audio_format, errors
+from .config import ShimConfig
+from .errors import ApiError
+from .references import load_reference
+from .schema import SpeechRequest, triton_options
+from .triton_stream import AudioStream, TritonSpeech
+
+log = logging.getLogger("openai_shim")
+T = TypeVar("T")
+DRAIN_BYTES = 16 << 20  # an oversized body is read (and dropped) this far so the client sees the 413
+NO_AUDIO = np.zeros((audio_format.CHANNELS, 0), np.float32)
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before the response started."""
+
+
+class CancellingStreamingResponse(StreamingResponse):
+    """StreamingResponse that always watches for the client going away (also while it waits for
+    the next Triton chunk) and always closes its body iterator, whose `finally` cancels the stream."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client went away during a send
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            await self.body_iterator.aclose()
+
+
+def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.triton = triton or TritonSpeech(config.triton_url, config.triton_model, config.response_timeout_s)
+        yield
+        await app.state.triton.close()
+
+    app = FastAPI(title="moss-tts-triton OpenAI-compatible speech API", lifespan=lifespan)
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail), code=code).body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # Starlette logs the traceback
+        return JSONResponse(errors.internal(f"unexpected {type(exc).__name__}").body(), status_code=500)
+
+    @app.get("/health")
+    async def health(request: Request):
+        problem = await request.app.state.triton.problem(config.health_timeout_s)
+        if problem is not None:
+            raise errors.unavailable(problem)
+        return {"status": "ok", "triton_url": config.triton_url, "model": config.triton_model}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "OpenMOSS"}
+                                           for name in config.model_names]}
+
+    @app.post("/v1/audio/speech")
+    async def create_speech(request: Request):
+        speech = parse_speech(await read_body(request, config.max_body_bytes))
+        check_limits(speech, config)
+        values = {"TEXT": speech.input, **triton_options(speech)}
+        if speech.reference is not None:
+            values["REFERENCE_AUDIO"] = await load_reference(*speech.reference, config)
+        stream = request.app.state.triton.open(values)
+        try:
+            return await respond(request, speech, stream)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        finally:
+            if not speech.is_streaming:
+                await stream.aclose()
+
+    return app
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > limit + DRAIN_BYTES:
+            break
+    if size > limit or (declared.isdigit() and int(declared) > limit):
+        raise errors.too_large(f"the request body is larger than {limit} bytes (--max-body-bytes)")
+    return b"".join(chunks)
+
+
+def parse_speech(body: bytes) -> SpeechRequest:
+    try:
+        return SpeechRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise errors.from_validation(exc) from None
+
+
+def check_limits(speech: SpeechRequest, config: ShimConfig) -> None:
+    if speech.model is not None and speech.model not in config.model_names:
+        raise ApiError(404, f"model {speech.model!r} is not served here; use one of {list(config.model_names)} "
+                       f"(GET /v1/models)", param="model", code="model_not_found")
+    if len(speech.input) > config.max_input_chars:
+        raise errors.bad_request(f"input has {len(speech.input)} characters, the limit is {config.max_input_chars}",
+                                 "input", code="string_above_max_length")
+
+
+async def respond(request: Request, speech: SpeechRequest, stream: AudioStream) -> Response:
+    fmt = audio_format.FORMATS[speech.response_format]
+    headers = fmt.headers()
+    try:
+        first = await until_disconnect(request, anext(stream, None), stream)
+    except BaseException:
+        await stream.aclose()
+        raise
+    first = NO_AUDIO if first is None else first
+    if not speech.is_streaming:
+        chunks = [first] + await until_disconnect(request, collect(stream), stream)
+        body = await asyncio.to_thread(audio_format.encode, np.concatenate(chunks, axis=1), fmt)
+        return Response(body, media_type=fmt.media_type, headers=headers)
+    encoder = audio_format.StreamEncoder(fmt)
+    headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    if speech.stream_format == "sse":
+        return CancellingStreamingResponse(sse_events(first, stream, encoder), media_type="text/event-stream",
+                                           headers=headers)
+    return CancellingStreamingResponse(raw_audio(first, stream, encoder), media_type=fmt.media_type,
+                                       headers=headers)
+
+
+async def until_disconnect(request: Request, awaitable: Awaitable[T], stream: AudioStream) -> T:
+    """Await `awaitable` unless the client goes away first; then cancel the Triton stream."""
+    work = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+    if work in done:
+        return work.result()
+    await stream.aclose()
+    raise ClientDisconnected()
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(stream: AudioStream) -> list[np.ndarray]:
+    return [chunk async for chunk in stream]
+
+
+async def raw_audio(first: np.ndarray, stream: AudioStream, encoder) -> AsyncIterator[bytes]:
+    """Chunked audio bytes; an error mid-stream aborts the connection (there is no way to say more)."""
+    try:
+        yield encoder.encode(first)  # at least the wav header, even for an utterance with no frames
+        async for chunk in stream:
+            yield encoder.encode(chunk)
+    except ApiError as exc:
+        log.warning("stream aborted mid-way: %s", exc)
+        raise
+    finally:
+        await stream.aclose()
+
+
+def sse(event: dict) -> bytes:
+    return f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+def audio_delta(data: bytes) -> bytes:
+    return sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+
+
+async def sse_events(first: np.ndarray, stream: AudioStream, encoder) -> AsyncIterator[bytes]:
+    """speech.audio.delta events (base64 of the same bytes the raw stream carries), then
+    speech.audio.done; an error mid-stream becomes one `error` event."""
+    try:
+        if first.size:
+            yield audio_delta(encoder.encode(first))
+        async for chunk in stream:
+            yield audio_delta(encoder.encode(chunk))
+        frames = encoder.num_frames
+        yield sse({"type": "speech.audio.done",
+                   "usage": {"input_tokens": 0, "output_tokens": frames, "total_tokens": frames}})
+    except ApiError as exc:
+        yield sse({"type": "error", **exc.body()})
+    finally:
+        await stream.aclose()

@@ -1,0 +1,56 @@
+"""Settings of the OpenAI-compatible shim, validated once at start-up."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+MIB = 1 << 20
+DEFAULT_MODEL_NAMES = ("moss-tts", "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5")
+
+
+class ConfigError(ValueError):
+    """A setting is out of range; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class ShimConfig:
+    triton_url: str = "localhost:8001"  # tritonserver gRPC address
+    triton_model: str = "moss_tts"
+    model_names: tuple[str, ...] = DEFAULT_MODEL_NAMES  # ids accepted in `model` and listed by /v1/models
+    host: str = "0.0.0.0"
+    port: int = 8080
+    max_body_bytes: int = 48 * MIB  # a 100 s 48 kHz stereo 16-bit WAV as a data URI is ~26 MiB
+    max_input_chars: int = 20000  # the server's own limit on TEXT
+    max_reference_bytes: int = 32 * MIB  # decoded reference audio, whatever its source
+    reference_dir: Optional[Path] = None  # local `audio_path` references only inside it; None = off
+    allow_url_references: bool = False
+    allow_private_url_hosts: bool = False  # URL references to loopback/private/link-local hosts
+    url_timeout_s: float = 10.0  # whole download of one URL reference
+    response_timeout_s: float = 300.0  # longest wait for the next Triton response -> 504
+    health_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.model_names or any(not name.strip() for name in self.model_names):
+            raise ConfigError("--served-model-name: give at least one non-empty name")
+        if not (0 <= self.port < 65536):
+            raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
+        for flag, value in (("--max-body-bytes", self.max_body_bytes), ("--max-input-chars", self.max_input_chars),
+                            ("--max-reference-bytes", self.max_reference_bytes)):
+            if value < 1:
+                raise ConfigError(f"{flag} must be positive, got {value}")
+        for flag, value in (("--url-timeout", self.url_timeout_s), ("--response-timeout", self.response_timeout_s),
+                            ("--health-timeout", self.health_timeout_s)):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{flag} must be a positive number of seconds, got {value}")
+        if self.reference_dir is not None:
+            resolved = Path(self.reference_dir).expanduser().resolve()
+            if not resolved.is_dir():
+                raise ConfigError(f"--reference-dir {self.reference_dir} is not a directory")
+            object.__setattr__(self, "reference_dir", resolved)
+
+    @property
+    def default_model(self) -> str:
+        return self.model_names[0]

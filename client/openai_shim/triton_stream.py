@@ -1,0 +1,131 @@
+"""tritonclient.grpc.aio streaming to the `moss_tts` entry: one gRPC stream per utterance.
+
+`AudioStream` is an async iterator over AUDIO chunks [2, n] float32. Its request stream stays
+open until the final response (as client.tts_client does); `aclose()` before that cancels the
+gRPC call, which makes tritonserver cancel the request, and the entry frees the engine row and
+the vocoder session. Errors become `ApiError` (errors.py); no response within
+`response_timeout_s` cancels the call and raises 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+
+from . import errors
+
+# Triton input name -> (numpy dtype, Triton dtype); the `moss_tts` entry's optional inputs.
+INPUT_TYPES = {
+    "TEXT": (np.object_, "BYTES"), "REFERENCE_AUDIO": (np.object_, "BYTES"), "REFERENCE_TEXT": (np.object_, "BYTES"),
+    "MODE": (np.object_, "BYTES"), "LANGUAGE": (np.object_, "BYTES"), "INSTRUCTIONS": (np.object_, "BYTES"),
+    "TOKENS": (np.int32, "INT32"), "TEMPERATURE": (np.float32, "FP32"), "TOP_P": (np.float32, "FP32"),
+    "TOP_K": (np.int32, "INT32"), "REPETITION_PENALTY": (np.float32, "FP32"),
+    "STOP_TEMPERATURE": (np.float32, "FP32"), "STOP_TOP_P": (np.float32, "FP32"), "STOP_TOP_K": (np.int32, "INT32"),
+    "SEED": (np.int64, "INT64"), "MAX_FRAMES": (np.int32, "INT32"), "IGNORE_STOP": (np.bool_, "BOOL"),
+    "STREAM": (np.bool_, "BOOL"), "FIRST_CHUNK_FRAMES": (np.int32, "INT32"), "CHUNK_FRAMES": (np.int32, "INT32"),
+}
+
+
+def build_inputs(values: dict[str, object]) -> list[grpcclient.InferInput]:
+    """{"TEXT": "...", "SEED": 1, ...} -> shape-[1] inputs; None values are left out."""
+    inputs = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        np_dtype, triton_dtype = INPUT_TYPES[name]
+        if isinstance(value, str):
+            value = value.encode("utf-8")
+        tensor = grpcclient.InferInput(name, [1], triton_dtype)
+        tensor.set_data_from_numpy(np.array([value], dtype=np_dtype))
+        inputs.append(tensor)
+    return inputs
+
+
+class AudioStream:
+    """The AUDIO chunks of one utterance, in order."""
+
+    def __init__(self, client: grpcclient.InferenceServerClient, model: str, inputs, response_timeout_s: float):
+        self._timeout = response_timeout_s
+        self._closed = asyncio.Event()
+        self._finished = False
+
+        async def requests():
+            yield {"model_name": model, "inputs": inputs,
+                   "parameters": {"triton_enable_empty_final_response": True}}
+            await self._closed.wait()  # half-closing early would end the stream before the responses
+
+        self._call = client.stream_infer(requests())
+
+    def __aiter__(self) -> "AudioStream":
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        while not self._finished:
+            result, error = await self._next_response()
+            if error is not None:
+                self._finish()
+                raise errors.from_triton_message(error.message())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                self._finish()
+            audio = result.as_numpy("AUDIO")
+            if audio is not None and audio.size:
+                return audio
+        raise StopAsyncIteration
+
+    async def _next_response(self):
+        try:
+            return await asyncio.wait_for(self._call.__anext__(), self._timeout)
+        except (TimeoutError, asyncio.TimeoutError):
+            await self.aclose()
+            raise errors.timeout(f"tritonserver sent nothing for {self._timeout:g} s (--response-timeout); "
+                                 f"the request was cancelled") from None
+        except grpc.aio.AioRpcError as exc:
+            self._finish()
+            raise errors.from_grpc(exc) from None
+        except StopAsyncIteration:
+            self._finish()
+            raise errors.internal("tritonserver closed the stream without a final response") from None
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._closed.set()
+
+    @property
+    def is_finished(self) -> bool:
+        return self._finished
+
+    async def aclose(self) -> None:
+        """Cancel the request on the server unless it already finished; safe to call twice."""
+        if not self._finished:
+            self._call.cancel()
+        self._finish()
+
+
+class TritonSpeech:
+    """One gRPC channel to tritonserver, shared by every request of the shim."""
+
+    def __init__(self, url: str, model: str, response_timeout_s: float):
+        self.model = model
+        self.response_timeout_s = response_timeout_s
+        self._client = grpcclient.InferenceServerClient(url)
+
+    def open(self, values: dict[str, object]) -> AudioStream:
+        return AudioStream(self._client, self.model, build_inputs(values), self.response_timeout_s)
+
+    async def problem(self, timeout_s: float) -> Optional[str]:
+        """None when tritonserver is ready and serves the model, else what is wrong."""
+        try:
+            if not await self._client.is_server_ready(client_timeout=timeout_s):
+                return "tritonserver is not ready"
+            if not await self._client.is_model_ready(self.model, client_timeout=timeout_s):
+                return f"model {self.model!r} is not ready"
+        except Exception as exc:  # unreachable, deadline, ... all mean not healthy
+            return f"tritonserver is unreachable: {type(exc).__name__}"
+        return None
+
+    async def close(self) -> None:
+        await self._client.close()

@@ -1,0 +1,340 @@
+"""The OpenAI-compatible shim end to end: the official `openai` SDK -> shim -> real tritonserver.
+
+The tiny checkpoint speaks noise, so lengths are made exact with max_new_tokens + ignore_stop
+(frames x 3840 samples per channel at 48 kHz).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from client.openai_shim import audio_format
+from client.openai_shim.triton_stream import build_inputs as shim_inputs
+from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
+from shim_server import start_shim, stop_shim
+
+SPF = 3840  # samples per frame per channel
+FRAME_BYTES = SPF * 2 * 2  # s16le stereo
+MODEL = "moss-tts"
+TEXT = "Hello world."
+
+
+def sdk(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def fixed(frames: int, **extra) -> dict:
+    """extra_body for an exact length: seeded, max_new_tokens frames, never stopping early."""
+    return {"seed": 7, "max_new_tokens": frames, "ignore_stop": True, **extra}
+
+
+def tone_wav(seconds: float, freq: float, rate: int = 24000) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    buffer = io.BytesIO()
+    sf.write(buffer, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), rate, format="WAV")
+    return buffer.getvalue()
+
+
+def data_uri(wav: bytes) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(wav).decode()
+
+
+def grpc_pcm(triton, frames: int) -> bytes:
+    """The same utterance straight from tritonserver, as s16le."""
+    audio = TTSClient(triton.grpc_url).synthesize(build_inputs(TEXT, seed=7, max_frames=frames, ignore_stop=True))
+    return audio_format.to_pcm16(audio.audio)
+
+
+def assert_same_pcm(a: bytes, b: bytes) -> None:
+    """Equal up to one step of 16 bits: the vocoder's float rounding depends on the chunk schedule."""
+    assert len(a) == len(b)
+    assert np.abs(np.frombuffer(a, "<i2").astype(np.int32) - np.frombuffer(b, "<i2")).max() <= 1
+
+
+def iter_sse(response):
+    """Events one by one, as they arrive."""
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield json.loads(line[len("data: "):])
+
+
+def is_idle(m: dict) -> bool:
+    return (m['moss_engine{stat="running"}'] == 0 and m['moss_engine{stat="free_slots"}'] == 16
+            and m['moss_vocoder_sessions{state="active"}'] == 0)
+
+
+@pytest.fixture(scope="module")
+def pcm_40(triton) -> bytes:
+    return grpc_pcm(triton, 40)
+
+
+# --- the official SDK ------------------------------------------------------------------------------
+
+def test_sdk_create_wav_is_48k_stereo_of_exact_length(openai_shim):
+    response = sdk(openai_shim.url).audio.speech.create(model=MODEL, voice="alloy", input=TEXT,
+                                                        response_format="wav", extra_body=fixed(8))
+    audio, rate = sf.read(io.BytesIO(response.content), dtype="float32")
+    assert rate == 48000 and audio.shape == (8 * SPF, 2)
+    assert np.abs(audio).max() > 0
+
+
+def test_pcm_equals_the_grpc_client_and_documents_itself(openai_shim, triton):
+    raw = sdk(openai_shim.url).audio.speech.with_raw_response.create(
+        model=MODEL, voice="default", input=TEXT, response_format="pcm", extra_body=fixed(8))
+    assert raw.headers["content-type"] == "audio/pcm"
+    assert (raw.headers["x-sample-rate"], raw.headers["x-channels"], raw.headers["x-sample-format"]) == \
+        ("48000", "2", "s16le")
+    assert_same_pcm(raw.content, grpc_pcm(triton, 8))
+
+
+@pytest.mark.parametrize("name", [name for name in ("flac", "mp3", "opus") if name in audio_format.FORMATS])
+def test_compressed_formats_parse_at_48k_stereo(openai_shim, name):
+    response = sdk(openai_shim.url).audio.speech.create(model=MODEL, voice="default", input=TEXT,
+                                                        response_format=name, extra_body=fixed(8))
+    audio, rate = sf.read(io.BytesIO(response.content), dtype="float32")
+    assert rate == 48000 and audio.shape[1] == 2
+    assert audio.shape[0] == 8 * SPF if name == "flac" else abs(audio.shape[0] - 8 * SPF) < SPF  # codec padding
+
+
+def test_streamed_raw_wav_arrives_in_several_reads_and_equals_the_whole(openai_shim, pcm_40):
+    with sdk(openai_shim.url).audio.speech.with_streaming_response.create(
+            model=MODEL, voice="default", input=TEXT, response_format="wav",
+            extra_body=fixed(40, stream=True, initial_codec_chunk_frames=1)) as response:
+        assert response.headers["content-type"] == "audio/wav"
+        reads = list(response.iter_bytes())
+    data = b"".join(reads)
+    assert len(reads) > 1
+    assert data[:4] == b"RIFF"
+    assert_same_pcm(data[44:], pcm_40)
+    audio, rate = sf.read(io.BytesIO(data), dtype="int16")
+    assert rate == 48000 and audio.shape == (40 * SPF, 2)
+
+
+def test_sse_deltas_come_chunk_by_chunk_then_done(openai_shim, pcm_40):
+    with sdk(openai_shim.url).audio.speech.with_streaming_response.create(
+            model=MODEL, voice="default", input=TEXT, response_format="pcm", stream_format="sse",
+            extra_body=fixed(40, initial_codec_chunk_frames=1)) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = list(iter_sse(response))
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * 5 + ["speech.audio.done"]
+    deltas = [base64.b64decode(e["audio"]) for e in events[:-1]]
+    # the server's chunk schedule (first chunk 1 frame, then 10), each delta whole frames
+    assert [len(d) // FRAME_BYTES for d in deltas] == [1, 10, 10, 10, 9]
+    assert all(len(d) % FRAME_BYTES == 0 for d in deltas)
+    assert_same_pcm(b"".join(deltas), pcm_40)
+    assert events[-1]["usage"]["output_tokens"] == 40
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, triton, stream_format):
+    """A 3000-frame utterance: one whole frame arrives, the engine is still generating; leaving the
+    `with` block closes the connection, and the engine row and vocoder session are freed early."""
+    before = triton.wait_for_metrics(is_idle)
+    with sdk(openai_shim.url).audio.speech.with_streaming_response.create(
+            model=MODEL, voice="default", input=TEXT, response_format="pcm", stream_format=stream_format,
+            extra_body=fixed(3000, stream=True, initial_codec_chunk_frames=1)) as response:
+        if stream_format == "sse":
+            event = next(iter_sse(response))
+            assert event["type"] == "speech.audio.delta"
+            first = base64.b64decode(event["audio"])
+        else:
+            first = b""
+            for data in response.iter_bytes():
+                first += data
+                if len(first) >= FRAME_BYTES:
+                    break
+        assert len(first) >= FRAME_BYTES and len(first) % 4 == 0  # whole stereo samples, at least one frame
+        during = triton.metrics()
+        assert during['moss_engine{stat="running"}'] == 1 or during['moss_vocoder_sessions{state="active"}'] == 1
+    after = triton.wait_for_metrics(
+        lambda m: is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
+    assert is_idle(after)
+    assert after['moss_engine{stat="requests_cancelled"}'] == before['moss_engine{stat="requests_cancelled"}'] + 1
+    assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 3000
+
+
+def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
+    """A non-streamed request whose client leaves while the server is still generating."""
+    before = triton.wait_for_metrics(is_idle)
+    body = json.dumps({"input": TEXT, **fixed(3000)}).encode()
+    port = int(openai_shim.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        running = triton.wait_for_metrics(lambda m: m['moss_engine{stat="running"}'] == 1)
+        assert running['moss_engine{stat="running"}'] == 1
+    after = triton.wait_for_metrics(
+        lambda m: is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
+    assert is_idle(after)
+    assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 3000
+
+
+def test_models_and_health(openai_shim):
+    ids = [model.id for model in sdk(openai_shim.url).models.list()]
+    assert ids == ["moss-tts", "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5"]
+    health = httpx.get(f"{openai_shim.url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+# --- MOSS fields -----------------------------------------------------------------------------------
+
+def test_clone_from_data_uri_and_local_path_and_continuation(openai_shim):
+    client = sdk(openai_shim.url)
+    wav = tone_wav(1.2, 200.0)
+    (openai_shim.reference_dir / "voice.wav").write_bytes(wav)
+
+    def speak(**extra) -> bytes:
+        return client.audio.speech.create(model=MODEL, voice="default", input=TEXT, response_format="pcm",
+                                          extra_body=extra).content
+
+    by_uri = speak(ref_audio=data_uri(wav), **fixed(6))
+    by_path = speak(references=[{"audio_path": "voice.wav"}], **fixed(6))
+    assert len(by_uri) == 6 * FRAME_BYTES
+    assert_same_pcm(by_uri, by_path)  # same reference, same seed, same audio
+    assert by_uri != speak(**fixed(6))  # the reference changes the voice
+    continued = speak(task_type="continuation", ref_audio=data_uri(wav), ref_text="This was said. ", **fixed(4))
+    assert len(continued) == 4 * FRAME_BYTES  # the reference's own audio is not returned
+
+
+def test_every_sampling_field_is_accepted_and_seeded_output_repeats(openai_shim):
+    extra = fixed(8, language="English", temperature=1.5, top_p=0.9, top_k=30, repetition_penalty=1.1,
+                  text_temperature=0.8, text_top_p=0.95, text_top_k=40, initial_codec_chunk_frames=0)
+    client = sdk(openai_shim.url)
+    first = client.audio.speech.create(model=MODEL, voice="default", input=TEXT, response_format="pcm",
+                                       instructions="Speak calmly.", extra_body={**extra, "token_count": 20})
+    # the same duration as an inline prefix, the instructions as SGLang-Omni's body field
+    again = client.audio.speech.create(model=MODEL, voice="default", input="${token:20}" + TEXT,
+                                       response_format="pcm", extra_body={**extra, "instructions": "Speak calmly."})
+    assert len(first.content) == 8 * FRAME_BYTES
+    assert_same_pcm(first.content, again.content)
+
+
+def test_stop_head_inputs_reach_the_public_entry(triton):
+    """text_* -> STOP_* inputs of moss_tts (passed on through moss_tts_codes to tts_engine)."""
+    client = TTSClient(triton.grpc_url)
+    values = {"TEXT": TEXT, "STOP_TEMPERATURE": 0.5, "STOP_TOP_P": 0.9, "STOP_TOP_K": 5, "SEED": 1, "MAX_FRAMES": 2,
+              "IGNORE_STOP": True}
+    assert client.synthesize(shim_inputs(values)).audio.shape == (2, 2 * SPF)
+    with pytest.raises(InferenceServerException) as info:
+        client.synthesize(shim_inputs({**values, "STOP_TOP_P": 1.5}))
+    assert error_code(info.value) == "INVALID_ARGUMENT" and "stop top_p" in info.value.message()
+
+
+# --- bad requests: documented 4xx, and everything keeps serving -------------------------------------
+
+def _bad_cases():
+    ok = {"model": MODEL, "input": TEXT}
+    return [
+        ("unknown field", {**ok, "foo": 1}, 400, "foo", "unknown field 'foo'"),
+        ("unsupported SGLang field", {**ok, "stage_params": {}}, 400, "stage_params", "not supported"),
+        ("missing input", {"model": MODEL}, 400, "input", "Field required"),
+        ("empty input", {**ok, "input": ""}, 400, "input", "at least 1 character"),
+        ("input over the limit", {**ok, "input": "x" * 1001}, 400, "input", "the limit is 1000"),
+        ("wrong type", {**ok, "temperature": "hot"}, 400, "temperature", "valid number"),
+        ("out of range", {**ok, "top_p": 1.5}, 400, "top_p", "less than or equal to 1"),
+        ("speed", {**ok, "speed": 1.5}, 400, "speed", "not supported"),
+        ("preset voice", {**ok, "voice": "vivian"}, 400, "voice", "no preset voices"),
+        ("aac", {**ok, "response_format": "aac"}, 400, "response_format", "no encoder"),
+        ("stream flac", {**ok, "response_format": "flac", "stream": True}, 400, "response_format", "streaming"),
+        ("unknown model", {**ok, "model": "tts-1"}, 404, "model", "not served here"),
+        ("invalid JSON", b'{"input": "Hello', 400, None, "Invalid JSON"),
+        ("body too large", {**ok, "input": "x" * 1_000_001}, 413, None, "--max-body-bytes"),
+        ("reference too large", {**ok, "ref_audio": data_uri(b"x" * 200_001)}, 413, "ref_audio", "larger than"),
+        ("not base64", {**ok, "ref_audio": "data:audio/wav;base64,***"}, 400, "ref_audio", "not valid base64"),
+        ("URL references off", {**ok, "ref_audio": "https://example.com/a.wav"}, 400, "ref_audio", "are off"),
+        ("path escape", {**ok, "references": [{"audio_path": "../../etc/passwd"}]}, 400, "references.0.audio_path",
+         "outside the reference directory"),
+        ("missing file", {**ok, "ref_audio": "nope.wav"}, 400, "ref_audio", "not a file"),
+        ("undecodable reference", {**ok, "ref_audio": data_uri(b"RIFF this is not audio")}, 400, None,
+         "could not be decoded"),
+        ("bad token prefix", {**ok, "input": "${token:abc}Hello"}, 400, None, "positive integer"),
+        ("continuation without audio", {**ok, "task_type": "continuation"}, 400, "task_type", "needs the audio"),
+    ]
+
+
+BAD = _bad_cases()
+
+
+@pytest.mark.parametrize("body, status, param, fragment", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_request_gets_documented_4xx(openai_shim, body, status, param, fragment):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(f"{openai_shim.url}/v1/audio/speech", content=content,
+                          headers={"Content-Type": "application/json"}, timeout=60)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and fragment in error["message"], error
+    assert openai_shim.is_alive()
+
+
+def test_sdk_raises_the_openai_error_types(openai_shim):
+    client = sdk(openai_shim.url)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.speech.create(model=MODEL, voice="default", input=TEXT, speed=2.0)
+    assert info.value.status_code == 400 and info.value.body["param"] == "speed"
+    with pytest.raises(openai.NotFoundError):
+        client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+
+
+def test_shim_and_server_keep_serving_after_bad_requests(openai_shim, triton):
+    assert openai_shim.is_alive() and triton.is_alive()
+    response = sdk(openai_shim.url).audio.speech.create(model=MODEL, voice="default", input=TEXT,
+                                                        response_format="pcm", extra_body=fixed(2))
+    assert len(response.content) == 2 * FRAME_BYTES
+    assert httpx.get(f"{openai_shim.url}/health").status_code == 200
+
+
+# --- settings other than the fixture's (own subprocesses: grpc.aio keeps per-process state, so the
+# test process itself never runs a gRPC-streaming shim) ----------------------------------------------
+
+def test_url_reference_when_enabled(triton, tmp_path):
+    wav = tone_wav(1.0, 300.0)
+
+    class Voice(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(wav)))
+            self.end_headers()
+            self.wfile.write(wav)
+
+        def log_message(self, *args):
+            pass
+
+    files = ThreadingHTTPServer(("127.0.0.1", 0), Voice)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--allow-url-references",
+                      "--allow-private-url-hosts")
+    try:
+        response = sdk(shim.url).audio.speech.create(
+            model=MODEL, voice="default", input=TEXT, response_format="pcm",
+            extra_body=fixed(3, ref_audio=f"http://127.0.0.1:{files.server_address[1]}/voice.wav"))
+    finally:
+        stop_shim(shim)
+        files.shutdown()
+        files.server_close()
+    assert len(response.content) == 3 * FRAME_BYTES
+
+
+def test_no_triton_response_in_time_is_504_and_cancels(triton, tmp_path):
+    before = triton.wait_for_metrics(is_idle)
+    shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--response-timeout", "0.5")
+    try:  # the first chunk needs 250 frames, far more than 0.5 s of work here
+        response = httpx.post(f"{shim.url}/v1/audio/speech", json={"input": TEXT, **fixed(3000, stream=True,
+                              response_format="pcm", initial_codec_chunk_frames=250)}, timeout=60)
+    finally:
+        stop_shim(shim)
+    assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
+    after = triton.wait_for_metrics(
+        lambda m: is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
+    assert is_idle(after)
