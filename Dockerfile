@@ -6,6 +6,8 @@
 #   docker run --gpus all --shm-size=2g -p 8000:8000 -p 8001:8001 -p 8002:8002 \
 #     -v /path/to/MOSS-TTS-Local-Transformer-v1.5:/models/moss-tts:ro \
 #     -v /path/to/MOSS-Audio-Tokenizer-v2:/models/moss-codec:ro moss-tts-triton
+# The OpenAI-compatible shim is a separate process (make serve runs both); in containers run it
+# beside this one: python -m client.openai_shim --port 8080 --triton-url <this-container>:8001
 FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 # The image's Python (3.10) runs our Python-backend models. torch: a CUDA 12.4 build, which the

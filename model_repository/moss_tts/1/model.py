@@ -1,7 +1,7 @@
 """moss_tts (BLS entry): TEXT [+ REFERENCE_AUDIO, ...] -> AUDIO [2, samples] float32, 48 kHz.
 
 execute() validates every request (INVALID_ARG at once for bad input) and starts a worker
-thread per stream (speech_pipeline.SpeechStream); workers call moss_tts_codes (ensemble) and
+thread per stream (speech_pipeline.SpeechStream); workers call ref_encoder, tts_engine and
 vocoder over BLS with CPU tensors and send responses themselves. Bounded by
 max_concurrent_streams: past it a request gets UNAVAILABLE.
 """
@@ -29,15 +29,33 @@ def _child_error(response) -> ChildError:
 
 
 class TritonChildren:
-    """BLS calls of one stream: the codes ensemble, the engine's ABORT, the vocoder sequence."""
+    """BLS calls of one stream: ref_encoder, the engine (and its ABORT), the vocoder sequence.
 
-    def __init__(self, inputs, request_id: str):
+    The engine is called directly, not through the moss_tts_codes ensemble (which runs the same
+    two models): after a client cancel, 24.10 never hands the ensemble child's final response
+    to a BLS iterator, which left a thread blocked and an in-flight request behind.
+    """
+
+    def __init__(self, inputs, reference_audio: bytes, request_id: str):
         self.inputs = inputs
+        self.reference_audio = reference_audio
         self.request_id = request_id
         self.sequence_id = new_sequence_id()
 
+    def _reference_codes(self):
+        request = pb_utils.InferenceRequest(
+            model_name="ref_encoder", inputs=[io.bytes_tensor("REFERENCE_AUDIO", [self.reference_audio], [1, 1])],
+            requested_output_names=["REFERENCE_CODES"])
+        response = request.exec()
+        if response.has_error():
+            raise _child_error(response)
+        return pb_utils.get_output_tensor_by_name(response, "REFERENCE_CODES").as_numpy()
+
     def stream_codes(self):
-        request = pb_utils.InferenceRequest(model_name="moss_tts_codes", inputs=self.inputs,
+        inputs = list(self.inputs)
+        if self.reference_audio:
+            inputs.append(pb_utils.Tensor("REFERENCE_CODES", self._reference_codes()))
+        request = pb_utils.InferenceRequest(model_name="tts_engine", inputs=inputs,
                                             requested_output_names=["CODES", "CONTEXT_CODES"])
         for response in request.exec(decoupled=True):
             if response.has_error():
@@ -119,10 +137,9 @@ class TritonPythonModel:
         if synthesis.mode == "continuation" and not audio:
             raise RequestError("MODE=continuation needs REFERENCE_AUDIO (the audio to continue)")
         inputs = [io.bytes_tensor("TEXT", [get("TEXT").reshape(-1)[0]], [1]),
-                  io.bytes_tensor("REFERENCE_AUDIO", [audio], [1, 1]),
                   io.bytes_tensor("REQUEST_ID", [request_id.encode()], [1])]
         inputs += [pb_utils.Tensor(name, get(name).reshape(1)) for name in PASSTHROUGH if get(name) is not None]
-        return SpeechStream(TritonChildren(inputs, request_id), TritonClient(sender), synthesis.stream)
+        return SpeechStream(TritonChildren(inputs, audio, request_id), TritonClient(sender), synthesis.stream)
 
     def _run(self, stream):
         try:
