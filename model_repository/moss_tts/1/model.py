@@ -1,12 +1,9 @@
 """moss_tts (BLS entry): TEXT [+ REFERENCE_AUDIO, ...] -> AUDIO [2, samples] float32, 48 kHz.
 
-execute() validates every request (INVALID_ARG at once for bad input) and starts a worker
-thread per stream (speech_pipeline.SpeechStream); workers call ref_encoder, tts_engine and
-vocoder over BLS with CPU tensors and send responses themselves. Bounded by
-max_concurrent_streams: past it a request gets UNAVAILABLE.
+execute() validates every request (INVALID_ARG at once for bad input), then runs the stream
+(speech_pipeline.SpeechStream): ref_encoder, tts_engine and vocoder over BLS with CPU tensors,
+audio sent as it is decoded, one final response. One stream per instance at a time.
 """
-
-import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -105,13 +102,12 @@ class TritonClient:
 
 class TritonPythonModel:
     def initialize(self, args):
-        config, params = io.model_config(args), io.model_parameters(args)
-        io.require_decoupled(config)
-        self.slots = threading.BoundedSemaphore(int(params.get("max_concurrent_streams", 256)))
-        self.workers = set()
-        self.lock = threading.Lock()
+        io.require_decoupled(io.model_config(args))
 
     def execute(self, requests):
+        # Each stream runs to its end inside execute, on Triton's thread: BLS calls made from
+        # threads of our own corrupted the 24.10 stub's heap under load. Concurrency comes from
+        # the instance count in config.pbtxt.
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -119,13 +115,7 @@ class TritonPythonModel:
             except RequestError as exc:
                 sender.send(io.error_response(str(exc)), flags=FINAL)
                 continue
-            if not self.slots.acquire(blocking=False):
-                sender.send(io.error_response("server busy: too many concurrent streams", io.UNAVAILABLE), flags=FINAL)
-                continue
-            worker = threading.Thread(target=self._run, args=(stream,), daemon=True)
-            with self.lock:
-                self.workers.add(worker)
-            worker.start()
+            stream.run()
         return None
 
     def _prepare(self, request, sender):
@@ -141,16 +131,3 @@ class TritonPythonModel:
         inputs += [pb_utils.Tensor(name, get(name).reshape(1)) for name in PASSTHROUGH if get(name) is not None]
         return SpeechStream(TritonChildren(inputs, audio, request_id), TritonClient(sender), synthesis.stream)
 
-    def _run(self, stream):
-        try:
-            stream.run()
-        finally:
-            self.slots.release()
-            with self.lock:
-                self.workers.discard(threading.current_thread())
-
-    def finalize(self):
-        with self.lock:
-            workers = list(self.workers)
-        for worker in workers:
-            worker.join(timeout=30)

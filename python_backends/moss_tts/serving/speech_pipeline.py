@@ -1,6 +1,6 @@
 """The public `moss_tts` entry's logic: stream codes from the engine, vocode, send audio.
 
-One `SpeechStream` per client request, run on its own worker thread by the BLS adapter,
+One `SpeechStream` per client request, run inside the BLS adapter's execute,
 which supplies the Triton calls through `Children` and the client through `Client`. Policy
 lives here so it is tested without Triton:
 - streaming: every code chunk is vocoded at once and sent as its own audio response;
@@ -16,8 +16,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional, Protocol
 
@@ -54,26 +52,6 @@ class Client(Protocol):
     def is_cancelled(self) -> bool: ...
 
 
-CANCEL_POLL_SECONDS = 0.5
-_END = object()
-
-
-def _background(iterator: Iterator[CodesChunk]) -> "queue.Queue":
-    """Drain `iterator` on a daemon thread into a queue, ending with _END or the exception."""
-    out: "queue.Queue" = queue.Queue()
-
-    def run() -> None:
-        try:
-            for item in iterator:
-                out.put(item)
-            out.put(_END)
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            out.put(exc)
-
-    threading.Thread(target=run, name="moss-tts-child-stream", daemon=True).start()
-    return out
-
-
 _sequence_ids = itertools.count((int.from_bytes(os.urandom(4), "little") << 24) + 1)
 
 
@@ -106,33 +84,18 @@ class SpeechStream:
             self._close_vocoder()
 
     def _pump(self) -> bool:
-        """Consume the engine's chunks; False if the client cancelled.
-
-        The child stream is read on a helper thread so that cancellation is also noticed
-        while no chunk arrives (checked once per chunk, or every CANCEL_POLL_SECONDS idle),
-        and so that a child stream that never ends after a cancel cannot hang this worker.
-        """
-        chunks = _background(self.children.stream_codes())
-        while True:
-            try:
-                item = chunks.get(timeout=CANCEL_POLL_SECONDS)
-            except queue.Empty:
-                item = None
+        """Consume the engine's chunks; False if the client cancelled (checked once per chunk)."""
+        for chunk in self.children.stream_codes():
             if self.client.is_cancelled():
                 self.children.abort_codes()
                 return False
-            if item is None:
-                continue
-            if item is _END:
-                return True
-            if isinstance(item, BaseException):
-                raise item
-            if item.context.size:
-                self._context = item.context
+            if chunk.context.size:
+                self._context = chunk.context
             if self.stream:
-                self._stream_chunk(item.codes)
+                self._stream_chunk(chunk.codes)
             else:
-                self._gathered.append(item.codes)
+                self._gathered.append(chunk.codes)
+        return True
 
     def _open_vocoder(self) -> None:
         """START the sequence; a continuation primes it with the reference frames first."""
