@@ -39,21 +39,13 @@ from moss_tts.engine.fused import Fusions
 from moss_tts.generation import generate
 from moss_tts.loading import build_random_model
 from moss_tts.sampling_params import ChannelParams, SamplingParams
+from moss_tts.tools.random_inputs import random_prompt_rows
 
 FRAME_RATE = 12.5  # frames per second of audio
-AUDIO_START = 151669  # ends every prompt, as in the processor's prompts
 TIMEOUT_S = 300
 
 
 # ---- inputs ----
-
-def make_prompt(rows: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.full((rows, 13), 1024, dtype=torch.long)
-    prompt[:, 0] = torch.randint(0, 150000, (rows,), generator=gen)
-    prompt[-1, 0] = AUDIO_START
-    return prompt
-
 
 def fixed_length(seed: int, frames: int) -> SamplingParams:
     return SamplingParams(seed=seed, max_frames=frames, ignore_stop=True)
@@ -69,7 +61,7 @@ def mixed_requests(frames: int, prompt_rows: int):
                             audio=ChannelParams(1.0, 0.95, 50, 1.3)),
              SamplingParams(seed=13, max_frames=frames)]
     params = kinds + [replace(p, row_seed=p.row_seed + 1) for p in kinds]
-    return [make_prompt(n, 100 + i) for i, n in enumerate(lengths)], params
+    return [random_prompt_rows(n, 100 + i) for i, n in enumerate(lengths)], params
 
 
 # ---- engine harness ----
@@ -186,7 +178,7 @@ def _leading_equal(a: torch.Tensor, b: torch.Tensor) -> int:
 def offline(bench: Bench, batches: list[int]) -> list[dict]:
     rows = []
     for b in batches:
-        prompts = [make_prompt(bench.prompt_rows, 1000 + i) for i in range(b)]
+        prompts = [random_prompt_rows(bench.prompt_rows, 1000 + i) for i in range(b)]
         params = [fixed_length(i, bench.frames) for i in range(b)]
         before = bench.engine.stats()
         seconds, sink = bench.batch(prompts, params, f"off{b}-")
@@ -225,7 +217,7 @@ def latency(bench: Bench, concurrency: int, repeats: int) -> dict:
     first2, first5 = [], []
     chunking = dict(first_chunk_frames=2, chunk_frames=3)
     for r in range(repeats):
-        prompts = [make_prompt(bench.prompt_rows, 5000 + 100 * r + i) for i in range(concurrency)]
+        prompts = [random_prompt_rows(bench.prompt_rows, 5000 + 100 * r + i) for i in range(concurrency)]
         params = [fixed_length(i, 8) for i in range(concurrency)]
         _, sink = bench.batch(prompts, params, f"lat{concurrency}-{r}-", **chunking)
         first2 += [sink.time_to(rid, 2) * 1000 for rid in sink.finals]
@@ -237,9 +229,9 @@ def latency(bench: Bench, concurrency: int, repeats: int) -> dict:
 
 def naive(model, batches: list[int], frames: int, prompt_rows: int) -> list[dict]:
     rows = []
-    generate(model, [make_prompt(prompt_rows, 0)], [fixed_length(0, 2)])  # warm-up
+    generate(model, [random_prompt_rows(prompt_rows, 0)], [fixed_length(0, 2)])  # warm-up
     for b in batches:
-        prompts = [make_prompt(prompt_rows, 1000 + i) for i in range(b)]
+        prompts = [random_prompt_rows(prompt_rows, 1000 + i) for i in range(b)]
         params = [fixed_length(i, frames) for i in range(b)]
         _sync(model)
         start = time.perf_counter()

@@ -80,3 +80,16 @@ def openai_shim(triton, tmp_path_factory):
                       "--max-reference-bytes", "200000", "--max-input-chars", "1000")
     yield shim
     stop_shim(shim)
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """Real-size MOSS-TTS architecture, seeded random weights, bf16 on CUDA (gpu tests only);
+    built once per session because it takes seconds and ~9 GB."""
+    import torch
+
+    from moss_tts.config import MossTTSConfig, real_model_config_dict
+    from moss_tts.loading import build_random_model
+
+    cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
+    return build_random_model(cfg, "cuda", torch.bfloat16, seed=0)

@@ -7,24 +7,9 @@ import time
 import pytest
 import torch
 
+from moss_tts.tools.random_inputs import random_prompt_rows
+
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def real_model():
-    from moss_tts.config import MossTTSConfig, real_model_config_dict
-    from moss_tts.loading import build_random_model
-
-    cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
-    return build_random_model(cfg, "cuda", torch.bfloat16, seed=0)
-
-
-def _prompt(length: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    rows = torch.full((length, 13), 1024, dtype=torch.long)
-    rows[:, 0] = torch.randint(0, 150000, (length,), generator=gen)
-    rows[-1, 0] = 151669  # audio_start ends every prompt
-    return rows
 
 
 def test_real_size_generation_and_decode_bf16(real_model):
@@ -32,7 +17,7 @@ def test_real_size_generation_and_decode_bf16(real_model):
     from moss_tts.generation import generate
     from moss_tts.sampling_params import SamplingParams
 
-    prompts = [_prompt(150, 1), _prompt(90, 2)]
+    prompts = [random_prompt_rows(150, 1), random_prompt_rows(90, 2)]
     params = [SamplingParams(seed=5, max_frames=8, ignore_stop=True), SamplingParams.greedy(max_frames=6, ignore_stop=True)]
     out = generate(real_model, prompts, params)
     again = generate(real_model, prompts, params)
@@ -49,7 +34,7 @@ def test_naive_loop_speed_is_reported(real_model, batch):
     from moss_tts.generation import generate
     from moss_tts.sampling_params import SamplingParams
 
-    prompts = [_prompt(150, i) for i in range(batch)]
+    prompts = [random_prompt_rows(150, i) for i in range(batch)]
     params = [SamplingParams(seed=i, max_frames=24, ignore_stop=True) for i in range(batch)]
     generate(real_model, prompts[:1], [SamplingParams(seed=0, max_frames=2, ignore_stop=True)])
     torch.cuda.synchronize()

@@ -11,26 +11,10 @@ import torch
 
 from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineConfigError, EngineRequest, Finished
 from moss_tts.sampling_params import ChannelParams, SamplingParams
+from moss_tts.tools.random_inputs import random_prompt_rows
 
 pytestmark = pytest.mark.gpu
 TIMEOUT_S = 300
-
-
-@pytest.fixture(scope="module")
-def real_model():
-    from moss_tts.config import MossTTSConfig, real_model_config_dict
-    from moss_tts.loading import build_random_model
-
-    cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
-    return build_random_model(cfg, "cuda", torch.bfloat16, seed=0)
-
-
-def _prompt(length: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    rows = torch.full((length, 13), 1024, dtype=torch.long)
-    rows[:, 0] = torch.randint(0, 150000, (length,), generator=gen)
-    rows[-1, 0] = 151669
-    return rows
 
 
 def _requests():
@@ -41,7 +25,7 @@ def _requests():
               SamplingParams(seed=3, max_frames=24),  # the stop head decides
               SamplingParams(seed=4, max_frames=12, ignore_stop=True),
               SamplingParams.greedy(max_frames=18, ignore_stop=True)]
-    return [_prompt(n, i) for i, n in enumerate(lengths)], params
+    return [random_prompt_rows(n, i) for i, n in enumerate(lengths)], params
 
 
 def _run(model, config: EngineConfig, prompts, params):
@@ -103,7 +87,7 @@ def test_shapes_past_the_largest_bucket_fall_back_to_eager(real_model):
 
     engine = Engine(real_model, config, on_event)
     for i in range(4):
-        engine.submit(EngineRequest(f"f{i}", _prompt(40, i), SamplingParams(seed=i, max_frames=6, ignore_stop=True)))
+        engine.submit(EngineRequest(f"f{i}", random_prompt_rows(40, i), SamplingParams(seed=i, max_frames=6, ignore_stop=True)))
     engine.start()
     try:
         assert done.wait(TIMEOUT_S)
