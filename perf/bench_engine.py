@@ -14,6 +14,11 @@ prompts are 150 random text rows. Sections, in order, each also written to DIR/b
   probe        host launch time and total time of eager batched prefills (16, 37, 54 prompts)
   split        one step at batch 1 and 256: backbone vs local frame, fused vs unfused kernels
   fp32         a float32 copy of the model: graphed engine (unfused kernels) vs generation.generate
+  prefix       prompts of one speaker: a shared prefix of --shared-rows rows + unique rows; the pool
+               is warmed by one request, then offline throughput at the largest batch and latency
+               at concurrency 1 (reused prefix: only the rest is prefilled)
+  profile      kernel time by name of one eager decode step at the largest batch (torch.profiler),
+               written to DIR/profile.txt
 The table is printed last.
 """
 
@@ -257,6 +262,7 @@ def split(bench: Bench, batches: list[int], kv_len: int) -> list[dict]:
             "frame_fused": lambda: frame.sample_frame(ctx.model, ctx.fusions, ctx.rope, hidden,
                                                       ctx.state.view(b), ctx.state.frame_index[:b]),
             "step_unfused": lambda: step.decode_step(replace(ctx, fusions=Fusions.eager()), b, kv_len),
+            "step_sdpa": lambda: step.decode_step(replace(ctx, attention_kernel=False), b, kv_len),
         }
         longest = runner.config.max_seq_len
         if b > 1 and longest > kv_len:  # attention's share: the same step over a longer window
@@ -266,6 +272,65 @@ def split(bench: Bench, batches: list[int], kv_len: int) -> list[dict]:
             row[name + "_ms"] = time_replays(_graph_of(fn, pool).replay)
         rows.append(row)
     return rows
+
+
+def shared_prompts(count: int, rows: int, shared: int, seed: int, first: int = 0) -> list[torch.Tensor]:
+    """`count` prompts of `rows` rows whose first `shared` rows are the same (one speaker) and
+    whose rest differs (suffixes first, first + 1, ...)."""
+    head = random_prompt_rows(shared, seed)
+    return [torch.cat([head, random_prompt_rows(rows - shared, seed + 1 + first + i)]) for i in range(count)]
+
+
+def prefix_reuse(bench: Bench, batch: int, shared: int) -> dict:
+    """A warm pool (one earlier request of the speaker), then `batch` prompts of that speaker at
+    once, and 5 single ones for latency."""
+    rows = bench.prompt_rows
+    bench.batch(shared_prompts(1, rows, shared, 7000, first=10_000), [fixed_length(0, 2)], "warm-")
+    before = bench.engine.stats()
+    prompts = shared_prompts(batch, rows, shared, 7000)
+    seconds, sink = bench.batch(prompts, [fixed_length(i, bench.frames) for i in range(batch)], "pre-")
+    after = bench.engine.stats()
+    frames = sum(f.num_frames for f in sink.finals.values())
+    first2, first5 = [], []
+    for r in range(5):
+        _, one = bench.batch(shared_prompts(1, rows, shared, 7000, first=20_000 + r),
+                             [fixed_length(r, 8)], f"prelat{r}-", first_chunk_frames=2, chunk_frames=3)
+        rid = next(iter(one.finals))
+        first2.append(one.time_to(rid, 2) * 1000)
+        first5.append(one.time_to(rid, 5) * 1000)
+    end = bench.engine.stats()
+    return {"batch": batch, "shared_rows": shared, "seconds": seconds, "frames_per_s": frames / seconds,
+            "audio_s_per_s": frames / FRAME_RATE / seconds,
+            "reused_rows": after.prefix_reused_rows - before.prefix_reused_rows,
+            "prompt_rows": after.prefix_prompt_rows - before.prefix_prompt_rows,
+            "first2_ms_median": statistics.median(first2), "first5_ms_median": statistics.median(first5),
+            "first2_ms_max": max(first2), "first5_ms_max": max(first5),
+            "latency_reused_rows": end.prefix_reused_rows - after.prefix_reused_rows,
+            "prefill_graph_hits": end.prefill_graph_hits - after.prefill_graph_hits}
+
+
+def profile_step(bench: Bench, batch: int, kv_len: int, out: Path | None) -> dict:
+    """GPU kernel time by name of one eager decode step (3 steps profiled, averaged)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ctx = bench.engine._runner.ctx
+    with torch.inference_mode():
+        step.decode_step(ctx, batch, kv_len)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step.decode_step(ctx, batch, kv_len)
+            torch.cuda.synchronize()
+        ctx.state.reset()
+    events = prof.key_averages()
+    total = sum(e.device_time_total for e in events) / 3 / 1000
+    top = sorted(events, key=lambda e: e.device_time_total, reverse=True)[:30]
+    rows = [{"name": e.key[:90], "ms_per_step": e.device_time_total / 3 / 1000, "calls_per_step": e.count / 3}
+            for e in top]
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "profile.txt").write_text(events.table(sort_by="device_time_total", row_limit=60))
+    return {"batch": batch, "kv_len": kv_len, "kernel_ms_per_step": total, "top": rows}
 
 
 def prefill_probe(bench: Bench, rows: int) -> list[dict]:
@@ -375,6 +440,22 @@ def table(results: dict) -> str:
                      f"{r['step_unfused_ms']:.2f} ms" + (f"; backbone at kv window {longest_kv} "
                                                          f"{r['backbone_fused_kvmax_ms']:.2f} ms"
                                                          if "backbone_fused_kvmax_ms" in r else ""))
+    for r in results.get("split", []):
+        if "step_sdpa_ms" in r:
+            lines.append(f"split b={r['batch']:<4} step with SDPA attention instead of the decode kernel "
+                         f"{r['step_sdpa_ms']:.2f} ms")
+    if results.get("prefix"):
+        r = results["prefix"]
+        lines.append(f"prefix reuse  batch {r['batch']}, {r['shared_rows']} of {results['meta']['prompt_rows']} "
+                     f"rows shared: {r['frames_per_s']:.1f} frames/s = {r['audio_s_per_s']:.2f} audio-s/s end to "
+                     f"end, {r['reused_rows']}/{r['prompt_rows']} prompt rows reused")
+        lines.append(f"prefix reuse  c=1 first 2 frames {r['first2_ms_median']:.1f} ms median ({r['first2_ms_max']:.1f}"
+                     f" max), first 5 {r['first5_ms_median']:.1f} ms ({r['first5_ms_max']:.1f} max), "
+                     f"reused rows {r['latency_reused_rows']}, prefill graph hits {r['prefill_graph_hits']}")
+    if results.get("profile"):
+        p = results["profile"]
+        lines.append(f"profile b={p['batch']} eager step, kernel time {p['kernel_ms_per_step']:.2f} ms; top: " + "; ".join(
+            f"{t['name'][:40]} {t['ms_per_step']:.2f}" for t in p["top"][:8]))
     if results.get("probe"):
         lines.append("eager prefill (150-row prompts): " + ", ".join(
             f"{r['prompts']}: {r['total_ms']:.0f} ms (host {r['host_ms']:.0f})" for r in results["probe"]))
@@ -391,6 +472,7 @@ def parse_args(argv):
     ap.add_argument("--prompt-rows", type=int, default=150)
     ap.add_argument("--batches", default="1,16,64,128,256")
     ap.add_argument("--naive-batches", default="1,16")
+    ap.add_argument("--shared-rows", type=int, default=128, help="prefix section: rows all prompts share")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
     return ap.parse_args(argv)
 
@@ -432,6 +514,8 @@ def main(argv=None) -> int:
         ("split", lambda: split(bench, [1, max(batches)], 256) if is_gpu else []),
         ("naive", lambda: naive(model, [int(b) for b in args.naive_batches.split(",")], args.frames,
                                 args.prompt_rows)),
+        ("prefix", lambda: prefix_reuse(bench, max(batches), args.shared_rows)),
+        ("profile", lambda: profile_step(bench, max(batches), 256, args.out) if is_gpu else {}),
         ("fp32", lambda: fp32_equivalence(min(args.frames, 40), args.prompt_rows) if is_gpu else {}),
     ]
     for name, run in sections:

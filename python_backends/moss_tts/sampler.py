@@ -92,7 +92,9 @@ def sample(logits: torch.Tensor, params: ChannelTensors, seed: torch.Tensor,
     vocab = scores.shape[-1]
     is_greedy = params.temperature == 0
     temp = torch.where(is_greedy, torch.ones_like(params.temperature), params.temperature)
-    sorted_scores, sorted_ids = torch.sort(scores / temp.unsqueeze(-1), dim=-1, descending=True)
+    # Stable: equal scores (common in bf16) keep the lower token id first, so which of them
+    # top-p keeps is defined, the same on every device and in the engine's Triton draw.
+    sorted_scores, sorted_ids = torch.sort(scores / temp.unsqueeze(-1), dim=-1, descending=True, stable=True)
 
     k = torch.where((params.top_k <= 0) | (params.top_k > vocab), torch.full_like(params.top_k, vocab),
                     params.top_k)

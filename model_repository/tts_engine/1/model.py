@@ -28,7 +28,9 @@ from moss_tts.serving.synthesis_request import RequestError, parse_synthesis_req
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "requests_failed", "steps",
          "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
-         "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks")
+         "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks",
+         "prefix_prompt_rows", "prefix_reused_rows", "prefix_blocks_stored", "prefix_blocks_evicted",
+         "prefix_pool_blocks_used")
 
 
 class TritonSender:

@@ -15,6 +15,8 @@ CHUNK_FRAMES = 10  # 800 ms at 12.5 frames/s
 PREFILL_CHUNK_TOKENS = 2048
 CUDA_GRAPH_MAX_BATCH = 256  # largest decode batch bucket captured (capped by max_running_requests)
 CUDA_GRAPH_PREFILL_TOKENS = 512  # single-prompt prefills up to this many rows replay a graph
+PREFIX_CACHE_ROWS = 8192  # prompt rows whose KV the prefix pool keeps (~1.2 GB on the real model)
+PREFIX_BLOCK_ROWS = 16  # reuse granularity: a shared prefix is reused up to its last full block
 MIN_KV_BUCKET = 256  # smallest attention window of a decode graph; windows double up to max_seq_len
 GPU_MEMORY_UTILIZATION = 0.9  # share of the device this engine may fill (weights + KV + graphs)
 ACTIVATION_RESERVE_GIB = 4.0  # graph pool and prefill activations, kept out of the KV budget
@@ -60,9 +62,18 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs; shapes are still padded to buckets, so the
     # eager path computes exactly what the graphs compute (the debugging reference)
     fuse_kernels: bool = True  # torch.compile the pointwise chains (norms, RoPE, sampling)
+    attention_kernel: bool = True  # decode attention by the Triton flash-decoding kernel, which
+    # reads only each slot's own rows; false = masked SDPA over the whole window bucket
+    sampler_kernel: bool = True  # each codebook's draw (penalty, top-k/top-p, Gumbel-max) as one
+    # Triton kernel with the sort in registers; false = fused torch.compile kernels + torch.sort
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
     cuda_graph_prefill_tokens: int = CUDA_GRAPH_PREFILL_TOKENS  # 0 = no prefill graphs
     min_kv_bucket: int = MIN_KV_BUCKET
+    # Prefix reuse: prompts that start like an earlier one (same speaker reference, same
+    # instruction block) copy that prefix's keys/values from a pool instead of prefilling it.
+    # 0 = off. The pool is part of the KV memory budget.
+    prefix_cache_rows: int = PREFIX_CACHE_ROWS
+    prefix_block_rows: int = PREFIX_BLOCK_ROWS
     # Memory budget: weights + KV cache + ACTIVATION_RESERVE_GIB must fit in
     # gpu_memory_utilization x device memory, less reserved_memory_gib for colocated stages
     # (vocoder, reference encoder). setup() raises with the numbers when it does not.
@@ -77,6 +88,14 @@ class EngineConfig:
                 or self.cuda_graph_prefill_tokens < 0:
             raise EngineConfigError(f"EngineConfig.cuda_graph_prefill_tokens must be an integer >= 0, "
                                     f"got {self.cuda_graph_prefill_tokens!r}")
+        if isinstance(self.prefix_cache_rows, bool) or not isinstance(self.prefix_cache_rows, int) \
+                or self.prefix_cache_rows < 0:
+            raise EngineConfigError(f"EngineConfig.prefix_cache_rows must be an integer >= 0 (0 = no "
+                                    f"prefix reuse), got {self.prefix_cache_rows!r}")
+        _require_positive("prefix_block_rows", self.prefix_block_rows)
+        if 0 < self.prefix_cache_rows < self.prefix_block_rows:
+            raise EngineConfigError(f"EngineConfig.prefix_cache_rows ({self.prefix_cache_rows}) must be 0 "
+                                    f"or at least prefix_block_rows ({self.prefix_block_rows})")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise EngineConfigError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], "
                                     f"got {self.gpu_memory_utilization!r}")
@@ -106,6 +125,10 @@ class EngineConfig:
             if name in kinds:
                 values[name] = _parse(name, str(text), kinds[name])
         return cls(**values)
+
+    @property
+    def prefix_blocks(self) -> int:
+        return self.prefix_cache_rows // self.prefix_block_rows
 
     @property
     def torch_dtype(self) -> Optional[torch.dtype]:

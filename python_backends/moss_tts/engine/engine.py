@@ -94,7 +94,7 @@ class Engine:
     def stats(self) -> EngineStats:
         with self._cond:
             return self._counters.snapshot(self._scheduler.num_running, self._scheduler.num_waiting,
-                                           self._runner.num_free_slots)
+                                           self._runner.num_free_slots, self._runner.prefix_stats())
 
     def shutdown(self, timeout: Optional[float] = None) -> None:
         """Stop the thread; requests still queued or running end with reason "cancelled"."""

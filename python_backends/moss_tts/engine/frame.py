@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..local_transformer import LocalKVCache, LocalTransformer, interleaved_rope
 from ..model import STOP_INDEX, FrameSampling, MossTTSLocalModel
 from ..sampler import ChannelTensors
+from . import sample_kernel
 from .fused import Fusions
 
 
@@ -53,27 +54,42 @@ def local_step(local: LocalTransformer, f: Fusions, x: torch.Tensor, caches: lis
 
 
 def _draw(select, scores, scaled, is_greedy, params: ChannelTensors, seed, position) -> torch.Tensor:
-    sorted_scores, sorted_ids = torch.sort(scaled, dim=-1, descending=True)
+    sorted_scores, sorted_ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
     return select(sorted_scores, sorted_ids, scores, is_greedy, params.top_k, params.top_p, seed, position)
 
 
 def sample_frame(model: MossTTSLocalModel, f: Fusions, rope: LocalRope, hidden: torch.Tensor,
-                 state: FrameSampling, frame_index: torch.Tensor):
-    """Backbone hidden [B, H] -> (is_stop [B] bool, codes [B, n_vq]) for frame `frame_index` [B]."""
+                 state: FrameSampling, frame_index: torch.Tensor, use_kernel: bool = False):
+    """Backbone hidden [B, H] -> (is_stop [B] bool, codes [B, n_vq]) for frame `frame_index` [B].
+
+    use_kernel: each draw (penalty, temperature, top-k/top-p over a register sort, Gumbel-max)
+    is one Triton kernel where it can run, instead of two fused kernels around a torch.sort.
+    """
     cfg, dtype = model.cfg, model.dtype
     local = model.local_transformer
     caches = local.new_caches(hidden.shape[0], cfg.n_vq + 1, hidden.device, dtype)
     base = frame_index * (cfg.n_vq + 1)
     u = local_step(local, f, hidden.to(dtype), caches, 0, rope)
-    scores, scaled, is_greedy = f.temperature_scores(model.stop_logits(u), state.stop.temperature)
-    is_stop = _draw(f.select_stop, scores, scaled, is_greedy, state.stop, state.seed, base).eq(STOP_INDEX)
+    stop_logits = model.stop_logits(u)
+    use_kernel = use_kernel and sample_kernel.is_supported(stop_logits)
+    if use_kernel:
+        p = state.stop
+        is_stop = sample_kernel.draw_tokens(stop_logits, None, p.repetition_penalty, p.temperature, p.top_k,
+                                            p.top_p, state.seed, base).eq(STOP_INDEX)
+    else:
+        scores, scaled, is_greedy = f.temperature_scores(stop_logits, state.stop.temperature)
+        is_stop = _draw(f.select_stop, scores, scaled, is_greedy, state.stop, state.seed, base).eq(STOP_INDEX)
     codes: list[torch.Tensor] = []
     for c in range(cfg.n_vq):
         if c > 0:
             u = local_step(local, f, model.audio_embeddings[c - 1](codes[-1]).to(dtype), caches, c, rope)
+        logits, a = model.code_logits(u, c), state.audio
+        if use_kernel:
+            codes.append(sample_kernel.draw_tokens(logits, state.seen[:, c], a.repetition_penalty, a.temperature,
+                                                   a.top_k, a.top_p, state.seed, base + c + 1))
+            continue
         # contiguous(): a compiled function recompiles for every distinct input storage offset.
-        scores, scaled, is_greedy = f.penalized_scores(model.code_logits(u, c), state.seen[:, c].contiguous(),
-                                                       state.audio.repetition_penalty,
-                                                       state.audio.temperature)
-        codes.append(_draw(f.select_token, scores, scaled, is_greedy, state.audio, state.seed, base + c + 1))
+        scores, scaled, is_greedy = f.penalized_scores(logits, state.seen[:, c].contiguous(),
+                                                       a.repetition_penalty, a.temperature)
+        codes.append(_draw(f.select_token, scores, scaled, is_greedy, a, state.seed, base + c + 1))
     return is_stop, torch.stack(codes, dim=-1)

@@ -45,6 +45,12 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def silu_mul_merged(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu_mul of the merged gate/up projection's output [..., 2 x intermediate]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
@@ -121,6 +127,7 @@ class Fusions:
     add_rms_norm: Callable
     qk_norm_rope: Callable
     silu_mul: Callable
+    silu_mul_merged: Callable
     layer_norm: Callable
     add_layer_norm: Callable
     local_qkv_rope: Callable
@@ -133,7 +140,7 @@ class Fusions:
 
     @classmethod
     def eager(cls) -> "Fusions":
-        return cls(rms_norm, add_rms_norm, qk_norm_rope, silu_mul, layer_norm, add_layer_norm,
+        return cls(rms_norm, add_rms_norm, qk_norm_rope, silu_mul, silu_mul_merged, layer_norm, add_layer_norm,
                    local_qkv_rope, silu, select_token, select_stop, temperature_scores, penalized_scores,
                    False)
 
@@ -159,6 +166,6 @@ def _compiled_fusions() -> Fusions:
     def fuse(fn):
         return torch.compile(fn, dynamic=True, fullgraph=True)
     return Fusions(fuse(rms_norm), fuse(add_rms_norm), fuse(qk_norm_rope), fuse(silu_mul),
-                   fuse(layer_norm), fuse(add_layer_norm), fuse(local_qkv_rope), fuse(silu),
+                   fuse(silu_mul_merged), fuse(layer_norm), fuse(add_layer_norm), fuse(local_qkv_rope), fuse(silu),
                    fuse(select_token), fuse(select_stop), fuse(temperature_scores),
                    fuse(penalized_scores), True)

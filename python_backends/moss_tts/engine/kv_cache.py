@@ -1,8 +1,11 @@
-"""Static, slot-major KV cache of the backbone: one row of max_seq_len per running request.
+"""Static, slot-major KV cache of the backbone: one row of max_seq_len per running request,
+plus the prefix pool: blocks of rows whose keys/values later prompts copy instead of computing.
 
 Buffers are allocated once in `setup` and written in place; a slot is a request's private
 row, handed out and taken back through a free list. Rows past a slot's length hold stale
-values of earlier occupants; attention masks them, so a freed slot is never cleared.
+values of earlier occupants; attention masks them, so a freed slot is never cleared. Each of
+K and V is one tensor over all layers, so a prefix copy is one gather + one scatter for all 36
+layers rather than one per layer and block.
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ log = logging.getLogger(__name__)
 
 class StaticKVCache:
     def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, kv_heads: int,
-                 head_dim: int) -> None:
+                 head_dim: int, prefix_blocks: int = 0, prefix_block_rows: int = 16) -> None:
         self.num_layers, self.num_slots, self.max_seq_len = num_layers, num_slots, max_seq_len
         self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.prefix_blocks, self.prefix_block_rows = prefix_blocks, prefix_block_rows
+        # Rows per slot in memory: a whole number of prefix blocks, so a slot's blocks are a
+        # plain view (the rows past max_seq_len are never used).
+        self.slot_rows = -(-max_seq_len // prefix_block_rows) * prefix_block_rows if prefix_blocks else max_seq_len
         self.k: list[torch.Tensor] = []  # per layer [num_slots, max_seq_len, kv_heads, head_dim]
         self.v: list[torch.Tensor] = []
+        self._k_all = self._v_all = None  # [layers, num_slots, slot_rows, kv_heads, head_dim]
+        self._pool_k = self._pool_v = None  # [layers, prefix_blocks, block_rows, kv_heads, head_dim]
         # Host upper bound of each slot's KV rows (exact while the slot generates), known without
         # a sync: it picks the attention window of a decode step.
         self.lengths = [0] * num_slots
@@ -38,19 +47,26 @@ class StaticKVCache:
         return len(self._free)
 
     def num_bytes(self, dtype: torch.dtype) -> int:
-        per_layer = self.num_slots * self.max_seq_len * self.kv_heads * self.head_dim
-        return 2 * self.num_layers * per_layer * torch.empty((), dtype=dtype).element_size()
+        """Slots and prefix pool together."""
+        rows = self.num_slots * self.slot_rows + self.prefix_blocks * self.prefix_block_rows
+        per_row = 2 * self.num_layers * self.kv_heads * self.head_dim
+        return rows * per_row * torch.empty((), dtype=dtype).element_size()
 
     def setup(self, device: torch.device, dtype: torch.dtype) -> None:
         """Allocate the buffers; a second call with the same device and dtype does nothing."""
         if self.is_ready and self.k[0].device == device and self.k[0].dtype == dtype:
             return
-        log.info("KV cache: %d layers x %d slots x %d rows = %.1f MiB (%s, %s)%s", self.num_layers,
-                 self.num_slots, self.max_seq_len, self.num_bytes(dtype) / 2**20, dtype, device,
-                 _free_memory(device))
-        shape = (self.num_slots, self.max_seq_len, self.kv_heads, self.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
+        log.info("KV cache: %d layers x (%d slots x %d rows + %d prefix blocks x %d rows) = %.1f MiB "
+                 "(%s, %s)%s", self.num_layers, self.num_slots, self.max_seq_len, self.prefix_blocks,
+                 self.prefix_block_rows, self.num_bytes(dtype) / 2**20, dtype, device, _free_memory(device))
+        shape = (self.num_layers, self.num_slots, self.slot_rows, self.kv_heads, self.head_dim)
+        self._k_all = torch.zeros(shape, device=device, dtype=dtype)
+        self._v_all = torch.zeros(shape, device=device, dtype=dtype)
+        self.k, self.v = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
+        if self.prefix_blocks:
+            pool = (self.num_layers, self.prefix_blocks, self.prefix_block_rows, self.kv_heads, self.head_dim)
+            self._pool_k = torch.zeros(pool, device=device, dtype=dtype)
+            self._pool_v = torch.zeros(pool, device=device, dtype=dtype)
         log.info("KV cache allocated%s", _free_memory(device))
 
     def allocate(self) -> int:
@@ -84,6 +100,24 @@ class StaticKVCache:
         """Decode: k/v [S, kv_heads, head_dim] at row positions[i] of slot slot_ids[i]."""
         self.k[layer].index_put_((slot_ids, positions), k)
         self.v[layer].index_put_((slot_ids, positions), v)
+
+    def load_prefix(self, slot_blocks: torch.Tensor, pool_blocks: torch.Tensor) -> None:
+        """Copy pool blocks into slots, every layer at once: slot_blocks [n] = slot x
+        (max_seq_len / block_rows) + block index in the slot; pool_blocks [n] (device)."""
+        for pool, cache in ((self._pool_k, self._k_all), (self._pool_v, self._v_all)):
+            self._blocks_of(cache).index_copy_(1, slot_blocks, pool.index_select(1, pool_blocks))
+
+    def store_prefix(self, slot_blocks: torch.Tensor, pool_blocks: torch.Tensor) -> None:
+        """The reverse of load_prefix: slot blocks into pool blocks, every layer at once."""
+        for pool, cache in ((self._pool_k, self._k_all), (self._pool_v, self._v_all)):
+            pool.index_copy_(1, pool_blocks, self._blocks_of(cache).index_select(1, slot_blocks))
+
+    def slot_block(self, slot: int, index: int) -> int:
+        """The flat block number load_prefix/store_prefix take for block `index` of `slot`."""
+        return slot * (self.slot_rows // self.prefix_block_rows) + index
+
+    def _blocks_of(self, cache: torch.Tensor) -> torch.Tensor:
+        return cache.view(self.num_layers, -1, self.prefix_block_rows, self.kv_heads, self.head_dim)
 
     def window(self, layer: int, num_slots: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views [S, kv_len, kv_heads, head_dim] of slots [0, S): no copy (rows past a slot's

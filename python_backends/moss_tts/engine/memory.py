@@ -35,8 +35,9 @@ def check_memory_budget(config: EngineConfig, model: MossTTSLocalModel, kv_bytes
     if kv_bytes > budget:
         raise EngineConfigError(
             f"the KV cache needs {kv_bytes / GIB:.1f} GiB (max_running_requests="
-            f"{config.max_running_requests} x max_seq_len={config.max_seq_len}) but the budget leaves "
+            f"{config.max_running_requests} x max_seq_len={config.max_seq_len}, prefix_cache_rows="
+            f"{config.prefix_cache_rows}) but the budget leaves "
             f"{max(budget, 0) / GIB:.1f} GiB ({config.gpu_memory_utilization:.2f} x {total / GIB:.1f} GiB, "
             f"less {in_use / GIB:.1f} GiB in use, {config.reserved_memory_gib:.1f} GiB reserved, "
-            f"{ACTIVATION_RESERVE_GIB:.1f} GiB activations); lower max_running_requests or "
-            f"max_seq_len, or raise gpu_memory_utilization")
+            f"{ACTIVATION_RESERVE_GIB:.1f} GiB activations); lower max_running_requests, "
+            f"max_seq_len or prefix_cache_rows, or raise gpu_memory_utilization")

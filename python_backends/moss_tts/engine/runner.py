@@ -26,6 +26,7 @@ from .fused import Fusions
 from .graph_runner import GraphRunner
 from .kv_cache import StaticKVCache
 from .memory import check_memory_budget
+from .prefix_cache import PrefixCache, PrefixMatch, PrefixStats
 from .slot_state import SlotState, param_rows
 from .stats import GraphUse
 from .step import PrefillInputs, StepContext
@@ -38,6 +39,12 @@ class StagedPrompt:
     slot: int
     rows: torch.Tensor  # [T, 13] int64, CPU
     params: SamplingParams
+    prefix: Optional[PrefixMatch] = None  # None with prefix reuse off
+
+    @property
+    def start(self) -> int:
+        """Rows copied from the prefix pool rather than prefilled."""
+        return 0 if self.prefix is None else self.prefix.reused_rows
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,9 @@ class ModelRunner:
         b = model.cfg.backbone
         config.check_model(self.device, self.dtype, b.max_position_embeddings)
         self.kv = StaticKVCache(b.num_hidden_layers, config.max_running_requests, config.max_seq_len,
-                                b.num_key_value_heads, b.head_dim)
+                                b.num_key_value_heads, b.head_dim, config.prefix_blocks,
+                                config.prefix_block_rows)
+        self.prefix = PrefixCache(config.prefix_blocks, config.prefix_block_rows) if config.prefix_blocks else None
         is_cuda = self.device.type == "cuda"
         self.buckets = Buckets.build(config.max_running_requests, config.max_seq_len,
                                      config.cuda_graph_max_batch, config.min_kv_bucket,
@@ -92,21 +101,29 @@ class ModelRunner:
         if self.device.type == "cuda":
             check_memory_budget(self.config, self.model, self.kv.num_bytes(self.dtype), self.device)
         self.kv.setup(self.device, self.dtype)
+        with torch.inference_mode():
+            backbone.merge_projections(self.model.transformer)
         cfg, slots = self.model.cfg, self.config.max_running_requests
         fusions = Fusions.for_device(self.device, self.config.fuse_kernels)
         ctx = StepContext(self.model, self.kv, SlotState.allocate(slots, cfg, self.device), fusions,
                           LocalRope(self.model.local_transformer, cfg.n_vq + 1, self.device, self.dtype),
                           torch.arange(slots, device=self.device),
-                          torch.zeros(2 * slots, 1 + cfg.n_vq, dtype=torch.long, device=self.device))
+                          torch.zeros(2 * slots, 1 + cfg.n_vq, dtype=torch.long, device=self.device),
+                          self.config.attention_kernel, self.config.sampler_kernel)
         if self.device.type == "cuda":
             with torch.inference_mode():
                 self._warm_up(ctx)
                 ctx.state.reset()
                 if self.uses_graphs:
+                    # A single prompt after a reused prefix reads its keys over the whole slot,
+                    # so one graph per suffix length serves every prefix length.
+                    def prefix_prefill(inputs):
+                        step.prefill_step(ctx, inputs, window=self.config.max_seq_len)
                     self.graphs = GraphRunner(self.buckets)
                     self.graphs.capture(lambda s, k: step.decode_step(ctx, s, k),
                                         lambda inputs: step.prefill_step(ctx, inputs),
-                                        lambda t: self._dummy_inputs(1, t))
+                                        lambda t: self._dummy_inputs(1, t),
+                                        prefix_prefill if self.prefix is not None else None)
                 ctx.state.reset()  # warm-up and capture runs wrote into slots
         self.ctx = ctx
 
@@ -149,7 +166,8 @@ class ModelRunner:
     def prefill(self, slot: int, prompt_rows: torch.Tensor, params: SamplingParams) -> None:
         """Stage a newly admitted prompt for the next step's batched prefill."""
         assert self.is_ready, "ModelRunner.setup() must run before prefill"
-        self._staged.append(StagedPrompt(slot, prompt_rows, params))
+        match = self.prefix.match(prompt_rows) if self.prefix is not None else None
+        self._staged.append(StagedPrompt(slot, prompt_rows, params, match))
         self.kv.lengths[slot] = prompt_rows.shape[0]
 
     @torch.inference_mode()
@@ -160,36 +178,76 @@ class ModelRunner:
         staged, groups = _prefill_plan(self._staged, self.config.prefill_chunk_tokens)
         self._staged = []
         use = GraphUse()
+        # Every reused prefix is copied in before any prefill of this step, and new blocks are
+        # stored after all of them, so no copy reads a pool block a store of this step rewrote.
+        self._load_prefixes(staged)
         for offset, group in groups:
             self._run_prefill(group, offset, use)
+        self._store_prefixes(staged)
         num_rows = len(staged)
         if slots:
             self._run_decode(slots, use)
             num_rows = self.ctx.decode_offset + max(slots) + 1
         return self._download(num_rows, [p.slot for p in staged], use)
 
+    def prefix_stats(self) -> Optional[PrefixStats]:
+        return None if self.prefix is None else self.prefix.stats()
+
+    def _load_prefixes(self, staged: list[StagedPrompt]) -> None:
+        pairs = [(self.kv.slot_block(p.slot, i), block) for p in staged if p.start
+                 for i, block in enumerate(p.prefix.pool_blocks)]
+        if pairs:
+            self.kv.load_prefix(*self._block_indices(pairs))
+
+    def _store_prefixes(self, staged: list[StagedPrompt]) -> None:
+        if self.prefix is None:
+            return
+        pairs = [(self.kv.slot_block(p.slot, i), block) for p in staged
+                 for i, block in self.prefix.store(p.prefix)]
+        if pairs:
+            self.kv.store_prefix(*self._block_indices(pairs))
+
+    def _block_indices(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        host = torch.tensor(pairs, dtype=torch.long).T.contiguous()
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        both = host.to(self.device, non_blocking=True)
+        return both[0], both[1]
+
     def _run_prefill(self, group: list[StagedPrompt], offset: int, use: GraphUse) -> None:
         ctx = self.ctx
-        if len(group) == 1 and group[0].rows.shape[0] > self.config.prefill_chunk_tokens:
+        if len(group) == 1 and group[0].rows.shape[0] - group[0].start > self.config.prefill_chunk_tokens:
             hidden = self._prefill_long(group[0])
             step.prefill_step(ctx, self._inputs(group, 1).to(self.device), offset, hidden)
             use.count_prefill(False, self.uses_graphs)
             return
-        longest = max(p.rows.shape[0] for p in group)
+        longest = max(p.rows.shape[0] - p.start for p in group)
         num_tokens = min(self.buckets.prefill_len(len(group), longest), self.config.max_seq_len)
         host = self._inputs(group, num_tokens)
-        if self.graphs is not None and offset == 0 and self.graphs.can_replay_prefill(host):
-            self.graphs.replay_prefill(host)
+        window = self._prefix_window(group)
+        if self.graphs is not None and offset == 0 and self.graphs.can_replay_prefill(host, bool(window)):
+            self.graphs.replay_prefill(host, bool(window))
             use.count_prefill(True, True)
             return
-        step.prefill_step(ctx, host.to(self.device), offset)
+        step.prefill_step(ctx, host.to(self.device), offset, window=window)
         use.count_prefill(False, self.uses_graphs)
+
+    def _prefix_window(self, group: list[StagedPrompt]) -> int:
+        """0 when no prompt of the group reuses a prefix; else the key rows its prefill reads:
+        the whole slot for a single prompt (what its graph reads, so eager == graphed), the
+        longest prompt padded to a bucket for several."""
+        if not any(p.start for p in group):
+            return 0
+        if len(group) == 1 and self.buckets.is_padded:
+            return self.config.max_seq_len
+        longest = max(p.rows.shape[0] for p in group)
+        return min(self.buckets.prefill_len(len(group), longest), self.config.max_seq_len)
 
     def _prefill_long(self, prompt: StagedPrompt) -> torch.Tensor:
         rows = prompt.rows.to(self.device, non_blocking=True)
         chunk, model = self.config.prefill_chunk_tokens, self.model
         with sdpa_kernel(step.PREFILL_ATTENTION):
-            for start in range(0, rows.shape[0], chunk):
+            for start in range(prompt.start, rows.shape[0], chunk):
                 embeds = model.embed_rows(rows[start:start + chunk].unsqueeze(0)).to(self.dtype)
                 hidden = backbone.prefill_chunk(model.transformer, self.ctx.fusions, self.kv, prompt.slot,
                                                 embeds, start)
@@ -202,9 +260,9 @@ class ModelRunner:
         host.rows[..., 0] = cfg.pad_token_id
         host.rows[..., 1:] = cfg.audio_pad_code
         for i, p in enumerate(group):
-            t = min(p.rows.shape[0], num_tokens)
-            host.rows[i, :t] = p.rows[:t]
-            host.slots[i], host.lengths[i] = p.slot, p.rows.shape[0]
+            t = min(p.rows.shape[0] - p.start, num_tokens)
+            host.rows[i, :t] = p.rows[p.start:p.start + t]
+            host.slots[i], host.lengths[i], host.starts[i] = p.slot, p.rows.shape[0], p.start
             floats, ints = param_rows(p.params)
             host.floats[i] = torch.tensor(floats, dtype=torch.float32)
             host.ints[i] = torch.tensor(ints, dtype=torch.long)
@@ -237,8 +295,8 @@ class ModelRunner:
 def _prefill_plan(staged: list[StagedPrompt], chunk_tokens: int):
     """Output order of the prompts, and (first output row, prompts) per prefill launch: every
     prompt that fits one chunk together, then each longer one alone (run chunk by chunk)."""
-    short = [p for p in staged if p.rows.shape[0] <= chunk_tokens]
-    long = [p for p in staged if p.rows.shape[0] > chunk_tokens]
+    short = [p for p in staged if p.rows.shape[0] - p.start <= chunk_tokens]
+    long = [p for p in staged if p.rows.shape[0] - p.start > chunk_tokens]
     groups = [(0, short)] if short else []
     groups += [(len(short) + i, [p]) for i, p in enumerate(long)]
     return short + long, groups

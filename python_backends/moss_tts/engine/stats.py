@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
+
+from .prefix_cache import PrefixStats
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,13 @@ class EngineStats:
     decode_graph_fallbacks: int = 0
     prefill_graph_hits: int = 0
     prefill_graph_fallbacks: int = 0
+    # Prefix reuse (0 when off): prompt rows admitted, how many of them were copied from the
+    # pool instead of prefilled, pool blocks written and evicted, pool blocks holding a prefix.
+    prefix_prompt_rows: int = 0
+    prefix_reused_rows: int = 0
+    prefix_blocks_stored: int = 0
+    prefix_blocks_evicted: int = 0
+    prefix_pool_blocks_used: int = 0
 
 
 @dataclass
@@ -71,9 +81,13 @@ class StatsCounters:
         self.requests_cancelled += reason == "cancelled"
         self.requests_failed += reason == "error"
 
-    def snapshot(self, running: int, waiting: int, free_slots: int) -> EngineStats:
+    def snapshot(self, running: int, waiting: int, free_slots: int,
+                 prefix: Optional[PrefixStats] = None) -> EngineStats:
         g = self.graphs
+        p = prefix or PrefixStats(0, 0, 0, 0, 0, 0, 0)
         return EngineStats(self.requests_admitted, self.requests_finished, self.requests_cancelled,
                            self.requests_failed, self.steps, self.max_batch_size_seen,
                            self.frames_generated, running, waiting, free_slots,
-                           g.decode_hits, g.decode_fallbacks, g.prefill_hits, g.prefill_fallbacks)
+                           g.decode_hits, g.decode_fallbacks, g.prefill_hits, g.prefill_fallbacks,
+                           p.prompt_rows, p.reused_rows, p.blocks_stored, p.blocks_evicted,
+                           p.pool_blocks_used)

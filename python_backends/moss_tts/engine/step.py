@@ -38,6 +38,8 @@ class StepContext:
     rope: frame.LocalRope
     slot_ids: torch.Tensor  # arange(num_slots)
     out: torch.Tensor  # [num_slots (prefill rows) + num_slots (decode rows), 1 + n_vq] int64
+    attention_kernel: bool = False  # decode attention by the flash-decoding kernel (GPU)
+    sampler_kernel: bool = False  # each draw as one Triton kernel (GPU)
 
     @property
     def decode_offset(self) -> int:
@@ -48,9 +50,10 @@ class StepContext:
 class PrefillInputs:
     """Host-built inputs of one batched prefill (pinned on a GPU); a graph keeps a device copy."""
 
-    rows: torch.Tensor  # [N, T, 13] int64 prompt rows, right-padded with pad rows
+    rows: torch.Tensor  # [N, T, 13] int64 prompt rows from row `starts`, right-padded with pad rows
     slots: torch.Tensor  # [N] int64
     lengths: torch.Tensor  # [N] int64 prompt rows
+    starts: torch.Tensor  # [N] int64 rows already in the slot (a reused prefix); 0 without one
     floats: torch.Tensor  # [N, len(FLOAT_PARAMS)] float32
     ints: torch.Tensor  # [N, len(INT_PARAMS)] int64
 
@@ -59,7 +62,7 @@ class PrefillInputs:
         def make(*shape, dtype=torch.long):
             return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
         return cls(make(num_prompts, num_tokens, row_width), make(num_prompts), make(num_prompts),
-                   make(num_prompts, len(FLOAT_PARAMS), dtype=torch.float32),
+                   make(num_prompts), make(num_prompts, len(FLOAT_PARAMS), dtype=torch.float32),
                    make(num_prompts, len(INT_PARAMS)))
 
     @property
@@ -76,7 +79,8 @@ class PrefillInputs:
 
 def _sample(ctx: StepContext, hidden, sampling: FrameSampling, frame_index, ignore_stop, active):
     """Sample a frame and record it in the history; emitted = active and not a (heeded) stop."""
-    is_stop, codes = frame.sample_frame(ctx.model, ctx.fusions, ctx.rope, hidden, sampling, frame_index)
+    is_stop, codes = frame.sample_frame(ctx.model, ctx.fusions, ctx.rope, hidden, sampling, frame_index,
+                                        ctx.sampler_kernel)
     emitted = active & ~(is_stop & ~ignore_stop)
     sampling.record(codes, emitted)
     return emitted, codes
@@ -95,7 +99,7 @@ def decode_step(ctx: StepContext, num_slots: int, kv_len: int) -> None:
     embeds = model.embed_rows(rows).to(model.dtype)
     positions = st.lengths[:n]
     hidden = backbone.decode(model.transformer, ctx.fusions, ctx.cache, embeds, ctx.slot_ids[:n],
-                             positions, kv_len)
+                             positions, kv_len, ctx.attention_kernel)
     st.lengths[:n] += active.long()
     frame_index = st.frame_index[:n]
     emitted, codes = _sample(ctx, hidden, st.view(n), frame_index, st.ignore_stop[:n], active)
@@ -106,18 +110,24 @@ def decode_step(ctx: StepContext, num_slots: int, kv_len: int) -> None:
 
 
 def prefill_step(ctx: StepContext, inputs: PrefillInputs, offset: int = 0,
-                 hidden: Optional[torch.Tensor] = None) -> None:
+                 hidden: Optional[torch.Tensor] = None, window: int = 0) -> None:
     """Admit N prompts: frame 0 of each to output rows [offset, offset + N). `hidden` [N, H]
-    skips the backbone (a long prompt already run chunk by chunk)."""
+    skips the backbone (a long prompt already run chunk by chunk). window > 0: the prompts'
+    rows [0, starts) are already in their slots, and attention reads keys [0, window) there."""
     with sdpa_kernel(PREFILL_ATTENTION):
-        _prefill(ctx, inputs, offset, hidden)
+        _prefill(ctx, inputs, offset, hidden, window)
 
 
-def _prefill(ctx: StepContext, inputs: PrefillInputs, offset: int, hidden: Optional[torch.Tensor]) -> None:
+def _prefill(ctx: StepContext, inputs: PrefillInputs, offset: int, hidden: Optional[torch.Tensor],
+             window: int) -> None:
     model, st, slots = ctx.model, ctx.state, inputs.slots
     if hidden is None:
         embeds = model.embed_rows(inputs.rows).to(model.dtype)
-        hidden = backbone.prefill(model.transformer, ctx.fusions, ctx.cache, embeds, slots, inputs.lengths)
+        if window:
+            hidden = backbone.prefill_after(model.transformer, ctx.fusions, ctx.cache, embeds, slots,
+                                            inputs.starts, inputs.lengths, window)
+        else:
+            hidden = backbone.prefill(model.transformer, ctx.fusions, ctx.cache, embeds, slots, inputs.lengths)
     st.assign(slots, inputs.floats, inputs.ints)
     st.lengths.index_copy_(0, slots, inputs.lengths)
     sampling = st.gather(slots)

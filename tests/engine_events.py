@@ -1,0 +1,64 @@
+"""An Engine's on_event sink for tests: events per request, first-chunk and finished signals,
+and the codes a request received, checked for order."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import torch
+
+from moss_tts.engine import CodesChunk, Finished
+
+TIMEOUT_S = 120  # generous: the CPU may be shared with other jobs
+
+
+class Collector:
+    """on_event sink: events per request, plus threading.Events for the first chunk and the end."""
+
+    def __init__(self, on_first_chunk=None) -> None:
+        self.events: dict[str, list] = defaultdict(list)
+        self.first_chunk: dict[str, threading.Event] = defaultdict(threading.Event)
+        self.done: dict[str, threading.Event] = defaultdict(threading.Event)
+        self.on_first_chunk = on_first_chunk
+        self._lock = threading.Lock()
+
+    def __call__(self, event) -> None:
+        with self._lock:
+            self.events[event.request_id].append(event)
+            first_event = self.first_chunk[event.request_id]
+            done = self.done[event.request_id]
+        if isinstance(event, CodesChunk) and not first_event.is_set():
+            first_event.set()
+            if self.on_first_chunk is not None:
+                self.on_first_chunk(event)
+        if isinstance(event, Finished):
+            done.set()
+
+    def wait_finished(self, ids) -> None:
+        for rid in ids:
+            assert self.done[rid].wait(TIMEOUT_S), f"request {rid} never finished"
+
+    def chunks(self, rid) -> list[CodesChunk]:
+        return [e for e in self.events[rid] if isinstance(e, CodesChunk)]
+
+    def final(self, rid) -> Finished:
+        """The request's single Finished event, checked to be its last event."""
+        finals = [e for e in self.events[rid] if isinstance(e, Finished)]
+        assert len(finals) == 1, f"{rid}: {len(finals)} Finished events"
+        assert self.events[rid][-1] is finals[0], f"{rid}: Finished is not the last event"
+        return finals[0]
+
+    def codes(self, rid) -> torch.Tensor:
+        chunks = self.chunks(rid)
+        offsets = [c.frame_offset for c in chunks]
+        assert offsets == [sum(c.num_frames for c in chunks[:i]) for i in range(len(chunks))], offsets
+        return torch.cat([c.codes for c in chunks]) if chunks else torch.zeros(0, 12, dtype=torch.long)
+
+
+def assert_matches_reference(sink: Collector, rid: str, ref) -> None:
+    final = sink.final(rid)
+    codes = sink.codes(rid)
+    assert final.reason == ref.finish_reason and final.error is None, (rid, final)
+    assert final.num_frames == codes.shape[0] == ref.codes.shape[0], (rid, final, ref.codes.shape)
+    assert torch.equal(codes, ref.codes), f"{rid}: codes differ from the reference loop"
