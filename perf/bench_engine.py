@@ -43,6 +43,7 @@ from moss_tts.engine import backbone, frame, step
 from moss_tts.engine.fused import Fusions
 from moss_tts.generation import generate
 from moss_tts.loading import build_random_model
+from moss_tts.engine.slot_state import param_rows
 from moss_tts.sampling_params import ChannelParams, SamplingParams
 from moss_tts.tools.random_inputs import random_prompt_rows
 
@@ -196,13 +197,31 @@ def offline(bench: Bench, batches: list[int]) -> list[dict]:
     return rows
 
 
-def step_times(bench: Bench, batches: list[int], kv_len: int) -> list[dict]:
-    graphs = bench.engine._runner.graphs
-    rows = []
+def steady_state(bench: Bench, batch: int, replays: int) -> tuple[int, float]:
+    """Slots [0, batch) mid-generation as in this benchmark's own steady state: every prompt
+    has prompt_rows rows and slot s is frame (s x frames / batch) into its request, so KV lengths
+    spread over [prompt_rows, prompt_rows + frames). Returns (KV window bucket that covers
+    `replays` more steps, mean KV length). The engine must be idle; reset afterwards."""
+    runner = bench.engine._runner
+    st, device = runner.ctx.state, runner.device
+    floats, ints = param_rows(fixed_length(0, 22_500))
+    slots = torch.arange(batch, device=device)
+    st.assign(slots, torch.tensor([floats] * batch, device=device), torch.tensor([ints] * batch, device=device))
+    lengths = bench.prompt_rows + torch.arange(batch) * bench.frames // batch
+    st.lengths[:batch] = lengths.to(device)
+    st.active[:batch] = True
+    window = runner.buckets.decode_shape(batch, int(lengths.max()) + replays + 1)[1]
+    return window, float(lengths.float().mean()) + replays / 2
+
+
+def step_times(bench: Bench, batches: list[int]) -> list[dict]:
+    graphs, rows = bench.engine._runner.graphs, []
     for b in batches:
-        ms = time_replays(lambda: graphs.replay_decode(b, kv_len))
-        rows.append({"batch": b, "kv_len": kv_len, "ms": ms, "frames_per_s": b / ms * 1000,
-                     "audio_s_per_s": b / ms * 1000 / FRAME_RATE})
+        window, mean_len = steady_state(bench, b, 23)
+        ms = time_replays(lambda: graphs.replay_decode(b, window))
+        bench.engine._runner.ctx.state.reset()
+        rows.append({"batch": b, "kv_len": window, "mean_kv_rows": mean_len, "ms": ms,
+                     "frames_per_s": b / ms * 1000, "audio_s_per_s": b / ms * 1000 / FRAME_RATE})
     return rows
 
 
@@ -249,27 +268,29 @@ def naive(model, batches: list[int], frames: int, prompt_rows: int) -> list[dict
     return rows
 
 
-def split(bench: Bench, batches: list[int], kv_len: int) -> list[dict]:
-    """Graph-replay time of one step's parts: backbone, local frame, whole; fused vs unfused."""
+def split(bench: Bench, batches: list[int]) -> list[dict]:
+    """Graph-replay time of one step's parts in the steady state: backbone, local frame, whole;
+    fused vs unfused kernels; decode kernel vs SDPA attention."""
     runner = bench.engine._runner
     ctx, pool = runner.ctx, torch.cuda.graph_pool_handle()
     rows = []
     for b in batches:
+        kv_len, _ = steady_state(bench, b, 24)  # each part starts from this state again
         hidden = torch.zeros(b, bench.model.cfg.hidden_size, device=runner.device, dtype=runner.dtype)
         parts = {
             "step_fused": lambda: step.decode_step(ctx, b, kv_len),
             "backbone_fused": lambda: _backbone_part(ctx, b, kv_len),
             "frame_fused": lambda: frame.sample_frame(ctx.model, ctx.fusions, ctx.rope, hidden,
-                                                      ctx.state.view(b), ctx.state.frame_index[:b]),
+                                                      ctx.state.view(b), ctx.state.frame_index[:b],
+                                                      ctx.sampler_kernel),
             "step_unfused": lambda: step.decode_step(replace(ctx, fusions=Fusions.eager()), b, kv_len),
             "step_sdpa": lambda: step.decode_step(replace(ctx, attention_kernel=False), b, kv_len),
         }
-        longest = runner.config.max_seq_len
-        if b > 1 and longest > kv_len:  # attention's share: the same step over a longer window
-            parts["backbone_fused_kvmax"] = lambda: _backbone_part(ctx, b, longest)
         row = {"batch": b, "kv_len": kv_len}
         for name, fn in parts.items():
+            steady_state(bench, b, 24)
             row[name + "_ms"] = time_replays(_graph_of(fn, pool).replay)
+        ctx.state.reset()
         rows.append(row)
     return rows
 
@@ -309,11 +330,12 @@ def prefix_reuse(bench: Bench, batch: int, shared: int) -> dict:
             "prefill_graph_hits": end.prefill_graph_hits - after.prefill_graph_hits}
 
 
-def profile_step(bench: Bench, batch: int, kv_len: int, out: Path | None) -> dict:
-    """GPU kernel time by name of one eager decode step (3 steps profiled, averaged)."""
+def profile_step(bench: Bench, batch: int, out: Path | None) -> dict:
+    """GPU kernel time by name of one eager decode step in the steady state (3 profiled)."""
     from torch.profiler import ProfilerActivity, profile
 
     ctx = bench.engine._runner.ctx
+    kv_len, _ = steady_state(bench, batch, 4)
     with torch.inference_mode():
         step.decode_step(ctx, batch, kv_len)
         torch.cuda.synchronize()
@@ -377,7 +399,7 @@ def _backbone_part(ctx, b: int, kv_len: int):
     rows = model.feedback_rows(st.last_codes[:b], st.active[:b]).unsqueeze(1)
     embeds = model.embed_rows(rows).to(model.dtype)
     return backbone.decode(model.transformer, ctx.fusions, ctx.cache, embeds, ctx.slot_ids[:b],
-                           st.lengths[:b], kv_len)
+                           st.lengths[:b], kv_len, ctx.attention_kernel)
 
 
 def _graph_of(fn, pool) -> torch.cuda.CUDAGraph:
@@ -421,7 +443,7 @@ def table(results: dict) -> str:
                      f"{r['graph_hits']}/fallbacks {r['graph_fallbacks']}")
     for r in results.get("step", []):
         lines.append(f"{'decode step':14}{r['batch']:>6}{r['frames_per_s']:>11.1f}{r['audio_s_per_s']:>11.2f}"
-                     f"{r['ms']:>9.2f}  graph replay, kv window {r['kv_len']}")
+                     f"{r['ms']:>9.2f}  graph replay, kv window {r['kv_len']}, mean kv rows {r['mean_kv_rows']:.0f}")
     if results.get("naive") and results.get("offline"):
         best_naive = max(r["frames_per_s"] for r in results["naive"])
         best = max(r["frames_per_s"] for r in results["offline"])
@@ -433,13 +455,10 @@ def table(results: dict) -> str:
         lines.append(f"latency c={r['concurrency']:<3} first 2 frames {r['first2_ms_median']:.1f} ms median "
                      f"({r['first2_ms_max']:.1f} max), first 5 frames {r['first5_ms_median']:.1f} ms median "
                      f"({r['first5_ms_max']:.1f} max), n={r['samples']}")
-    longest_kv = results["meta"]["prompt_rows"] + results["meta"]["frames"] + 122
     for r in results.get("split", []):
         lines.append(f"split b={r['batch']:<4} step {r['step_fused_ms']:.2f} ms = backbone "
                      f"{r['backbone_fused_ms']:.2f} + frame {r['frame_fused_ms']:.2f}; unfused step "
-                     f"{r['step_unfused_ms']:.2f} ms" + (f"; backbone at kv window {longest_kv} "
-                                                         f"{r['backbone_fused_kvmax_ms']:.2f} ms"
-                                                         if "backbone_fused_kvmax_ms" in r else ""))
+                     f"{r['step_unfused_ms']:.2f} ms (kv window {r['kv_len']})")
     for r in results.get("split", []):
         if "step_sdpa_ms" in r:
             lines.append(f"split b={r['batch']:<4} step with SDPA attention instead of the decode kernel "
@@ -508,14 +527,14 @@ def main(argv=None) -> int:
     sections = [
         ("equivalence", lambda: equivalence(model, bench, min(args.frames, 40))),
         ("offline", lambda: offline(bench, batches)),
-        ("step", lambda: step_times(bench, batches, 256) if is_gpu else []),
+        ("step", lambda: step_times(bench, batches) if is_gpu else []),
         ("latency", lambda: [latency(bench, 1, 5), latency(bench, min(64, max(batches)), 1)]),
         ("probe", lambda: prefill_probe(bench, args.prompt_rows) if is_gpu else []),
-        ("split", lambda: split(bench, [1, max(batches)], 256) if is_gpu else []),
+        ("split", lambda: split(bench, [1, max(batches)]) if is_gpu else []),
         ("naive", lambda: naive(model, [int(b) for b in args.naive_batches.split(",")], args.frames,
                                 args.prompt_rows)),
         ("prefix", lambda: prefix_reuse(bench, max(batches), args.shared_rows)),
-        ("profile", lambda: profile_step(bench, max(batches), 256, args.out) if is_gpu else {}),
+        ("profile", lambda: profile_step(bench, max(batches), args.out) if is_gpu else {}),
         ("fp32", lambda: fp32_equivalence(min(args.frames, 40), args.prompt_rows) if is_gpu else {}),
     ]
     for name, run in sections:

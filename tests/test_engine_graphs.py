@@ -97,6 +97,29 @@ def test_fused_chains_equal_the_modules():
     assert torch.equal(gq, apply_neox_rope(qn(q), cos, sin)) and torch.equal(gk, apply_neox_rope(kn(k), cos, sin))
 
 
+def test_merged_and_reduced_forms_compute_the_same_as_the_modules():
+    torch.manual_seed(3)
+    gate_up = torch.randn(3, 2, 40)
+    gate, up = gate_up.split(20, dim=-1)
+    assert torch.equal(fused.silu_mul_merged(gate_up), fused.silu_mul(gate, up))
+    for keys in (1, 7, 13):  # the local transformer's positions
+        q, k, v = torch.randn(4, 1, 3, 8), torch.randn(4, keys, 3, 8), torch.randn(4, keys, 3, 8)
+        torch.testing.assert_close(fused.local_attention_reduced(q, k, v), fused.local_attention(q, k, v),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_merged_projections_are_views_of_one_matrix(tiny_model):
+    from moss_tts.engine.backbone import merge_projections
+
+    merged = merge_projections(tiny_model.transformer)
+    assert merge_projections(tiny_model.transformer) is merged  # once per model
+    attn, mlp = tiny_model.transformer.layers[0].self_attn, tiny_model.transformer.layers[0].mlp
+    qkv = merged[0].qkv
+    assert qkv.shape[0] == attn.q_proj.out_features + 2 * attn.k_proj.out_features
+    assert attn.k_proj.weight.data_ptr() == qkv[attn.q_proj.out_features:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == merged[0].gate_up[mlp.gate_proj.out_features:].data_ptr()
+
+
 def test_slot_state_assign_matches_frame_sampling_build():
     from moss_tts.config import MossTTSConfig, real_model_config_dict
 

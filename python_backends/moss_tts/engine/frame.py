@@ -10,7 +10,6 @@ launches about 300 kernels instead of about 850.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..local_transformer import LocalKVCache, LocalTransformer, interleaved_rope
 from ..model import STOP_INDEX, FrameSampling, MossTTSLocalModel
@@ -43,9 +42,8 @@ def local_step(local: LocalTransformer, f: Fusions, x: torch.Tensor, caches: lis
         q, k, v = f.local_qkv_rope(attn.c_attn(normed), rope.cos[pos], rope.sin[pos], attn.cfg.num_heads)
         cache.k[:, pos:pos + 1] = k
         cache.v[:, pos:pos + 1] = v
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), cache.k[:, :pos + 1].transpose(1, 2),
-                                             cache.v[:, :pos + 1].transpose(1, 2))
-        out = attn.c_proj(out.transpose(1, 2).reshape(b, 1, width))
+        out = f.local_attention(q, cache.k[:, :pos + 1], cache.v[:, :pos + 1])
+        out = attn.c_proj(out.reshape(b, 1, width))
         h, normed = f.add_layer_norm(h, out, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
         delta = block.mlp.fc_out(f.silu(block.mlp.fc_in(normed)))
         after = local.h[i + 1].ln_1 if i + 1 < len(local.h) else local.ln_f

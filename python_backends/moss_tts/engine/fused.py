@@ -73,6 +73,23 @@ def local_qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_
     return q, k, v.reshape(b, t, num_heads, head_dim)
 
 
+def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """LocalAttention's attention of one new row over local positions [0, P), as the module
+    computes it: q [B, 1, heads, d], k/v [B, P, heads, d] -> [B, 1, heads, d]."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+def local_attention_reduced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """local_attention as plain fp32 reductions, for compiling into one small kernel: for at
+    most 13 keys SDPA launched a cuDNN or flash kernel of 70-140 us at batch 256 (H200
+    profile), about 1 ms of every step. Same math, rounding may differ in the last bits."""
+    scale = q.shape[-1] ** -0.5
+    scores = (q.float() * k.float()).sum(-1) * scale  # [B, P, heads]
+    weights = torch.softmax(scores, dim=1).unsqueeze(-1)
+    return (weights * v.float()).sum(1, keepdim=True).to(q.dtype)
+
+
 def silu(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x)
 
@@ -131,6 +148,7 @@ class Fusions:
     layer_norm: Callable
     add_layer_norm: Callable
     local_qkv_rope: Callable
+    local_attention: Callable
     silu: Callable
     select_token: Callable
     select_stop: Callable
@@ -141,7 +159,7 @@ class Fusions:
     @classmethod
     def eager(cls) -> "Fusions":
         return cls(rms_norm, add_rms_norm, qk_norm_rope, silu_mul, silu_mul_merged, layer_norm, add_layer_norm,
-                   local_qkv_rope, silu, select_token, select_stop, temperature_scores, penalized_scores,
+                   local_qkv_rope, local_attention, silu, select_token, select_stop, temperature_scores, penalized_scores,
                    False)
 
     @classmethod
