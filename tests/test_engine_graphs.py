@@ -108,6 +108,19 @@ def test_merged_and_reduced_forms_compute_the_same_as_the_modules():
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_compiled_fusions_cover_every_eager_function():
+    """Construction only (torch.compile is lazy): the GPU set lines up field for field."""
+    from dataclasses import fields
+
+    eager, compiled = fused.Fusions.eager(), fused.Fusions.compiled()
+    assert compiled.is_compiled and not eager.is_compiled
+    for f in fields(fused.Fusions):
+        if f.name != "is_compiled":
+            assert callable(getattr(compiled, f.name)) and getattr(compiled, f.name) is not getattr(eager, f.name), f.name
+    # the one field whose compiled form is a different function (same math)
+    assert compiled.local_attention._torchdynamo_orig_callable is fused.local_attention_reduced
+
+
 def test_merged_projections_are_views_of_one_matrix(tiny_model):
     from moss_tts.engine.backbone import merge_projections
 

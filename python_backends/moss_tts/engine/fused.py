@@ -184,6 +184,7 @@ def _compiled_fusions() -> Fusions:
     def fuse(fn):
         return torch.compile(fn, dynamic=True, fullgraph=True)
     return Fusions(fuse(rms_norm), fuse(add_rms_norm), fuse(qk_norm_rope), fuse(silu_mul),
-                   fuse(silu_mul_merged), fuse(layer_norm), fuse(add_layer_norm), fuse(local_qkv_rope), fuse(silu),
+                   fuse(silu_mul_merged), fuse(layer_norm), fuse(add_layer_norm), fuse(local_qkv_rope),
+                   fuse(local_attention_reduced), fuse(silu),
                    fuse(select_token), fuse(select_stop), fuse(temperature_scores),
                    fuse(penalized_scores), True)
