@@ -193,7 +193,9 @@ def offline(bench: Bench, batches: list[int]) -> list[dict]:
         rows.append({"batch": b, "seconds": seconds, "frames": frames, "frames_per_s": frames / seconds,
                      "audio_s_per_s": frames / FRAME_RATE / seconds, "steps": after.steps - before.steps,
                      "graph_hits": after.decode_graph_hits - before.decode_graph_hits,
-                     "graph_fallbacks": after.decode_graph_fallbacks - before.decode_graph_fallbacks})
+                     "graph_fallbacks": after.decode_graph_fallbacks - before.decode_graph_fallbacks,
+                     "host_ms": after.step_host_ms - before.step_host_ms,
+                     "wait_ms": after.step_wait_ms - before.step_wait_ms})
     return rows
 
 
@@ -440,7 +442,8 @@ def table(results: dict) -> str:
     for r in results.get("offline", []):
         lines.append(f"{'engine':14}{r['batch']:>6}{r['frames_per_s']:>11.1f}{r['audio_s_per_s']:>11.2f}"
                      f"{'':>9}  end to end incl. prefill, {r['steps']} steps, graph hits "
-                     f"{r['graph_hits']}/fallbacks {r['graph_fallbacks']}")
+                     f"{r['graph_hits']}/fallbacks {r['graph_fallbacks']}, engine thread host "
+                     f"{r.get('host_ms', 0) / 1000:.2f} s + waiting {r.get('wait_ms', 0) / 1000:.2f} s")
     for r in results.get("step", []):
         lines.append(f"{'decode step':14}{r['batch']:>6}{r['frames_per_s']:>11.1f}{r['audio_s_per_s']:>11.2f}"
                      f"{r['ms']:>9.2f}  graph replay, kv window {r['kv_len']}, mean kv rows {r['mean_kv_rows']:.0f}")

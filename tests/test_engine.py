@@ -82,6 +82,7 @@ def test_engine_matches_reference_with_staggered_admission(tiny_model, prompts):
     assert 1 < stats.max_batch_size_seen <= 4, stats
     assert stats.requests_admitted == stats.requests_finished == 8
     assert stats.frames_generated == sum(r.codes.shape[0] for r in reference)
+    assert stats.step_host_ms > 0 and stats.step_wait_ms >= 0  # the engine thread's time split
     assert_idle(engine, 4)
 
 

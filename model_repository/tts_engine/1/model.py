@@ -30,7 +30,7 @@ STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "reques
          "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
          "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks",
          "prefix_prompt_rows", "prefix_reused_rows", "prefix_blocks_stored", "prefix_blocks_evicted",
-         "prefix_pool_blocks_used")
+         "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms")
 
 
 class TritonSender:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -131,14 +132,16 @@ class Engine:
             return not self._is_stopping
 
     def _step(self) -> None:
+        start = time.perf_counter()
         plan = self._schedule()
         for state in plan.cancelled:
             self._emit(Finished(state.request_id, "cancelled", None, state.num_flushed))
         staged = [state for state in plan.admitted if self._stage(state)]
         launch = self._launch(staged, plan.running)
         previous, self._in_flight = self._in_flight, launch
-        if previous is not None:
-            self._complete(previous)
+        waited = self._complete(previous) if previous is not None else 0.0
+        with self._cond:
+            self._counters.record_time(time.perf_counter() - start - waited, waited)
 
     def _schedule(self) -> Schedule:
         with self._cond:
@@ -178,19 +181,23 @@ class Engine:
             self._counters.record_step(len(set(staged) | set(decoding)), out.graph_use)
         return Launch(out, staged, [(s, s.slot) for s in decoding])
 
-    def _complete(self, launch: Launch) -> None:
-        """Apply a finished step's frames: stop, frame budget, chunk emission."""
+    def _complete(self, launch: Launch) -> float:
+        """Apply a finished step's frames: stop, frame budget, chunk emission. Returns the
+        seconds spent waiting for the device."""
+        start = time.perf_counter()
         try:
             rows = launch.out.wait()
         except Exception as exc:
             log.exception("step failed on the device")
             self._fail(launch.states, f"decode step failed: {exc!r}")
-            return
+            return time.perf_counter() - start
+        waited = time.perf_counter() - start
         frames = sum(self._apply(state, rows[i]) for i, state in enumerate(launch.prefilled))
         offset = launch.out.decode_offset
         frames += sum(self._apply(state, rows[offset + slot]) for state, slot in launch.decoded)
         with self._cond:
             self._counters.record_frames(frames)
+        return waited
 
     def _apply(self, state: RequestState, row: list[int]) -> int:
         """One frame row [emitted, codes...] of a request; returns 1 if a frame was added."""

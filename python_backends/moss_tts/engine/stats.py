@@ -33,6 +33,11 @@ class EngineStats:
     prefix_blocks_stored: int = 0
     prefix_blocks_evicted: int = 0
     prefix_pool_blocks_used: int = 0
+    # Engine thread time (ms, cumulative): host work of the steps (scheduling, launching,
+    # applying frames, emitting chunks) and time blocked waiting for the device's output. A
+    # busy engine with a small wait share is host-bound.
+    step_host_ms: int = 0
+    step_wait_ms: int = 0
 
 
 @dataclass
@@ -63,6 +68,12 @@ class StatsCounters:
     max_batch_size_seen: int = 0
     frames_generated: int = 0
     graphs: GraphUse = field(default_factory=GraphUse)
+    host_s: float = 0.0
+    wait_s: float = 0.0
+
+    def record_time(self, host_s: float, wait_s: float) -> None:
+        self.host_s += host_s
+        self.wait_s += wait_s
 
     def record_step(self, batch_size: int, use: GraphUse) -> None:
         self.steps += 1
@@ -90,4 +101,4 @@ class StatsCounters:
                            self.frames_generated, running, waiting, free_slots,
                            g.decode_hits, g.decode_fallbacks, g.prefill_hits, g.prefill_fallbacks,
                            p.prompt_rows, p.reused_rows, p.blocks_stored, p.blocks_evicted,
-                           p.pool_blocks_used)
+                           p.pool_blocks_used, round(self.host_s * 1000), round(self.wait_s * 1000))
