@@ -39,13 +39,13 @@ def test_match_takes_the_longest_stored_prefix_and_leaves_the_last_row():
     cache = PrefixCache(num_blocks=8, block_rows=4)
     first = cache.match(rows_of(list(range(12))))
     assert first.pool_blocks == () and first.reused_rows == 0 and len(first.hashes) == 3
-    stored = cache.store(first)
+    [stored] = cache.store([first])
     assert [i for i, _ in stored] == [0, 1, 2]
     assert len({block for _, block in stored}) == 3
     # Same 12 rows again: at most 2 blocks, the 12th row must still be prefilled.
     again = cache.match(rows_of(list(range(12))))
     assert again.reused_rows == 8 and again.pool_blocks == tuple(b for _, b in stored[:2])
-    assert cache.store(again) == []  # its third block is in the pool already
+    assert cache.store([again]) == [[]]  # its third block is in the pool already
     longer = cache.match(rows_of(list(range(12)) + [7, 7, 7]))
     assert longer.reused_rows == 12
     diverging = cache.match(rows_of([0, 1, 2, 3, 4, 5, 60, 61, 62, 63, 64]))
@@ -59,7 +59,7 @@ def test_match_takes_the_longest_stored_prefix_and_leaves_the_last_row():
 def test_a_prompt_never_evicts_the_head_of_its_own_chain():
     cache = PrefixCache(num_blocks=2, block_rows=2)
     long = cache.match(rows_of(list(range(9))))
-    assert [i for i, _ in cache.store(long)] == [0, 1]  # 4 full blocks, room for the first 2
+    assert [i for i, _ in cache.store([long])[0]] == [0, 1]  # 4 full blocks, room for the first 2
     assert cache.match(rows_of(list(range(9)))).reused_rows == 4
     assert cache.stats().blocks_evicted == 0
 
@@ -67,16 +67,48 @@ def test_a_prompt_never_evicts_the_head_of_its_own_chain():
 def test_a_full_pool_evicts_the_least_recently_used_block():
     cache = PrefixCache(num_blocks=3, block_rows=2)
     a = cache.match(rows_of([1, 1, 1, 1, 1]))
-    cache.store(a)  # 2 blocks of a
+    cache.store([a])  # 2 blocks of a
     b = cache.match(rows_of([2, 2, 2]))
-    cache.store(b)  # 1 block of b: the pool is full
+    cache.store([b])  # 1 block of b: the pool is full
     assert cache.match(rows_of([1, 1, 1, 1, 1])).reused_rows == 4  # a is now more recent than b
     c = cache.match(rows_of([3, 3, 3]))
-    claimed = cache.store(c)
+    [claimed] = cache.store([c])
     assert len(claimed) == 1 and cache.stats().blocks_evicted == 1
     assert cache.match(rows_of([2, 2, 2])).reused_rows == 0, "b was the least recently used"
     assert cache.match(rows_of([1, 1, 1, 1, 1])).reused_rows == 4
     assert cache.match(rows_of([3, 3, 3])).reused_rows == 2
+
+
+def test_one_steps_stores_never_claim_the_same_block_twice():
+    """Two prompts stored in one step over a full pool: the second must not evict what the
+    first just claimed (both copies would target one pool block in a single scatter)."""
+    cache = PrefixCache(num_blocks=4, block_rows=4)
+    a = cache.match(rows_of([1] * 17))
+    b = cache.match(rows_of([2] * 17))  # 4 full blocks each, a pool of 4
+    claims = cache.store([a, b])
+    blocks = [block for copies in claims for _, block in copies]
+    assert len(blocks) == len(set(blocks)) == 4, claims
+    assert claims[1] == [], "every block is protected for this step; b stores nothing"
+    assert cache.match(rows_of([1] * 17)).reused_rows == 16
+
+
+def test_eviction_takes_a_chains_tail_and_keeps_its_head():
+    cache = PrefixCache(num_blocks=8, block_rows=4)
+    chain = rows_of(list(range(25)))  # 6 full blocks
+    cache.store([cache.match(chain)])
+    cache.store([cache.match(rows_of([100 + i for i in range(13)]))])  # 3 blocks: 2 free, 1 evicted
+    assert cache.stats().blocks_evicted == 1
+    assert cache.match(chain).reused_rows == 20, "only the chain's last block may have gone"
+
+
+def test_forget_undoes_a_store_whose_copy_failed():
+    cache = PrefixCache(num_blocks=4, block_rows=4)
+    m = cache.match(rows_of(list(range(9))))
+    claims = cache.store([m])
+    cache.forget(claims, [m])
+    assert cache.match(rows_of(list(range(9)))).reused_rows == 0
+    assert cache.stats().pool_blocks_used == 0
+    assert sorted(b for _, b in cache.store([m])[0]) == sorted(b for _, b in claims[0])  # blocks are free again
 
 
 def test_prefix_config_is_validated():

@@ -8,6 +8,11 @@ prompt copies its longest named prefix from the pool into its slot and prefills 
 after a prefill the prompt's full blocks that are not in the pool yet are copied there, evicting
 the least recently used.
 
+Eviction eats chains from the tail: a chain's blocks are marked used tail first, head last, so
+its head is the most recent of them (a match walks from the head; losing the head would make
+the whole chain unreachable). One step's stores never claim a block another prompt of the same
+step named, so one pool block is never the target of two copies at once.
+
 Copies are stream-ordered with the prefills, so a block evicted and overwritten in the same step
 it was matched in is read before it is written; the map here is always updated first.
 """
@@ -75,37 +80,56 @@ class PrefixCache:
             block = self._blocks.get(name)
             if block is None:
                 break
-            self._blocks.move_to_end(name)
             found.append(block)
+        self._touch(hashes[:len(found)])
         self._lookups += 1
         self._prompt_rows += rows.shape[0]
         self._reused_rows += len(found) * self.block_rows
         return PrefixMatch(hashes, tuple(found), self.block_rows)
 
-    def store(self, match: PrefixMatch) -> list[tuple[int, int]]:
-        """Claim pool blocks for the prompt's full blocks past its reused prefix that the pool
-        lacks: (block index in the prompt, pool block) pairs for the caller to copy into."""
-        copies, chain = [], set(match.hashes)
-        for index in range(len(match.pool_blocks), len(match.hashes)):
-            name = match.hashes[index]
+    def store(self, matches: list[PrefixMatch]) -> list[list[tuple[int, int]]]:
+        """Claim pool blocks for one step's prompts: per prompt, its full blocks past the reused
+        prefix that the pool lacks, as (block index in the prompt, pool block) pairs for the
+        caller to copy into. Blocks any of these prompts name are not evicted for another."""
+        protected = {name for m in matches for name in m.hashes}
+        claims = []
+        for match in matches:
+            copies = []
+            for index in range(len(match.pool_blocks), len(match.hashes)):
+                name = match.hashes[index]
+                if name in self._blocks:
+                    continue
+                block = self._claim(name, protected)
+                if block is None:
+                    break
+                copies.append((index, block))
+            self._touch(match.hashes)
+            self._stored += len(copies)
+            claims.append(copies)
+        return claims
+
+    def forget(self, claims: list[list[tuple[int, int]]], matches: list[PrefixMatch]) -> None:
+        """Undo `store` for blocks whose copy never happened: their names must not point at
+        pool blocks holding something else."""
+        for copies, match in zip(claims, matches):
+            for index, block in copies:
+                if self._blocks.get(match.hashes[index]) == block:
+                    del self._blocks[match.hashes[index]]
+                    self._free.append(block)
+
+    def _touch(self, chain) -> None:
+        """Mark a chain's blocks used, tail first, so its head is the last to be evicted."""
+        for name in reversed(chain):
             if name in self._blocks:
                 self._blocks.move_to_end(name)
-                continue
-            block = self._claim(name, chain)
-            if block is None:
-                break
-            copies.append((index, block))
-        self._stored += len(copies)
-        return copies
 
-    def _claim(self, name: bytes, chain: set[bytes]):
-        """A free block, else the least recently used one outside `chain`: evicting the chain's
-        own head would leave its tail unreachable (a match walks from the first block). None
-        when the whole pool holds this chain."""
+    def _claim(self, name: bytes, protected: set[bytes]):
+        """A free block, else the least recently used one whose name is not `protected`. None
+        when every block is protected."""
         if self._free:
             block = self._free.pop()
         else:
-            victim = next((old for old in self._blocks if old not in chain), None)
+            victim = next((old for old in self._blocks if old not in protected), None)
             if victim is None:
                 return None
             block = self._blocks.pop(victim)

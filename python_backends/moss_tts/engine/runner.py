@@ -33,6 +33,10 @@ from .step import PrefillInputs, StepContext
 
 log = logging.getLogger(__name__)
 
+# Prefix blocks per pool copy: bounds the gather's temporary (64 blocks of the real model are
+# 2 x 75 MB) while keeping the copies to a handful of launches per step.
+COPY_BLOCKS = 64
+
 
 @dataclass(frozen=True)
 class StagedPrompt:
@@ -196,16 +200,21 @@ class ModelRunner:
     def _load_prefixes(self, staged: list[StagedPrompt]) -> None:
         pairs = [(self.kv.slot_block(p.slot, i), block) for p in staged if p.start
                  for i, block in enumerate(p.prefix.pool_blocks)]
-        if pairs:
-            self.kv.load_prefix(*self._block_indices(pairs))
+        for start in range(0, len(pairs), COPY_BLOCKS):
+            self.kv.load_prefix(*self._block_indices(pairs[start:start + COPY_BLOCKS]))
 
     def _store_prefixes(self, staged: list[StagedPrompt]) -> None:
-        if self.prefix is None:
+        if self.prefix is None or not staged:
             return
-        pairs = [(self.kv.slot_block(p.slot, i), block) for p in staged
-                 for i, block in self.prefix.store(p.prefix)]
-        if pairs:
-            self.kv.store_prefix(*self._block_indices(pairs))
+        matches = [p.prefix for p in staged]
+        claims = self.prefix.store(matches)
+        pairs = [(self.kv.slot_block(p.slot, i), block) for p, copies in zip(staged, claims) for i, block in copies]
+        try:
+            for start in range(0, len(pairs), COPY_BLOCKS):
+                self.kv.store_prefix(*self._block_indices(pairs[start:start + COPY_BLOCKS]))
+        except BaseException:
+            self.prefix.forget(claims, matches)  # their names would point at stale blocks
+            raise
 
     def _block_indices(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         host = torch.tensor(pairs, dtype=torch.long).T.contiguous()
