@@ -495,6 +495,8 @@ def parse_args(argv):
     ap.add_argument("--batches", default="1,16,64,128,256")
     ap.add_argument("--naive-batches", default="1,16")
     ap.add_argument("--shared-rows", type=int, default=128, help="prefix section: rows all prompts share")
+    ap.add_argument("--max-seq-len", type=int, default=0,
+                    help="engine max_seq_len (default: prompt rows + frames + 122, windows 256 and 384)")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
     return ap.parse_args(argv)
 
@@ -523,7 +525,8 @@ def main(argv=None) -> int:
                         "prompt_rows": args.prompt_rows, "model_build_s": time.perf_counter() - start},
                "errors": {}}
     config = EngineConfig(max_running_requests=max(batches), max_queue=1024,
-                          max_seq_len=args.prompt_rows + args.frames + 122, prefill_chunk_tokens=8192)
+                          max_seq_len=args.max_seq_len or args.prompt_rows + args.frames + 122,
+                          prefill_chunk_tokens=8192)
     bench = Bench(model, config, args.frames, args.prompt_rows)
     results["meta"]["engine_setup_s"] = bench.setup_s
     is_gpu = not args.tiny
