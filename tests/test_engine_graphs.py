@@ -44,6 +44,11 @@ def test_buckets_pad_to_the_next_size_and_fall_back_beyond():
     cpu = Buckets.build(100, 1000, 64, 256, 128, is_padded=False)
     assert cpu.decode_shape(3, 200) == (3, 200) and cpu.prefill_len(1, 33) == 33
     assert not cpu.has_decode_graph(1, 200)
+    # after a reused prefix: a graph per (rows left, key window), the window a KV bucket
+    assert b.key_window(150) == 256 and b.key_window(600) == 1000 and cpu.key_window(150) == 150
+    assert len(b.prefix_prefill_shapes) == 4 * 3 and (32, 1000) in b.prefix_prefill_shapes
+    big = Buckets.build(16, 5120, 256, 256, 512, is_padded=True)
+    assert max(t for t, _ in big.prefix_prefill_shapes) == 256  # longer remainders run eagerly
 
 
 def test_engine_frame_sampler_equals_model_sample_frame(tiny_model):

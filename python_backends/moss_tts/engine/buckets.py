@@ -13,6 +13,9 @@ from dataclasses import dataclass
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 TOKEN_BUCKET = 32  # a single prompt's rows are padded to a multiple of this (one graph per multiple)
 BATCH_TOKEN_MULTIPLE = 16  # several prompts prefilled together: rows padded to a multiple of this
+# A single prompt after a reused prefix has a graph per (rows left, key window) up to this many
+# rows left: after a speaker's reference that is the text, rarely longer; longer runs eagerly.
+PREFIX_GRAPH_TOKENS = 256
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -56,6 +59,17 @@ class Buckets:
 
     def has_prefill_graph(self, num_prompts: int, num_tokens: int) -> bool:
         return num_prompts == 1 and num_tokens in self.prefill_tokens
+
+    @property
+    def prefix_prefill_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(rows left, key window) of the single-prompt prefills after a reused prefix that
+        have a graph: the window is a decode KV bucket, so reading the prefix costs what the
+        prompt needs, not a whole slot."""
+        return tuple((t, w) for t in self.prefill_tokens if t <= PREFIX_GRAPH_TOKENS for w in self.kv)
+
+    def key_window(self, num_rows: int) -> int:
+        """The smallest KV bucket holding num_rows keys (num_rows itself on the CPU)."""
+        return self._pad(self.kv, num_rows) if self.is_padded else num_rows
 
     def _pad(self, buckets: tuple[int, ...], n: int) -> int:
         i = bisect_left(buckets, n)

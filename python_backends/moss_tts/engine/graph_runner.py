@@ -3,7 +3,7 @@
 One graph per (batch bucket, KV window) covers a full decode step — backbone, stop decision,
 12 codebooks with feedback, sampling and the state updates — and one per prompt-length bucket
 covers a single prompt's prefill + first frame (and, with prefix reuse on, one per length of
-the rows left after a reused prefix). The decode step reads only persistent slot state, so its
+the rows left after a reused prefix and key window). The decode step reads only persistent slot state, so its
 graphs have no inputs; a prefill graph keeps its own static PrefillInputs.
 Graphs are captured largest first into one memory pool, so smaller ones reuse its blocks.
 """
@@ -30,8 +30,8 @@ class GraphRunner:
     def __init__(self, buckets: Buckets) -> None:
         self.buckets = buckets
         self._decode: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        # (rows, after a reused prefix) -> graph and its static inputs
-        self._prefill: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, PrefillInputs]] = {}
+        # (rows, key window; 0 = no reused prefix) -> graph and its static inputs
+        self._prefill: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, PrefillInputs]] = {}
         self._pool = None
 
     @property
@@ -40,21 +40,25 @@ class GraphRunner:
 
     def capture(self, decode: Callable[[int, int], None], prefill: Callable[[PrefillInputs], None],
                 make_inputs: Callable[[int], PrefillInputs],
-                prefix_prefill: Optional[Callable[[PrefillInputs], None]] = None) -> None:
+                prefix_prefill: Optional[Callable[[PrefillInputs, int], None]] = None) -> None:
         """Capture every bucket: decode(S, K), prefill(static inputs of T rows) and, when given,
-        prefix_prefill(static inputs of T rows after a reused prefix)."""
+        prefix_prefill(static inputs of T rows after a reused prefix, key window W)."""
         start = time.perf_counter()
         self._pool = torch.cuda.graph_pool_handle()
         try:
             for size in sorted(self.buckets.batch, reverse=True):
                 for kv_len in sorted(self.buckets.kv, reverse=True):
                     self._decode[size, kv_len] = self._capture(lambda: decode(size, kv_len))
-            kinds = [(False, prefill)] + ([(True, prefix_prefill)] if prefix_prefill is not None else [])
-            for after_prefix, fn in kinds:
-                for num_tokens in sorted(self.buckets.prefill_tokens, reverse=True):
-                    inputs = make_inputs(num_tokens)
-                    graph = self._capture(lambda: fn(inputs))
-                    self._prefill[num_tokens, after_prefix] = (graph, inputs)
+            shapes = [(t, 0) for t in self.buckets.prefill_tokens]
+            if prefix_prefill is not None:
+                shapes += list(self.buckets.prefix_prefill_shapes)
+            for num_tokens, window in sorted(shapes, reverse=True):
+                inputs = make_inputs(num_tokens)
+                if window:
+                    graph = self._capture(lambda: prefix_prefill(inputs, window))
+                else:
+                    graph = self._capture(lambda: prefill(inputs))
+                self._prefill[num_tokens, window] = (graph, inputs)
         except RuntimeError as exc:
             self.destroy()
             raise GraphCaptureError(
@@ -79,12 +83,12 @@ class GraphRunner:
     def replay_decode(self, num_slots: int, kv_len: int) -> None:
         self._decode[num_slots, kv_len].replay()
 
-    def can_replay_prefill(self, inputs: PrefillInputs, after_prefix: bool = False) -> bool:
+    def can_replay_prefill(self, inputs: PrefillInputs, window: int = 0) -> bool:
         num_prompts, num_tokens = inputs.shape
-        return num_prompts == 1 and (num_tokens, after_prefix) in self._prefill
+        return num_prompts == 1 and (num_tokens, window) in self._prefill
 
-    def replay_prefill(self, inputs: PrefillInputs, after_prefix: bool = False) -> None:
-        graph, static = self._prefill[inputs.shape[1], after_prefix]
+    def replay_prefill(self, inputs: PrefillInputs, window: int = 0) -> None:
+        graph, static = self._prefill[inputs.shape[1], window]
         static.copy_from(inputs)
         graph.replay()
 

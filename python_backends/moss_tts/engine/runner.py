@@ -119,10 +119,8 @@ class ModelRunner:
                 self._warm_up(ctx)
                 ctx.state.reset()
                 if self.uses_graphs:
-                    # A single prompt after a reused prefix reads its keys over the whole slot,
-                    # so one graph per suffix length serves every prefix length.
-                    def prefix_prefill(inputs):
-                        step.prefill_step(ctx, inputs, window=self.config.max_seq_len)
+                    def prefix_prefill(inputs, window):
+                        step.prefill_step(ctx, inputs, window=window)
                     self.graphs = GraphRunner(self.buckets)
                     self.graphs.capture(lambda s, k: step.decode_step(ctx, s, k),
                                         lambda inputs: step.prefill_step(ctx, inputs),
@@ -234,8 +232,8 @@ class ModelRunner:
         num_tokens = min(self.buckets.prefill_len(len(group), longest), self.config.max_seq_len)
         host = self._inputs(group, num_tokens)
         window = self._prefix_window(group)
-        if self.graphs is not None and offset == 0 and self.graphs.can_replay_prefill(host, bool(window)):
-            self.graphs.replay_prefill(host, bool(window))
+        if self.graphs is not None and offset == 0 and self.graphs.can_replay_prefill(host, window):
+            self.graphs.replay_prefill(host, window)
             use.count_prefill(True, True)
             return
         step.prefill_step(ctx, host.to(self.device), offset, window=window)
@@ -243,14 +241,11 @@ class ModelRunner:
 
     def _prefix_window(self, group: list[StagedPrompt]) -> int:
         """0 when no prompt of the group reuses a prefix; else the key rows its prefill reads:
-        the whole slot for a single prompt (what its graph reads, so eager == graphed), the
-        longest prompt padded to a bucket for several."""
+        the longest prompt padded to a KV bucket (the window of the graphs, so eager ==
+        graphed)."""
         if not any(p.start for p in group):
             return 0
-        if len(group) == 1 and self.buckets.is_padded:
-            return self.config.max_seq_len
-        longest = max(p.rows.shape[0] for p in group)
-        return min(self.buckets.prefill_len(len(group), longest), self.config.max_seq_len)
+        return min(self.buckets.key_window(max(p.rows.shape[0] for p in group)), self.config.max_seq_len)
 
     def _prefill_long(self, prompt: StagedPrompt) -> torch.Tensor:
         rows = prompt.rows.to(self.device, non_blocking=True)
