@@ -12,6 +12,9 @@ FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 # The image's Python (3.10) runs our Python-backend models. torch: a CUDA 12.4 build, which the
 # image's CUDA 12.6 driver stack runs. numpy<2: the 24.10 stub mis-reads BYTES tensors with numpy 2.
+# The engine's Triton kernels (decode attention, the draw) were built and measured with torch
+# 2.11 + Triton 3.6 (perf/RESULTS.md); with an older torch, if their compile fails at start-up,
+# set attention_kernel/sampler_kernel to "false" in model_repository/tts_engine/config.pbtxt.
 ARG TORCH_VERSION=2.5.1
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cu124 \
  && pip install --no-cache-dir "numpy<2" "transformers>=4.51" tokenizers safetensors soundfile xxhash

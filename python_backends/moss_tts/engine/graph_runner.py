@@ -22,8 +22,15 @@ from .step import PrefillInputs
 log = logging.getLogger(__name__)
 
 
+REMEDIES = ("Remedies: 1) set enforce_eager=true to serve without graphs; 2) set fuse_kernels=false "
+            "if the error names torch.compile or Inductor, attention_kernel=false and "
+            "sampler_kernel=false if it names a Triton kernel (_split_kernel, _combine_kernel, "
+            "_draw_kernel: they were built against Triton 3.6); 3) lower cuda_graph_max_batch or "
+            "max_seq_len if memory ran out.")
+
+
 class GraphCaptureError(RuntimeError):
-    """Capture failed; the message lists what to try."""
+    """Warm-up or capture failed; the message lists what to try."""
 
 
 class GraphRunner:
@@ -59,12 +66,9 @@ class GraphRunner:
                 else:
                     graph = self._capture(lambda: prefill(inputs))
                 self._prefill[num_tokens, window] = (graph, inputs)
-        except RuntimeError as exc:
+        except Exception as exc:  # incl. Triton compile errors (not RuntimeErrors)
             self.destroy()
-            raise GraphCaptureError(
-                f"CUDA graph capture failed ({exc}). Remedies: 1) set enforce_eager=true to serve "
-                f"without graphs; 2) set fuse_kernels=false if the error names torch.compile or "
-                f"Triton; 3) lower cuda_graph_max_batch or max_seq_len if memory ran out.") from exc
+            raise GraphCaptureError(f"CUDA graph capture failed ({exc}). {REMEDIES}") from exc
         log.info("captured %d decode graphs (batch %s x kv %s) and %d prefill graphs in %.1f s",
                  len(self._decode), list(self.buckets.batch), list(self.buckets.kv), len(self._prefill),
                  time.perf_counter() - start)

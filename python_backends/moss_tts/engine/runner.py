@@ -23,7 +23,7 @@ from .buckets import Buckets
 from .config import EngineConfig
 from .frame import LocalRope
 from .fused import Fusions
-from .graph_runner import GraphRunner
+from .graph_runner import REMEDIES, GraphCaptureError, GraphRunner
 from .kv_cache import StaticKVCache
 from .memory import check_memory_budget
 from .prefix_cache import PrefixCache, PrefixMatch, PrefixStats
@@ -116,7 +116,10 @@ class ModelRunner:
                           self.config.attention_kernel, self.config.sampler_kernel)
         if self.device.type == "cuda":
             with torch.inference_mode():
-                self._warm_up(ctx)
+                try:
+                    self._warm_up(ctx)
+                except Exception as exc:  # e.g. a Triton or Inductor compile error: say what to try
+                    raise GraphCaptureError(f"engine warm-up failed ({exc}). {REMEDIES}") from exc
                 ctx.state.reset()
                 if self.uses_graphs:
                     def prefix_prefill(inputs, window):
