@@ -35,9 +35,9 @@ class Collector:
         if isinstance(event, Finished):
             done.set()
 
-    def wait_finished(self, ids) -> None:
+    def wait_finished(self, ids, timeout: float = TIMEOUT_S) -> None:
         for rid in ids:
-            assert self.done[rid].wait(TIMEOUT_S), f"request {rid} never finished"
+            assert self.done[rid].wait(timeout), f"request {rid} never finished"
 
     def chunks(self, rid) -> list[CodesChunk]:
         return [e for e in self.events[rid] if isinstance(e, CodesChunk)]

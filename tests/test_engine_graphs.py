@@ -4,12 +4,10 @@ overlap of launching step N+1 before reading step N."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
-from moss_tts.engine import Engine, EngineConfig, EngineConfigError, EngineRequest, Finished
+from moss_tts.engine import Engine, EngineConfig, EngineConfigError, EngineRequest
 from moss_tts.engine import fused
 from moss_tts.engine.buckets import Buckets
 from moss_tts.engine.frame import LocalRope, sample_frame
@@ -22,7 +20,7 @@ from moss_tts.qwen3 import RMSNorm, apply_neox_rope, neox_rope
 from moss_tts.sampler import ChannelTensors, sample
 from moss_tts.sampling_params import ChannelParams, SamplingParams
 
-TIMEOUT_S = 120
+from engine_events import TIMEOUT_S, Collector
 
 
 def mixed_params(n_rows: int) -> list[SamplingParams]:
@@ -183,9 +181,8 @@ def test_new_config_fields_are_validated(field, value):
 def test_step_n_plus_1_is_launched_before_step_n_is_read(tiny_model, builder):
     """The overlap: every launch after the first precedes the read of the step before it."""
     order: list[str] = []
-    done = threading.Event()
-    engine = Engine(tiny_model, EngineConfig(max_running_requests=2),
-                    lambda e: done.set() if isinstance(e, Finished) else None)
+    sink = Collector()
+    engine = Engine(tiny_model, EngineConfig(max_running_requests=2), sink)
     runner = engine._runner
     real_decode = runner.decode
 
@@ -210,7 +207,7 @@ def test_step_n_plus_1_is_launched_before_step_n_is_read(tiny_model, builder):
     engine.submit(EngineRequest("r", prompt, SamplingParams(seed=0, max_frames=6, ignore_stop=True)))
     engine.start()
     try:
-        assert done.wait(TIMEOUT_S)
+        sink.wait_finished(["r"])
     finally:
         engine.shutdown(TIMEOUT_S)
     # 6 frames: prefill + decode in launch 0, then one per launch up to launch 4.
@@ -229,20 +226,9 @@ def test_padded_shapes_give_the_reference_codes(tiny_model, builder, max_graph_b
     params = [SamplingParams(seed=i, max_frames=6 + 3 * i, ignore_stop=True) for i in range(4)]
     params[1] = SamplingParams.greedy(max_frames=9, ignore_stop=True)
     reference = generate(tiny_model, prompts, params)
-    codes: dict[str, list] = {f"p{i}": [] for i in range(4)}
-    done = threading.Event()
-    finished = []
-
-    def on_event(event):
-        if isinstance(event, Finished):
-            finished.append(event)
-            if len(finished) == 4:
-                done.set()
-        else:
-            codes[event.request_id].append(event.codes)
-
+    sink = Collector()
     config = EngineConfig(max_running_requests=4, max_seq_len=128)
-    engine = Engine(tiny_model, config, on_event)
+    engine = Engine(tiny_model, config, sink)
     engine._runner.buckets = Buckets.build(4, 128, max_graph_batch, 32, 64, is_padded=True)
     engine.submit(EngineRequest("p0", prompts[0], params[0]))
     engine.submit(EngineRequest("p1", prompts[1], params[1]))
@@ -250,11 +236,11 @@ def test_padded_shapes_give_the_reference_codes(tiny_model, builder, max_graph_b
     try:
         engine.submit(EngineRequest("p2", prompts[2], params[2]))
         engine.submit(EngineRequest("p3", prompts[3], params[3]))
-        assert done.wait(TIMEOUT_S)
+        sink.wait_finished([f"p{i}" for i in range(4)])
     finally:
         engine.shutdown(TIMEOUT_S)
     for i, ref in enumerate(reference):
-        assert torch.equal(torch.cat(codes[f"p{i}"]), ref.codes), f"p{i}"
+        assert torch.equal(sink.codes(f"p{i}"), ref.codes), f"p{i}"
 
 
 def test_config_from_triton_parameters():
@@ -275,13 +261,12 @@ def test_prompt_longer_than_a_prefill_chunk_is_prefilled_in_chunks(tiny_model):
     prompt[:, 0] = torch.randint(0, 150000, (70,), generator=torch.Generator().manual_seed(0))
     params = SamplingParams(seed=3, max_frames=8, ignore_stop=True)
     reference = generate(tiny_model, [prompt], [params])[0]
-    codes, done = [], threading.Event()
-    engine = Engine(tiny_model, EngineConfig(max_running_requests=2, prefill_chunk_tokens=32),
-                    lambda e: done.set() if isinstance(e, Finished) else codes.append(e.codes))
+    sink = Collector()
+    engine = Engine(tiny_model, EngineConfig(max_running_requests=2, prefill_chunk_tokens=32), sink)
     engine.submit(EngineRequest("long", prompt, params))
     engine.start()
     try:
-        assert done.wait(TIMEOUT_S)
+        sink.wait_finished(["long"])
     finally:
         engine.shutdown(TIMEOUT_S)
-    assert torch.equal(torch.cat(codes), reference.codes)
+    assert torch.equal(sink.codes("long"), reference.codes)

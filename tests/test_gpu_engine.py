@@ -3,15 +3,16 @@ graph hits and fallbacks are counted, and an over-budget KV cache is refused at 
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 
 import pytest
 import torch
 
-from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineConfigError, EngineRequest, Finished
+from moss_tts.engine import Engine, EngineConfig, EngineConfigError, EngineRequest
 from moss_tts.sampling_params import ChannelParams, SamplingParams
 from moss_tts.tools.random_inputs import random_prompt_rows
+
+from engine_events import Collector
 
 pytestmark = pytest.mark.gpu
 TIMEOUT_S = 300
@@ -31,33 +32,29 @@ def _requests():
 def _run(model, config: EngineConfig, prompts, params):
     """r0-r2 queued before start (admitted together), then each later request alone, submitted
     from the engine thread at the first event of the one before it, so both runs batch the same
-    way step for step. Returns the codes and finish reasons per request and the engine's stats."""
-    codes: dict[str, list] = {f"r{i}": [torch.zeros(0, 12, dtype=torch.long)] for i in range(len(prompts))}
-    done = threading.Event()
-    finished, submitted = [], set()
+    way step for step. Checks every request ended by stop or max_frames; returns the codes per
+    request and the engine's stats."""
+    sink, submitted = Collector(), set()
 
     def on_event(event):
         i = int(event.request_id[1:]) + 1
         if 3 <= i < len(prompts) and i not in submitted:  # the first event of the one before
             submitted.add(i)
             engine.submit(EngineRequest(f"r{i}", prompts[i], params[i]))
-        if isinstance(event, CodesChunk):
-            codes[event.request_id].append(event.codes)
-        elif isinstance(event, Finished):
-            finished.append((event.request_id, event.reason))
-            if len(finished) == len(prompts):
-                done.set()
+        sink(event)
 
+    ids = [f"r{i}" for i in range(len(prompts))]
     engine = Engine(model, config, on_event)
     for i in range(3):
-        engine.submit(EngineRequest(f"r{i}", prompts[i], params[i]))
+        engine.submit(EngineRequest(ids[i], prompts[i], params[i]))
     engine.start()
     try:
-        assert done.wait(TIMEOUT_S)
+        sink.wait_finished(ids, TIMEOUT_S)
     finally:
         engine.shutdown(TIMEOUT_S)
-    assert all(reason in ("stop", "max_frames") for _, reason in finished), finished
-    return {rid: torch.cat(c) for rid, c in codes.items()}, engine.stats()
+    reasons = [sink.final(rid).reason for rid in ids]
+    assert all(reason in ("stop", "max_frames") for reason in reasons), reasons
+    return {rid: sink.codes(rid) for rid in ids}, engine.stats()
 
 
 def test_graphed_engine_equals_eager_engine(real_model):
@@ -76,25 +73,18 @@ def test_graphed_engine_equals_eager_engine(real_model):
 def test_shapes_past_the_largest_bucket_fall_back_to_eager(real_model):
     config = EngineConfig(max_running_requests=4, max_seq_len=128, cuda_graph_max_batch=2,
                           cuda_graph_prefill_tokens=0)
-    done = threading.Event()
-    finished = []
-
-    def on_event(event):
-        if isinstance(event, Finished):
-            finished.append(event)
-            if len(finished) == 4:
-                done.set()
-
-    engine = Engine(real_model, config, on_event)
-    for i in range(4):
-        engine.submit(EngineRequest(f"f{i}", random_prompt_rows(40, i), SamplingParams(seed=i, max_frames=6, ignore_stop=True)))
+    sink = Collector()
+    ids = [f"f{i}" for i in range(4)]
+    engine = Engine(real_model, config, sink)
+    for i, rid in enumerate(ids):
+        engine.submit(EngineRequest(rid, random_prompt_rows(40, i), SamplingParams(seed=i, max_frames=6, ignore_stop=True)))
     engine.start()
     try:
-        assert done.wait(TIMEOUT_S)
+        sink.wait_finished(ids, TIMEOUT_S)
     finally:
         engine.shutdown(TIMEOUT_S)
     stats = engine.stats()
-    assert all(f.num_frames == 6 for f in finished)
+    assert all(sink.final(rid).num_frames == 6 for rid in ids)
     assert stats.decode_graph_fallbacks > 0 and stats.prefill_graph_fallbacks > 0, stats
 
 

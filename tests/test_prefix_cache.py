@@ -152,13 +152,15 @@ def shared_prompts(builder):
     return [builder.build(PromptSpec(t, fields, reference_codes=ref)) for t in texts]
 
 
-def run_engine(model, prompts, params, **config):
+def run_and_check(model, prompts, params, **config):
+    """The first prompt alone (its blocks land in the pool), then the rest together; every
+    request's codes must equal generation.generate's. Returns the engine's stats."""
+    reference = generate(model, prompts, params)
     sink = Collector()
     engine = Engine(model, EngineConfig(**config), sink)
     engine.start()
     ids = [f"p{i}" for i in range(len(prompts))]
     try:
-        # The first prompt alone (its blocks land in the pool), then the rest together.
         engine.submit(EngineRequest(ids[0], prompts[0], params[0]))
         sink.wait_finished(ids[:1])
         for rid, rows, p in zip(ids[1:], prompts[1:], params[1:]):
@@ -166,7 +168,9 @@ def run_engine(model, prompts, params, **config):
         sink.wait_finished(ids)
     finally:
         engine.shutdown(TIMEOUT_S)
-    return sink, ids, engine.stats()
+    for rid, ref in zip(ids, reference):
+        assert_matches_reference(sink, rid, ref)
+    return engine.stats()
 
 
 def mixed_params(n: int) -> list[SamplingParams]:
@@ -176,11 +180,8 @@ def mixed_params(n: int) -> list[SamplingParams]:
 
 def test_reused_prefixes_give_the_reference_codes(tiny_model, shared_prompts):
     params = mixed_params(len(shared_prompts))
-    reference = generate(tiny_model, shared_prompts, params)
-    sink, ids, stats = run_engine(tiny_model, shared_prompts, params, max_running_requests=4,
-                                  prefix_cache_rows=256, prefix_block_rows=8)
-    for rid, ref in zip(ids, reference):
-        assert_matches_reference(sink, rid, ref)
+    stats = run_and_check(tiny_model, shared_prompts, params, max_running_requests=4,
+                          prefix_cache_rows=256, prefix_block_rows=8)
     shared = min(r.shape[0] for r in shared_prompts)
     assert stats.prefix_prompt_rows == sum(r.shape[0] for r in shared_prompts)
     # Every later prompt reuses at least the whole blocks of the shared speaker prefix.
@@ -192,11 +193,8 @@ def test_reused_prefixes_give_the_reference_codes(tiny_model, shared_prompts):
 
 def test_reuse_off_gives_the_reference_and_records_nothing(tiny_model, shared_prompts):
     params = mixed_params(3)
-    reference = generate(tiny_model, shared_prompts[:3], params)
-    sink, ids, stats = run_engine(tiny_model, shared_prompts[:3], params, max_running_requests=2,
-                                  prefix_cache_rows=0)
-    for rid, ref in zip(ids, reference):
-        assert_matches_reference(sink, rid, ref)
+    stats = run_and_check(tiny_model, shared_prompts[:3], params, max_running_requests=2,
+                          prefix_cache_rows=0)
     assert stats.prefix_reused_rows == 0 and stats.prefix_prompt_rows == 0
 
 
@@ -206,12 +204,9 @@ def test_a_tiny_pool_evicts_across_speakers_and_still_gives_the_reference(tiny_m
     stranger = builder.build(PromptSpec("Somebody else speaks.", reference_codes=other))
     prompts = shared_prompts[:2] + [stranger] + shared_prompts[2:]
     params = mixed_params(len(prompts))
-    reference = generate(tiny_model, prompts, params)
     # Three blocks of 4 rows: the pool holds the head of one chain at a time.
-    sink, ids, stats = run_engine(tiny_model, prompts, params, max_running_requests=1,
-                                  prefix_cache_rows=12, prefix_block_rows=4)
-    for rid, ref in zip(ids, reference):
-        assert_matches_reference(sink, rid, ref)
+    stats = run_and_check(tiny_model, prompts, params, max_running_requests=1,
+                          prefix_cache_rows=12, prefix_block_rows=4)
     assert stats.prefix_blocks_evicted > 0 and stats.prefix_pool_blocks_used == 3
     assert stats.prefix_reused_rows > 0
 
@@ -219,10 +214,6 @@ def test_a_tiny_pool_evicts_across_speakers_and_still_gives_the_reference(tiny_m
 def test_a_long_suffix_after_a_reused_prefix_is_prefilled_chunk_by_chunk(tiny_model, shared_prompts):
     """prefill_chunk_tokens below the suffix: the chunked path starts at the reused prefix."""
     params = mixed_params(3)
-    prompts = shared_prompts[:3]
-    reference = generate(tiny_model, prompts, params)
-    sink, ids, stats = run_engine(tiny_model, prompts, params, max_running_requests=2,
-                                  prefix_cache_rows=256, prefix_block_rows=8, prefill_chunk_tokens=8)
-    for rid, ref in zip(ids, reference):
-        assert_matches_reference(sink, rid, ref)
+    stats = run_and_check(tiny_model, shared_prompts[:3], params, max_running_requests=2,
+                          prefix_cache_rows=256, prefix_block_rows=8, prefill_chunk_tokens=8)
     assert stats.prefix_reused_rows > 0
