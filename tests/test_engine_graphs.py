@@ -124,6 +124,14 @@ def test_compiled_fusions_cover_every_eager_function():
     assert compiled.local_attention._torchdynamo_orig_callable is fused.local_attention_reduced
 
 
+def test_the_triton_kernels_are_off_on_the_cpu_whatever_the_config(tiny_model):
+    engine = Engine(tiny_model, EngineConfig(max_running_requests=1, attention_kernel=True,
+                                             sampler_kernel=True), lambda event: None)
+    engine._runner.setup()
+    ctx = engine._runner.ctx
+    assert (ctx.attention_kernel, ctx.sampler_kernel) == (False, False)
+
+
 def test_merged_projections_are_views_of_one_matrix(tiny_model):
     from moss_tts.engine.backbone import merge_projections
 

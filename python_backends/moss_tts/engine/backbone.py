@@ -96,12 +96,10 @@ def decode(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: to
 
     Each slot attends to its rows [0, position] inside the window [0, kv_len); rows of a slot
     that is not generating are computed and ignored. use_kernel: the flash-decoding kernel,
-    which reads only each slot's own rows, where it can run (else the masked SDPA below).
+    which reads only each slot's own rows (the runner decides once whether it can run here);
+    else the masked SDPA below.
     """
     num_slots = embeds.shape[0]
-    c = backbone.cfg
-    use_kernel = use_kernel and decode_attention.is_supported(
-        embeds.new_empty((1, c.num_attention_heads, c.head_dim)), cache.k[0])
     if use_kernel:
         lengths = positions + 1
     else:

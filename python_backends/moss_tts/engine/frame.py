@@ -61,7 +61,8 @@ def sample_frame(model: MossTTSLocalModel, f: Fusions, rope: LocalRope, hidden: 
     """Backbone hidden [B, H] -> (is_stop [B] bool, codes [B, n_vq]) for frame `frame_index` [B].
 
     use_kernel: each draw (penalty, temperature, top-k/top-p over a register sort, Gumbel-max)
-    is one Triton kernel where it can run, instead of two fused kernels around a torch.sort.
+    is one Triton kernel (the runner decides once whether it can run here), instead of two
+    fused kernels around a torch.sort.
     """
     cfg, dtype = model.cfg, model.dtype
     local = model.local_transformer
@@ -69,7 +70,6 @@ def sample_frame(model: MossTTSLocalModel, f: Fusions, rope: LocalRope, hidden: 
     base = frame_index * (cfg.n_vq + 1)
     u = local_step(local, f, hidden.to(dtype), caches, 0, rope)
     stop_logits = model.stop_logits(u)
-    use_kernel = use_kernel and sample_kernel.is_supported(stop_logits)
     if use_kernel:
         p = state.stop
         is_stop = sample_kernel.draw_tokens(stop_logits, None, p.repetition_penalty, p.temperature, p.top_k,

@@ -18,7 +18,7 @@ from torch.nn.attention import sdpa_kernel
 
 from ..model import MossTTSLocalModel
 from ..sampling_params import SamplingParams
-from . import backbone, step
+from . import backbone, decode_attention, sample_kernel, step
 from .buckets import Buckets
 from .config import EngineConfig
 from .frame import LocalRope
@@ -113,7 +113,7 @@ class ModelRunner:
                           LocalRope(self.model.local_transformer, cfg.n_vq + 1, self.device, self.dtype),
                           torch.arange(slots, device=self.device),
                           torch.zeros(2 * slots, 1 + cfg.n_vq, dtype=torch.long, device=self.device),
-                          self.config.attention_kernel, self.config.sampler_kernel)
+                          *self._kernels())
         if self.device.type == "cuda":
             with torch.inference_mode():
                 try:
@@ -131,6 +131,15 @@ class ModelRunner:
                                         prefix_prefill if self.prefix is not None else None)
                 ctx.state.reset()  # warm-up and capture runs wrote into slots
         self.ctx = ctx
+
+    def _kernels(self) -> tuple[bool, bool]:
+        """(attention_kernel, sampler_kernel): each as configured and where its Triton kernel
+        can run on this device and dtype (not on the CPU), decided once."""
+        b, dev, dtype = self.model.cfg.backbone, self.device, self.dtype
+        query = torch.empty((1, b.num_attention_heads, b.head_dim), device=dev, dtype=dtype)
+        logits = torch.empty((1, self.model.cfg.audio_vocab_size), device=dev, dtype=dtype)
+        return (self.config.attention_kernel and decode_attention.is_supported(query, self.kv.k[0]),
+                self.config.sampler_kernel and sample_kernel.is_supported(logits))
 
     def _warm_up(self, ctx: StepContext) -> None:
         """Eager prefills (1, 2 and many prompts) and decode steps (1 and 2 slots), so the fused
