@@ -239,13 +239,18 @@ def time_replays(replay, iters: int = 20) -> float:
     return begin.elapsed_time(end) / iters
 
 
-def latency(bench: Bench, concurrency: int, repeats: int) -> dict:
+def latency(bench: Bench, concurrency: int, repeats: int, make_prompt=None, tag: str = "lat") -> dict:
+    """Submit -> first 2 / first 5 frames of `concurrency` requests at once, `repeats` times;
+    make_prompt(repeat, index) gives the prompts (default: distinct random ones)."""
+    if make_prompt is None:
+        def make_prompt(r, i):
+            return random_prompt_rows(bench.prompt_rows, 5000 + 100 * r + i)
     first2, first5 = [], []
     chunking = dict(first_chunk_frames=2, chunk_frames=3)
     for r in range(repeats):
-        prompts = [random_prompt_rows(bench.prompt_rows, 5000 + 100 * r + i) for i in range(concurrency)]
+        prompts = [make_prompt(r, i) for i in range(concurrency)]
         params = [fixed_length(i, 8) for i in range(concurrency)]
-        _, sink = bench.batch(prompts, params, f"lat{concurrency}-{r}-", **chunking)
+        _, sink = bench.batch(prompts, params, f"{tag}{concurrency}-{r}-", **chunking)
         first2 += [sink.time_to(rid, 2) * 1000 for rid in sink.finals]
         first5 += [sink.time_to(rid, 5) * 1000 for rid in sink.finals]
     return {"concurrency": concurrency, "first2_ms_median": statistics.median(first2),
@@ -314,20 +319,14 @@ def prefix_reuse(bench: Bench, batch: int, shared: int) -> dict:
     seconds, sink = bench.batch(prompts, [fixed_length(i, bench.frames) for i in range(batch)], "pre-")
     after = bench.engine.stats()
     frames = sum(f.num_frames for f in sink.finals.values())
-    first2, first5 = [], []
-    for r in range(5):
-        _, one = bench.batch(shared_prompts(1, rows, shared, 7000, first=20_000 + r),
-                             [fixed_length(r, 8)], f"prelat{r}-", first_chunk_frames=2, chunk_frames=3)
-        rid = next(iter(one.finals))
-        first2.append(one.time_to(rid, 2) * 1000)
-        first5.append(one.time_to(rid, 5) * 1000)
+    single = latency(bench, 1, 5, lambda r, i: shared_prompts(1, rows, shared, 7000, first=20_000 + r)[0],
+                     tag="prelat")
     end = bench.engine.stats()
     return {"batch": batch, "shared_rows": shared, "seconds": seconds, "frames_per_s": frames / seconds,
             "audio_s_per_s": frames / FRAME_RATE / seconds,
             "reused_rows": after.prefix_reused_rows - before.prefix_reused_rows,
             "prompt_rows": after.prefix_prompt_rows - before.prefix_prompt_rows,
-            "first2_ms_median": statistics.median(first2), "first5_ms_median": statistics.median(first5),
-            "first2_ms_max": max(first2), "first5_ms_max": max(first5),
+            **{k: v for k, v in single.items() if k.startswith("first")},
             "latency_reused_rows": end.prefix_reused_rows - after.prefix_reused_rows,
             "prefill_graph_hits": end.prefill_graph_hits - after.prefill_graph_hits}
 
