@@ -32,4 +32,4 @@ RUN pip install --no-cache-dir "tritonclient[grpc]==2.51.0"
 # Readiness stays 200 when a Python stub has died (24.10 does not restart stubs): probe for real.
 HEALTHCHECK --interval=30s --timeout=40s --start-period=300s CMD python3 -m client.healthcheck --timeout 30
 EXPOSE 8000 8001 8002
-CMD ["tritonserver", "--model-repository=/opt/moss-tts-triton/model_repository"]
+CMD ["tritonserver", "--model-repository=/opt/moss-tts-triton/model_repository", "--backend-config=python,thread-pool-size=384"]

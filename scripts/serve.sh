@@ -24,16 +24,22 @@ if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
 fi
 shim=(.venv/bin/python -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.0.0.1:${GRPC_PORT:-8001}")
 source scripts/triton_env.sh
+# The pipeline's own requests carry this key (python_backends/moss_tts/serving/internal_key.py);
+# a new one per start, shared by every model of this server through the environment.
+export MOSS_TTS_INTERNAL_KEY="${MOSS_TTS_INTERNAL_KEY:-$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(32))')}"
+# thread-pool-size is per model instance; a moss_tts stream holds one of its threads while it
+# waits on a BLS call or a send, so it must exceed moss_tts max_streams (320;
+# tests/test_capacity_config.py checks it).
 triton=("$TRITONSERVER" --model-repository="$PWD/model_repository" --backend-directory="$TRITON_BACKENDS"
   --http-port="${HTTP_PORT:-8000}" --grpc-port="${GRPC_PORT:-8001}" --metrics-port="${METRICS_PORT:-8002}"
-  --log-verbose=0 "$@")
+  --backend-config=python,thread-pool-size=384 --log-verbose=0 "$@")
 if [ "${SHIM_PORT:-8080}" = "0" ]; then
   exec "${triton[@]}"
 fi
 # Background jobs of a script ignore SIGINT, so Ctrl-C reaches only this shell: the trap passes it on.
 "${triton[@]}" &
 triton_pid=$!
-env -u LD_LIBRARY_PATH "${shim[@]}" ${SHIM_ARGS:-} &
+env -u LD_LIBRARY_PATH -u MOSS_TTS_INTERNAL_KEY "${shim[@]}" ${SHIM_ARGS:-} &
 shim_pid=$!
 echo "OpenAI-compatible speech API on http://localhost:${SHIM_PORT:-8080}/v1/audio/speech (pid $shim_pid)"
 stop_both() { kill -TERM "$triton_pid" "$shim_pid" 2>/dev/null || true; }

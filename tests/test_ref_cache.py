@@ -16,7 +16,8 @@ import torch
 from moss_tts.audio import AudioError, load_reference
 from moss_tts.codec import load_codec
 from moss_tts.reference import encode_references
-from moss_tts.serving import ReferenceCacheConfig, ReferenceEncoder, TensorLRU, encoder_hash
+from moss_tts.serving.lru import TensorLRU
+from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder, encoder_hash
 
 WAIT_S = 30  # generous bound on any wait: a bug shows up as a failed wait, not a hung suite
 CODES_BYTES = 5 * 12 * 8  # 0.4 s -> 5 frames x 12 codes x int64

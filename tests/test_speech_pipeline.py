@@ -1,8 +1,6 @@
-"""The moss_tts entry's policy with fake children and client (no Triton)."""
+"""The moss_tts model's per-request policy with fake children and client (no Triton)."""
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
@@ -19,16 +17,19 @@ def codes(n, start=0):
 class FakeChildren:
     def __init__(self, chunks, fail_after=None):
         self.chunks, self.fail_after = chunks, fail_after
-        self.vocoder_calls, self.aborted = [], threading.Event()
+        self.vocoder_calls, self.log = [], []
 
     def stream_codes(self):
-        for i, chunk in enumerate(self.chunks):
-            if self.fail_after is not None and i == self.fail_after:
-                raise ChildError("[INVALID_ARGUMENT] reference audio could not be decoded", "invalid")
-            yield chunk
+        try:
+            for i, chunk in enumerate(self.chunks):
+                if self.fail_after is not None and i == self.fail_after:
+                    raise ChildError("[INVALID_ARGUMENT] reference audio could not be decoded", "invalid")
+                yield chunk
+        finally:
+            self.log.append("closed")
 
     def abort_codes(self):
-        self.aborted.set()
+        self.log.append("aborted")
 
     def vocode(self, c, start, end):
         self.vocoder_calls.append((c.shape[0], start, end))
@@ -37,12 +38,12 @@ class FakeChildren:
 
 class FakeClient:
     def __init__(self, cancel_after=None):
-        self.audio, self.finals, self.errors = [], 0, []
+        self.sent, self.finals, self.errors = [], 0, []  # sent: (audio frames or None, code frames, context frames)
         self.cancel_after = cancel_after
         self.checks = 0
 
-    def send_audio(self, audio, final):
-        self.audio.append(audio)
+    def send(self, audio, codes, context, final):
+        self.sent.append((None if audio is None else audio.shape[1] // 4, codes.shape[0], context.shape[0]))
         self.finals += final
 
     def send_error(self, message, code):
@@ -57,43 +58,83 @@ class FakeClient:
         return self.cancel_after is not None and self.checks > self.cancel_after
 
 
+def run(chunks, stream=True, wants_audio=True, client=None, **kwargs):
+    children, client = FakeChildren(chunks, **kwargs), client or FakeClient()
+    SpeechStream(children, client, stream=stream, wants_audio=wants_audio).run()
+    return children, client
+
+
 def test_streaming_sends_each_chunk_then_one_final():
-    children = FakeChildren([CodesChunk(codes(2), EMPTY), CodesChunk(codes(5, 2), EMPTY)])
-    client = FakeClient()
-    SpeechStream(children, client, stream=True).run()
-    assert [a.shape[1] for a in client.audio] == [8, 20] and client.finals == 1 and not client.errors
+    children, client = run([CodesChunk(codes(2), EMPTY), CodesChunk(codes(5, 2), EMPTY)])
+    assert client.sent == [(2, 2, 0), (5, 5, 0)] and client.finals == 1 and not client.errors
     assert children.vocoder_calls == [(0, True, False), (2, False, False), (5, False, False), (0, False, True)]
 
 
+def test_codes_only_never_calls_the_vocoder():
+    children, client = run([CodesChunk(codes(2), EMPTY), CodesChunk(codes(3), EMPTY)], wants_audio=False)
+    assert client.sent == [(None, 2, 0), (None, 3, 0)] and client.finals == 1
+    assert children.vocoder_calls == []
+
+
+def test_idle_ticks_check_cancellation_and_are_not_sent():
+    client = FakeClient(cancel_after=2)
+    children, client = run([None, None, None, CodesChunk(codes(2), EMPTY)], client=client)
+    assert client.checks == 3 and client.sent == [] and client.errors[0][0] == "cancelled"
+    assert children.log == ["aborted", "closed"]  # the engine is aborted before its stream is closed
+
+
 def test_non_streaming_is_one_response_and_continuation_primes():
-    children = FakeChildren([CodesChunk(codes(2), codes(3, 100)), CodesChunk(codes(4), EMPTY)])
-    client = FakeClient()
-    SpeechStream(children, client, stream=False).run()
-    assert len(client.audio) == 1 and client.audio[0].shape == (2, 24) and client.finals == 1
+    children, client = run([CodesChunk(EMPTY, codes(3, 100)), CodesChunk(codes(2), EMPTY),
+                            CodesChunk(codes(4), EMPTY)], stream=False)
+    assert client.sent == [(6, 6, 3)] and client.finals == 1
     assert children.vocoder_calls == [(3, True, False), (6, False, True)]  # prime, then all codes + END
 
 
+def test_streaming_continuation_sends_context_once():
+    children, client = run([CodesChunk(EMPTY, codes(3, 100)), CodesChunk(codes(2), EMPTY), CodesChunk(codes(1), EMPTY)])
+    assert client.sent == [(2, 2, 3), (1, 1, 0)]
+    assert children.vocoder_calls[0] == (3, True, False)
+
+
+@pytest.mark.parametrize("wants_audio", [True, False])
+def test_continuation_that_stops_at_once_still_sends_its_context(wants_audio):
+    children, client = run([CodesChunk(EMPTY, codes(3, 100))], wants_audio=wants_audio)
+    assert client.sent == [(0 if wants_audio else None, 0, 3)] and client.finals == 1
+    assert children.vocoder_calls == []
+
+
 def test_cancel_aborts_engine_and_ends_vocoder():
-    children = FakeChildren([CodesChunk(codes(1, i), EMPTY) for i in range(10)])
-    client = FakeClient(cancel_after=2)
-    SpeechStream(children, client, stream=True).run()
-    assert children.aborted.is_set()
+    children, client = run([CodesChunk(codes(1, i), EMPTY) for i in range(10)], client=FakeClient(cancel_after=2))
+    assert children.log == ["aborted", "closed"]
     assert client.finals == 1 and client.errors[0][0] == "cancelled"
     assert children.vocoder_calls[-1] == (0, False, True)  # the sequence was ended
-    assert len(client.audio) == 2
+    assert len(client.sent) == 2
+
+
+def test_shutdown_ends_the_stream_with_unavailable():
+    children, client = FakeChildren([CodesChunk(codes(1), EMPTY)] * 5), FakeClient()
+    stopping = iter([False, True])
+    SpeechStream(children, client, stream=True, is_stopping=lambda: next(stopping, True)).run()
+    assert client.errors[0][0] == "unavailable" and "shutting down" in client.errors[0][1]
+    assert children.log == ["aborted", "closed"] and client.finals == 1
 
 
 def test_child_error_becomes_one_final_error_and_closes_vocoder():
-    children = FakeChildren([CodesChunk(codes(2), EMPTY), CodesChunk(codes(2), EMPTY)], fail_after=1)
-    client = FakeClient()
-    SpeechStream(children, client, stream=True).run()
+    children, client = run([CodesChunk(codes(2), EMPTY), CodesChunk(codes(2), EMPTY)], fail_after=1)
     assert client.finals == 1 and client.errors == [("invalid", "[INVALID_ARGUMENT] reference audio could not be decoded")]
     assert children.vocoder_calls[-1] == (0, False, True)
 
 
+def test_unexpected_exception_is_one_internal_error():
+    class Broken(FakeChildren):
+        def vocode(self, c, start, end):
+            raise RuntimeError("boom")
+    children, client = Broken([CodesChunk(codes(2), EMPTY)]), FakeClient()
+    SpeechStream(children, client, stream=True).run()
+    assert client.finals == 1 and client.errors[0][0] == "internal" and "boom" in client.errors[0][1]
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_empty_utterance_still_ends_cleanly(stream):
-    children = FakeChildren([])
-    client = FakeClient()
-    SpeechStream(children, client, stream=stream).run()
+    children, client = run([], stream=stream)
     assert client.finals == 1 and not client.errors

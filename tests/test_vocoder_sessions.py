@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from moss_tts.codec import load_codec
-from moss_tts.serving import NoFreeSlot, VocoderConfig, VocoderSessions
+from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
 
 SPF = 3840  # samples per channel per codec frame
 
@@ -26,8 +26,8 @@ class CountingCodec:
     def __getattr__(self, name):
         return getattr(self._codec, name)
 
-    def decode_step(self, codes, state, exec_mask):
-        self.step_batches.append(int(exec_mask.sum()))
+    def decode_step(self, codes, state, exec_mask=None):
+        self.step_batches.append(codes.shape[0] if exec_mask is None else int(exec_mask.sum()))
         if self.fail:
             raise RuntimeError("simulated device failure")
         return self._codec.decode_step(codes, state, exec_mask)

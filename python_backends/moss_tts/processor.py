@@ -7,13 +7,11 @@ kept verbatim: `[pause 1.5s]`, pinyin and IPA are what the model was trained on.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
 from .config import MossTTSConfig
+from .prompt_fields import (MAX_TEXT_CHARS, TOKEN_PREFIX, PromptError, PromptFields, PromptSpec,  # noqa: F401
+                            parse_tokens, split_token_prefix)
 
 USER_PREFIX = "user\n"
 REFERENCE_HEADER = "<user_inst>\n- Reference(s):\n"
@@ -21,69 +19,6 @@ NO_REFERENCE = "None"
 USER_SUFFIX = "\n</user_inst>"
 TURN_BREAK = "\n"
 ASSISTANT_PREFIX = "assistant\n"
-MAX_TEXT_CHARS = 20000
-# `${token:N}` at the very start of the text sets the duration (SGLang-Omni's inline form).
-TOKEN_PREFIX = re.compile(r"^\s*\$\{token:\s*([^}]*)\}")
-
-
-class PromptError(ValueError):
-    """The request cannot be turned into a prompt; the message says what to fix."""
-
-
-@dataclass(frozen=True)
-class PromptFields:
-    """The fields block between the reference and the text. None renders as `None`."""
-
-    instruction: Optional[str] = None
-    tokens: Optional[int] = None
-    quality: Optional[str] = None
-    sound_event: Optional[str] = None
-    ambient_sound: Optional[str] = None
-    language: Optional[str] = None
-
-    def render(self) -> str:
-        def value(v) -> str:
-            text = "" if v is None else str(v).strip()
-            return text or "None"
-        return ("\n- Instruction:\n" + value(self.instruction)
-                + "\n- Tokens:\n" + value(self.tokens)
-                + "\n- Quality:\n" + value(self.quality)
-                + "\n- Sound Event:\n" + value(self.sound_event)
-                + "\n- Ambient Sound:\n" + value(self.ambient_sound)
-                + "\n- Language:\n" + value(self.language)
-                + "\n- Text:\n")
-
-
-@dataclass(frozen=True)
-class PromptSpec:
-    """What to say and how. mode: "clone" (reference codes in the user turn, or plain TTS
-    without a reference) or "continuation" (reference transcript + text, reference codes as
-    the start of the assistant's audio)."""
-
-    text: str
-    fields: PromptFields = PromptFields()
-    reference_codes: Optional[torch.Tensor] = None  # [frames, 12] int
-    reference_text: Optional[str] = None
-    mode: str = "clone"
-
-
-def split_token_prefix(text: str) -> tuple[Optional[int], str]:
-    """`${token:N}rest` -> (N, rest); text without the prefix -> (None, text)."""
-    match = TOKEN_PREFIX.match(text)
-    if match is None:
-        return None, text
-    return parse_tokens(match.group(1), "${token:N} prefix"), text[match.end():]
-
-
-def parse_tokens(value, where: str = "tokens") -> int:
-    try:
-        tokens = int(str(value).strip())
-    except ValueError:
-        raise PromptError(f"{where} must be a positive integer number of frames (12.5 per second), "
-                          f"got {value!r}") from None
-    if tokens <= 0 or tokens > 22500:
-        raise PromptError(f"{where} must be in [1, 22500] frames (12.5 per second), got {tokens}")
-    return tokens
 
 
 class PromptBuilder:

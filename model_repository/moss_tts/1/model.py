@@ -1,23 +1,42 @@
-"""moss_tts (BLS entry): TEXT [+ REFERENCE_AUDIO, ...] -> AUDIO [2, samples] float32, 48 kHz.
+"""moss_tts: TEXT [+ REFERENCE_AUDIO | REFERENCE_CODES, ...] -> AUDIO [2, samples] (48 kHz stereo)
+and/or CODES [frames, 12], streamed (decoupled).
 
-execute() validates every request (INVALID_ARG at once for bad input), then runs the stream
-(speech_pipeline.SpeechStream): ref_encoder, tts_engine and vocoder over BLS with CPU tensors,
-audio sent as it is decoded, one final response. One stream per instance at a time.
+execute() validates every request (INVALID_ARG at once) and hands it to a stream thread
+(StreamPool; beyond `max_streams` UNAVAILABLE at once), then returns. A stream
+(speech_pipeline.SpeechStream) gets reference codes from ref_encoder (BLS), its code chunks from
+the engine in this process (EngineCodes), vocodes them with the vocoder (BLS, sequence batcher)
+when AUDIO is wanted, sends each chunk, and ends with one final response. BLS calls here are
+never decoupled: in 24.10 those corrupt the stub's heap and deadlock it under concurrency (see
+docs/structure.md).
 """
+
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from moss_tts.serving import triton_io as io
-from moss_tts.serving.speech_pipeline import ChildError, CodesChunk, SpeechStream, new_sequence_id
+from moss_tts.engine.config import EngineConfig
+from moss_tts.engine.engine import Engine
+from moss_tts.loading import load_model, load_tokenizer
+from moss_tts.processor import PromptBuilder
+from moss_tts.serving import internal_key, triton_io as io
+from moss_tts.serving.engine_codes import EngineCodes
+from moss_tts.serving.engine_streams import EngineStreams
+from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
+from moss_tts.serving.speech_pipeline import ChildError, SpeechStream, new_sequence_id
+from moss_tts.serving.stall_watch import StallWatch
+from moss_tts.serving.stream_pool import StreamPool
 from moss_tts.serving.synthesis_request import RequestError, parse_synthesis_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-# Inputs passed through to the ensemble unchanged when the client sent them.
-PASSTHROUGH = ("REFERENCE_TEXT", "MODE", "LANGUAGE", "INSTRUCTIONS", "TOKENS", "TEMPERATURE", "TOP_P", "TOP_K",
-               "REPETITION_PENALTY", "STOP_TEMPERATURE", "STOP_TOP_P", "STOP_TOP_K", "SEED", "MAX_FRAMES",
-               "IGNORE_STOP", "FIRST_CHUNK_FRAMES", "CHUNK_FRAMES")
+OUTPUTS = ("AUDIO", "CODES", "CONTEXT_CODES")
+STOP_TIMEOUT_S = 20.0  # finalize: streams end at their next chunk; Triton's exit timeout is 30 s
+STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "requests_failed", "steps",
+         "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
+         "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks",
+         "prefix_prompt_rows", "prefix_reused_rows", "prefix_blocks_stored", "prefix_blocks_evicted",
+         "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms")
 
 
 def _child_error(response) -> ChildError:
@@ -25,76 +44,74 @@ def _child_error(response) -> ChildError:
     return ChildError(err.message(), io.error_kind(err))
 
 
+def encode_reference(audio: bytes, watch: StallWatch) -> np.ndarray:
+    """Reference file bytes -> codes [1, frames, 12], by ref_encoder over BLS (cached there)."""
+    request = pb_utils.InferenceRequest(
+        model_name="ref_encoder", inputs=[io.bytes_tensor("REFERENCE_AUDIO", [audio], [1, 1])],
+        requested_output_names=["REFERENCE_CODES"])
+    with watch.working():
+        response = request.exec()
+    if response.has_error():
+        raise _child_error(response)
+    return pb_utils.get_output_tensor_by_name(response, "REFERENCE_CODES").as_numpy().copy()
+
+
 class TritonChildren:
-    """BLS calls of one stream: ref_encoder, the engine (and its ABORT), the vocoder sequence.
+    """One stream's engine chunks and its vocoder sequence (BLS, with the pipeline's key so it
+    never meets the direct callers' quota). Every blocking call is watched for stalls."""
 
-    The engine is called directly, not through the moss_tts_codes ensemble (which runs the same
-    two models): after a client cancel, 24.10 never hands the ensemble child's final response
-    to a BLS iterator, which left a thread blocked and an in-flight request behind.
-    """
-
-    def __init__(self, inputs, reference_audio: bytes, request_id: str):
-        self.inputs = inputs
-        self.reference_audio = reference_audio
-        self.request_id = request_id
+    def __init__(self, codes: EngineCodes, key: str, watch: StallWatch):
+        self.codes = codes
+        self.parameters = internal_key.parameters(key)
+        self.watch = watch
         self.sequence_id = new_sequence_id()
 
-    def _reference_codes(self):
-        request = pb_utils.InferenceRequest(
-            model_name="ref_encoder", inputs=[io.bytes_tensor("REFERENCE_AUDIO", [self.reference_audio], [1, 1])],
-            requested_output_names=["REFERENCE_CODES"])
-        response = request.exec()
-        if response.has_error():
-            raise _child_error(response)
-        return pb_utils.get_output_tensor_by_name(response, "REFERENCE_CODES").as_numpy()
-
     def stream_codes(self):
-        inputs = list(self.inputs)
-        if self.reference_audio:
-            inputs.append(pb_utils.Tensor("REFERENCE_CODES", self._reference_codes()))
-        request = pb_utils.InferenceRequest(model_name="tts_engine", inputs=inputs,
-                                            requested_output_names=["CODES", "CONTEXT_CODES"])
-        for response in request.exec(decoupled=True):
-            if response.has_error():
-                raise _child_error(response)
-            codes = pb_utils.get_output_tensor_by_name(response, "CODES")
-            if codes is None:
-                continue  # the empty final response
-            context = pb_utils.get_output_tensor_by_name(response, "CONTEXT_CODES")
-            yield CodesChunk(codes.as_numpy(), context.as_numpy())
+        return self.codes.chunks()
 
     def abort_codes(self):
-        inputs = [io.bytes_tensor("TEXT", [b"-"], [1]), io.bytes_tensor("REQUEST_ID", [self.request_id.encode()], [1]),
-                  pb_utils.Tensor("ABORT", np.array([True]))]
-        for _ in pb_utils.InferenceRequest(model_name="tts_engine", inputs=inputs,
-                                           requested_output_names=["CODES"]).exec(decoupled=True):
-            pass
+        self.codes.abort()
 
     def vocode(self, codes, start, end):
         flags = (START if start else 0) | (END if end else 0)
         request = pb_utils.InferenceRequest(
-            model_name="vocoder", correlation_id=self.sequence_id, flags=flags,
+            model_name="vocoder", correlation_id=self.sequence_id, flags=flags, parameters=self.parameters,
             inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes, dtype=np.int32)[None])],
             requested_output_names=["AUDIO"])
-        response = request.exec()
+        with self.watch.working():
+            response = request.exec()
         if response.has_error():
             raise _child_error(response)
         return pb_utils.get_output_tensor_by_name(response, "AUDIO").as_numpy()[0]
 
 
 class TritonClient:
-    def __init__(self, sender):
-        self.sender = sender
+    """Sends exactly the outputs the client requested (the 24.10 stub prunes the others after
+    releasing the GIL, freeing numpy arrays off the GIL)."""
 
-    def send_audio(self, audio, final):
-        response = pb_utils.InferenceResponse([pb_utils.Tensor("AUDIO", np.ascontiguousarray(audio, np.float32))])
-        self.sender.send(response, flags=FINAL if final else 0)
+    def __init__(self, sender, requested: set, watch: StallWatch):
+        self.sender = sender
+        self.requested = requested
+        self.watch = watch
+
+    def send(self, audio, codes, context, final):
+        values = {"AUDIO": audio, "CODES": codes, "CONTEXT_CODES": context}
+        tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in values.items()
+                   if name in self.requested and value is not None]
+        self._send(pb_utils.InferenceResponse(tensors), FINAL if final else 0)
 
     def send_error(self, message, code):
-        self.sender.send(io.error_response(message, code), flags=FINAL)
+        self._send(io.error_response(message, code), FINAL)
 
     def send_final(self):
-        self.sender.send(flags=FINAL)
+        self._send(None, FINAL)
+
+    def _send(self, response, flags):
+        with self.watch.working():
+            if response is None:
+                self.sender.send(flags=flags)
+            else:
+                self.sender.send(response, flags=flags)
 
     def is_cancelled(self):
         return self.sender.is_cancelled()
@@ -102,12 +119,29 @@ class TritonClient:
 
 class TritonPythonModel:
     def initialize(self, args):
-        io.require_decoupled(io.model_config(args))
+        config, params = io.model_config(args), io.model_parameters(args)
+        io.require_decoupled(config)
+        device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
+        model_dir, _ = checkpoint_dirs()
+        model = load_model(model_dir, device, resolve_dtype(params.get("dtype"), device))
+        self.builder = PromptBuilder(load_tokenizer(model_dir), model.cfg)
+        engine_config = EngineConfig.from_parameters(params)
+        self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event))
+        self.streams.start()
+        self.key = internal_key.internal_key()
+        self.pool = StreamPool(int(params.get("max_streams", "320")), name=f"{args['model_instance_name']}-stream")
+        self.watch = StallWatch()  # the streams' BLS calls and sends
+        self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds()))
+        # The family must outlive its metrics, so it is kept on the instance.
+        self.family = pb_utils.MetricFamily("moss_engine", "moss_tts engine counters and gauges",
+                                            pb_utils.MetricFamily.GAUGE)
+        self.metrics = {name: self.family.Metric(labels={"stat": name}) for name in STATS}
+        self.streams_gauge = self.family.Metric(labels={"stat": "streams"})
+        self._metrics_stop = threading.Event()
+        self._metrics_thread = threading.Thread(target=self._publish_metrics, daemon=True)
+        self._metrics_thread.start()
 
     def execute(self, requests):
-        # Each stream runs to its end inside execute, on Triton's thread: BLS calls made from
-        # threads of our own corrupted the 24.10 stub's heap under load. Concurrency comes from
-        # the instance count in config.pbtxt.
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -115,19 +149,45 @@ class TritonPythonModel:
             except RequestError as exc:
                 sender.send(io.error_response(str(exc)), flags=FINAL)
                 continue
-            stream.run()
+            if not self.pool.try_start(stream.run):
+                reason = "is shutting down" if self.pool.is_stopping() else f"is busy: {self.pool.max_streams} streams"
+                sender.send(io.error_response(f"server {reason}; retry later", io.UNAVAILABLE), flags=FINAL)
         return None
 
     def _prepare(self, request, sender):
         get = io.getter(request)
-        synthesis = parse_synthesis_request(get, request.request_id() or "")
-        request_id = f"{synthesis.request_id or 'req'}-{new_sequence_id():x}"  # unique per stream
+        synthesis = parse_synthesis_request(get, "")
+        # Client request ids repeat across clients ("1", ...): the engine id is made unique.
+        synthesis = synthesis.with_request_id(f"{synthesis.request_id or request.request_id() or 'req'}-"
+                                              f"{new_sequence_id():x}")
+        # Copies: the stream outlives execute(), and with it the request's input buffers.
         audio = get("REFERENCE_AUDIO")
         audio = b"" if audio is None else bytes(audio.reshape(-1)[0])
-        if synthesis.mode == "continuation" and not audio:
-            raise RequestError("MODE=continuation needs REFERENCE_AUDIO (the audio to continue)")
-        inputs = [io.bytes_tensor("TEXT", [get("TEXT").reshape(-1)[0]], [1]),
-                  io.bytes_tensor("REQUEST_ID", [request_id.encode()], [1])]
-        inputs += [pb_utils.Tensor(name, get(name).reshape(1)) for name in PASSTHROUGH if get(name) is not None]
-        return SpeechStream(TritonChildren(inputs, audio, request_id), TritonClient(sender), synthesis.stream)
+        given = get("REFERENCE_CODES")
+        given = None if given is None else np.array(given, dtype=np.int32).reshape(-1, 12)
+        if audio and given is not None and given.size:
+            raise RequestError("send REFERENCE_AUDIO or REFERENCE_CODES, not both")
+        if synthesis.mode == "continuation" and not audio and (given is None or not given.size):
+            raise RequestError("MODE=continuation needs REFERENCE_AUDIO (or REFERENCE_CODES): the audio to continue")
+        requested = set(request.requested_output_names()) or set(OUTPUTS)
+        reference = (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
+        codes = EngineCodes(self.streams, self.builder, synthesis, reference)
+        children = TritonChildren(codes, self.key, self.watch)
+        client = TritonClient(sender, requested, self.watch)
+        return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
 
+    def _publish_metrics(self):
+        # Gauges are refreshed a few times a second, off the hot path.
+        while not self._metrics_stop.wait(0.25):
+            stats = self.streams.engine.stats()
+            for name, metric in self.metrics.items():
+                metric.set(getattr(stats, name))
+            self.streams_gauge.set(self.pool.num_active)
+
+    def finalize(self):
+        # Running streams see is_stopping at their next chunk (or within a second while they
+        # wait), abort, and answer UNAVAILABLE; then the engine stops.
+        self.pool.stop(STOP_TIMEOUT_S)
+        self.streams.shutdown(STOP_TIMEOUT_S)
+        self._metrics_stop.set()
+        self.heartbeat.stop()

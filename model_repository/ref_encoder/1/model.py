@@ -14,6 +14,7 @@ from moss_tts.codec.checkpoint import load_codec
 from moss_tts.serving import triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
 from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder
+from moss_tts.serving.stall_watch import StallWatch
 
 COUNTERS = ("hits", "misses", "coalesced_waits", "encodes", "items_encoded", "evictions")
 
@@ -33,8 +34,15 @@ class TritonPythonModel:
                                             pb_utils.MetricFamily.COUNTER)
         self.counters = {name: self.family.Metric(labels={"event": name}) for name in COUNTERS}
         self.published = {name: 0 for name in COUNTERS}
+        self.watch = StallWatch()
+        # Encoding a 100 s reference can take a while on a CPU; a minute is not normal anywhere.
+        self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds, stall_limit_s=60.0)
 
     def execute(self, requests):
+        with self.watch.working():
+            return self._execute(requests)
+
+    def _execute(self, requests):
         audios = [bytes(io.getter(r)("REFERENCE_AUDIO").reshape(-1)[0]) for r in requests]
         results = self._encode(audios)
         self._publish()
@@ -64,3 +72,6 @@ class TritonPythonModel:
             value = getattr(stats, name)
             metric.increment(value - self.published[name])
             self.published[name] = value
+
+    def finalize(self):
+        self.heartbeat.stop()

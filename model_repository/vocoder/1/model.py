@@ -2,16 +2,21 @@
 
 Sequence batcher (direct): START opens codec state for the correlation id, END frees it after
 decoding that request's chunk; a START with no codes primes nothing and returns no samples.
-State of sequences idle past max_sequence_idle_microseconds is freed on the next execute.
 Chunks of several sequences in one execute are decoded together (one call per chunk length).
+Sequences idle past max_sequence_idle_microseconds are freed by a janitor thread (also when no
+request comes), so an abandoned stream never holds its slot. Sequences started without the
+pipeline's internal key (direct clients) share `max_public_sessions` slots.
 """
+
+import threading
 
 import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.serving import triton_io as io
+from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
+from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
 
 
@@ -21,18 +26,35 @@ class TritonPythonModel:
         device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
         dtype = resolve_dtype(params.get("dtype"), device)
         codec = load_codec(checkpoint_dirs()[1], device, dtype).eval()
-        self.sessions = VocoderSessions(codec, VocoderConfig(max_slots=config["max_batch_size"], device=str(device),
-                                                             dtype="bfloat16" if dtype == torch.bfloat16 else "float32"))
+        self.sessions = VocoderSessions(codec, VocoderConfig(
+            max_slots=config["max_batch_size"], device=str(device), max_public_sessions=int(
+                params.get("max_public_sessions", "16")), dtype="bfloat16" if dtype == torch.bfloat16 else "float32"))
         idle_us = int(config["sequence_batching"].get("max_sequence_idle_microseconds", 1_000_000))
         self.idle_seconds = idle_us / 1e6
+        self.key = internal_key.internal_key()
+        self.watch = StallWatch()
+        self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds)
         # The family must outlive its metrics, so it is kept on the instance.
         self.family = pb_utils.MetricFamily("moss_vocoder_sessions", "vocoder codec state slots",
                                             pb_utils.MetricFamily.GAUGE)
         self.active_gauge = self.family.Metric(labels={"state": "active"})
         self.free_gauge = self.family.Metric(labels={"state": "free"})
-        self._publish()
+        self._lock = threading.Lock()  # the janitor never expires a sequence in the middle of an execute
+        self._stop = threading.Event()
+        self._janitor = threading.Thread(target=self._expire_idle, name="vocoder-janitor", daemon=True)
+        self._janitor.start()
+
+    def _expire_idle(self):
+        while not self._stop.wait(min(1.0, self.idle_seconds / 4)):
+            with self._lock:
+                self.sessions.expire(self.idle_seconds)
+                self._publish()
 
     def execute(self, requests):
+        with self.watch.working(), self._lock:
+            return self._execute(requests)
+
+    def _execute(self, requests):
         self.sessions.expire(self.idle_seconds)
         responses = [None] * len(requests)
         chunks, ends = {}, []
@@ -43,7 +65,7 @@ class TritonPythonModel:
                 if bool(get("START").reshape(-1)[0]):
                     if seq in self.sessions:
                         self.sessions.end(seq)  # a restarted id starts from fresh state
-                    self.sessions.start(seq)
+                    self.sessions.start(seq, is_public=not internal_key.is_internal(request.parameters(), self.key))
                 elif seq not in self.sessions:
                     raise KeyError(f"sequence {seq} has no codec state (not started, ended or idle-expired)")
                 codes = torch.from_numpy(get("CODES")).reshape(-1, 12)
@@ -69,7 +91,8 @@ class TritonPythonModel:
         except Exception as exc:  # one bad chunk must not take the others' state down silently
             for seq, (i, _) in chunks.items():
                 responses[i] = io.error_response(f"vocoder decode failed: {exc}", io.INTERNAL)
-                self.sessions.cancel(seq)
+                if seq in self.sessions:
+                    self.sessions.cancel(seq)
             return
         for seq, (i, _) in chunks.items():
             samples = audio[seq].float().numpy()[None]
@@ -81,4 +104,7 @@ class TritonPythonModel:
         self.free_gauge.set(stats.free_slots)
 
     def finalize(self):
+        self._stop.set()
+        self._janitor.join(2.0)
+        self.heartbeat.stop()
         self.sessions = None

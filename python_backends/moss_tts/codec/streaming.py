@@ -48,3 +48,14 @@ class CodecDecodeState:
         self.frames.copy_(torch.where(mask, torch.zeros_like(self.frames), self.frames))
         for cache in self.caches:
             cache.copy_(torch.where(mask.view(1, -1, 1, 1, 1), torch.zeros_like(cache), cache))
+
+    def gather(self, rows: torch.Tensor) -> "CodecDecodeState":
+        """A compact copy of the slots `rows` (1-D long, on this state's device), to decode only
+        the streams that have work without computing every slot; `scatter` writes it back."""
+        return CodecDecodeState(self.frames.index_select(0, rows), [c.index_select(1, rows) for c in self.caches])
+
+    def scatter(self, rows: torch.Tensor, part: "CodecDecodeState") -> None:
+        """Write a state made by `gather(rows)` (and advanced since) back into its slots."""
+        self.frames.index_copy_(0, rows, part.frames)
+        for cache, new in zip(self.caches, part.caches):
+            cache.index_copy_(1, rows, new)

@@ -61,6 +61,7 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._is_stopping = False
         self._in_flight: Optional[Launch] = None  # engine thread only
+        self._step_started: Optional[float] = None  # monotonic start of the step now running
 
     # ---- caller side (any thread) ----
 
@@ -97,6 +98,12 @@ class Engine:
             return self._counters.snapshot(self._scheduler.num_running, self._scheduler.num_waiting,
                                            self._runner.num_free_slots, self._runner.prefix_stats())
 
+    def stalled_seconds(self) -> float:
+        """How long the step now running has taken (0 between steps): a step that never ends
+        (a hung device call) shows here, and the model's heartbeat stops."""
+        started = self._step_started
+        return 0.0 if started is None else max(0.0, time.monotonic() - started)
+
     def shutdown(self, timeout: Optional[float] = None) -> None:
         """Stop the thread; requests still queued or running end with reason "cancelled"."""
         with self._cond:
@@ -116,12 +123,15 @@ class Engine:
         # No inference_mode here: the runner enters it, and chunks built out here are plain
         # tensors that a consumer may modify in place.
         while self._wait_for_work():
+            self._step_started = time.monotonic()
             try:
                 self._step()
             except Exception as exc:  # a bug outside the runner: fail what runs, keep serving
                 log.exception("engine step failed")
                 self._in_flight = None
                 self._fail(self._unfinished_running(), f"engine step failed: {exc!r}")
+            finally:
+                self._step_started = None
         self._in_flight = None  # its requests are cancelled below; nobody reads its rows
         self._cancel_all("engine shut down")
 

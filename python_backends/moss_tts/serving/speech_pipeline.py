@@ -1,14 +1,16 @@
-"""The public `moss_tts` entry's logic: stream codes from the engine, vocode, send audio.
+"""The `moss_tts` model's per-request logic: take the engine's code chunks, vocode, send.
 
-One `SpeechStream` per client request, run inside the BLS adapter's execute,
-which supplies the Triton calls through `Children` and the client through `Client`. Policy
-lives here so it is tested without Triton:
-- streaming: every code chunk is vocoded at once and sent as its own audio response;
-  non-streaming: codes are gathered and vocoded in one call, sent as one response;
-- continuation: the vocoder is first primed with the reference codes (their audio dropped);
-- cancellation is checked once per chunk and propagated to the engine (ABORT) and the vocoder
-  (END), since Triton 24.10 does not cancel BLS children;
-- every stream ends with exactly one final response, and the vocoder state is always ended.
+One `SpeechStream` per client request, run on a thread of the model's stream pool; the
+adapter supplies the engine and the BLS calls through `Children` and the client through
+`Client`. Policy lives here so it is tested without Triton:
+- streaming: each code chunk is sent as it comes (vocoded first when AUDIO is wanted);
+  non-streaming: codes are gathered and sent (vocoded in one call) as one final response;
+- continuation: the vocoder is first primed with the reference codes (their audio dropped),
+  and the reference codes go out once as CONTEXT_CODES;
+- cancellation is checked once per chunk (and once a second while a request waits for the
+  engine) and stops the engine row and the vocoder sequence; a server shutting down ends its
+  streams the same way, with UNAVAILABLE;
+- every stream ends with exactly one final response, and the vocoder sequence is always ended.
 """
 
 from __future__ import annotations
@@ -16,17 +18,19 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from contextlib import closing
 from dataclasses import dataclass
-from typing import Iterator, Optional, Protocol
+from typing import Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 N_VQ = 12
+NO_CODES = np.zeros((0, N_VQ), np.int32)
 
 
 class ChildError(Exception):
-    """A downstream model answered with an error; `code` is its Triton error code name."""
+    """The engine or a downstream model failed the request; `code` is the error kind."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -40,13 +44,16 @@ class CodesChunk:
 
 
 class Children(Protocol):
-    def stream_codes(self) -> Iterator[CodesChunk]: ...  # raises ChildError
+    # Chunks in order; None when nothing came for a while (a chance to check cancellation).
+    # Raises ChildError; closing it early ends the request in the engine.
+    def stream_codes(self) -> Iterator[Optional[CodesChunk]]: ...
     def abort_codes(self) -> None: ...
     def vocode(self, codes: np.ndarray, start: bool, end: bool) -> np.ndarray: ...  # [2, S]; raises ChildError
 
 
 class Client(Protocol):
-    def send_audio(self, audio: np.ndarray, final: bool) -> None: ...
+    # One response carrying what the client asked for (audio is None when it did not ask for AUDIO).
+    def send(self, audio: Optional[np.ndarray], codes: np.ndarray, context: np.ndarray, final: bool) -> None: ...
     def send_error(self, message: str, code: str) -> None: ...  # always final
     def send_final(self) -> None: ...
     def is_cancelled(self) -> bool: ...
@@ -61,18 +68,25 @@ def new_sequence_id() -> int:
 
 
 class SpeechStream:
-    def __init__(self, children: Children, client: Client, stream: bool) -> None:
+    def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
+                 is_stopping: Callable[[], bool] = lambda: False) -> None:
         self.children = children
         self.client = client
         self.stream = stream
+        self.wants_audio = wants_audio
+        self.is_stopping = is_stopping  # the server is shutting down: end the stream now
         self._is_vocoder_open = False
         self._gathered: list[np.ndarray] = []
         self._context: Optional[np.ndarray] = None
+        self._is_context_sent = False
 
     def run(self) -> None:
         try:
-            if self._pump():
+            ended = self._pump()
+            if ended == "done":
                 self._finish()
+            elif ended == "stopping":
+                self.client.send_error("the server is shutting down; retry (on another replica)", "unavailable")
             else:
                 self.client.send_error("request cancelled by the client", "cancelled")
         except ChildError as exc:
@@ -83,48 +97,68 @@ class SpeechStream:
         finally:
             self._close_vocoder()
 
-    def _pump(self) -> bool:
-        """Consume the engine's chunks; False if the client cancelled (checked once per chunk)."""
-        for chunk in self.children.stream_codes():
-            if self.client.is_cancelled():
-                self.children.abort_codes()
-                return False
-            if chunk.context.size:
-                self._context = chunk.context
-            if self.stream:
-                self._stream_chunk(chunk.codes)
-            else:
-                self._gathered.append(chunk.codes)
-        return True
+    def _pump(self) -> str:
+        """Consume the engine's chunks: "done", or "cancelled" / "stopping"."""
+        with closing(self.children.stream_codes()) as chunks:
+            for chunk in chunks:
+                ended = "stopping" if self.is_stopping() else "cancelled" if self.client.is_cancelled() else None
+                if ended is not None:
+                    self.children.abort_codes()
+                    return ended
+                if chunk is None:
+                    continue
+                if chunk.context.size:
+                    self._context = chunk.context
+                if self.stream:
+                    self._stream_chunk(chunk.codes)
+                else:
+                    self._gathered.append(chunk.codes)
+        return "done"
+
+    def _take_context(self) -> np.ndarray:
+        """The continuation's reference codes on the first response that leaves, else empty."""
+        if self._is_context_sent or self._context is None:
+            return NO_CODES
+        self._is_context_sent = True
+        return self._context
 
     def _open_vocoder(self) -> None:
         """START the sequence; a continuation primes it with the reference frames first."""
-        context = self._context if self._context is not None else np.zeros((0, N_VQ), np.int32)
+        context = self._context if self._context is not None else NO_CODES
         self.children.vocode(context, start=True, end=False)
         self._is_vocoder_open = True
 
     def _stream_chunk(self, codes: np.ndarray) -> None:
         if not codes.shape[0]:
             return
-        if not self._is_vocoder_open:
-            self._open_vocoder()
-        self.client.send_audio(self.children.vocode(codes, start=False, end=False), final=False)
+        audio = None
+        if self.wants_audio:
+            if not self._is_vocoder_open:
+                self._open_vocoder()
+            audio = self.children.vocode(codes, start=False, end=False)
+        self.client.send(audio, codes, self._take_context(), final=False)
 
     def _finish(self) -> None:
         if self.stream:
+            if self._context is not None and not self._is_context_sent:
+                # A continuation that stopped at once still owes the client its context codes.
+                self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
+                                 self._take_context(), final=False)
             self.client.send_final()
             return
-        codes = np.concatenate(self._gathered) if self._gathered else np.zeros((0, N_VQ), np.int32)
-        self._open_vocoder()
-        audio = self.children.vocode(codes, start=False, end=True)
-        self._is_vocoder_open = False
-        self.client.send_audio(audio, final=True)
+        codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
+        audio = None
+        if self.wants_audio:
+            self._open_vocoder()
+            audio = self.children.vocode(codes, start=False, end=True)
+            self._is_vocoder_open = False
+        self.client.send(audio, codes, self._take_context(), final=True)
 
     def _close_vocoder(self) -> None:
         if not self._is_vocoder_open:
             return
         self._is_vocoder_open = False
         try:
-            self.children.vocode(np.zeros((0, N_VQ), np.int32), start=False, end=True)
+            self.children.vocode(NO_CODES, start=False, end=True)
         except Exception:  # the idle timeout reclaims the slot if even this fails
             log.exception("closing the vocoder sequence failed")

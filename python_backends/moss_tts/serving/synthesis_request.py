@@ -1,18 +1,18 @@
 """One synthesis request as the Triton models receive it: named tensors -> validated objects.
 
-Shared by the `tts_engine` and `moss_tts` (BLS) adapters so both reject the same bad input
-with the same message. Tensor names here are the public contract (README, client, pbtxt).
+Used by the `moss_tts` adapter, which rejects bad input with these messages before anything
+runs. Tensor names here are the public contract (README, client, pbtxt).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..processor import MAX_TEXT_CHARS, PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
+from ..prompt_fields import MAX_TEXT_CHARS, PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
 from ..sampling_params import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,
                                DEFAULT_MAX_FRAMES, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P, ChannelParams,
                                SamplingError, SamplingParams)
@@ -39,6 +39,9 @@ class SynthesisRequest:
 
     def prompt_spec(self, reference_codes) -> PromptSpec:
         return PromptSpec(self.text, self.fields, reference_codes, self.reference_text, self.mode)
+
+    def with_request_id(self, request_id: str) -> "SynthesisRequest":
+        return replace(self, request_id=request_id)
 
 
 Getter = Callable[[str], Optional[np.ndarray]]

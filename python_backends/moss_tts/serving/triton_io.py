@@ -4,7 +4,9 @@ Python backend stub (it imports triton_python_backend_utils)."""
 from __future__ import annotations
 
 import json
+import logging
 import re
+import threading
 from typing import Callable, Optional
 
 import numpy as np
@@ -18,6 +20,10 @@ _CODE_ATTRS = {INVALID: "INVALID_ARG", UNAVAILABLE: "UNAVAILABLE", CANCELLED: "C
 # ours starts with the gRPC code name in brackets: "[INVALID_ARGUMENT] input TEXT is empty ...".
 GRPC_NAMES = {INVALID: "INVALID_ARGUMENT", UNAVAILABLE: "UNAVAILABLE", CANCELLED: "CANCELLED", INTERNAL: "INTERNAL"}
 _PREFIX = re.compile(r"^(in ensemble '[^']*', )?\[([A-Z_]+)\] ")
+# Triton's own message for a request that reached a dead stub (24.10 never restarts it).
+_DEAD_STUB = re.compile(r"Stub process '?[^' ]*'? is not healthy")
+HEARTBEAT_FAMILY = "moss_heartbeat_total"  # client/server_health.py reads it by this name
+log = logging.getLogger(__name__)
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -62,8 +68,11 @@ def bytes_tensor(name: str, values: list[bytes | str], shape) -> "pb_utils.Tenso
 
 
 def error_kind(err) -> str:
-    """A child's TritonError as one of our kind names, from its code or else its "[CODE]" tag."""
+    """A child's TritonError as one of our kind names, from its "[CODE]" tag or else its code;
+    a dead child stub is UNAVAILABLE (the server needs a restart), not the client's fault."""
     match = _PREFIX.match(err.message())
+    if _DEAD_STUB.search(err.message()):
+        return UNAVAILABLE
     if match:
         return {v: k for k, v in GRPC_NAMES.items()}.get(match.group(2), INTERNAL)
     try:
@@ -74,3 +83,41 @@ def error_kind(err) -> str:
         if code == getattr(pb_utils.TritonError, attr):
             return kind
     return INTERNAL
+
+
+class Heartbeat:
+    """`moss_heartbeat_total{model, instance}` counts up every 0.5 s while `stalled_seconds()`
+    stays under `stall_limit_s`. It stops when the stub dies, when its work is stuck (a send or
+    step that never returns) and when the process can no longer run Python (a GIL deadlock):
+    client/server_health.py reads a counter that stops as "not ready"."""
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, args: dict, stalled_seconds: Callable[[], float] = lambda: 0.0,
+                 stall_limit_s: float = 30.0) -> None:
+        self.stalled_seconds = stalled_seconds
+        self.stall_limit_s = stall_limit_s
+        # The family must outlive its metric, so both are kept here.
+        self.family = pb_utils.MetricFamily(HEARTBEAT_FAMILY, "moss-tts model liveness: +1 every 0.5 s while not stalled",
+                                            pb_utils.MetricFamily.COUNTER)
+        self.metric = self.family.Metric(labels={"model": args["model_name"], "instance": args["model_instance_name"]})
+        self._stop = threading.Event()
+        self._was_stalled = False
+        self._thread = threading.Thread(target=self._beat, name="moss-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            stalled = self.stalled_seconds()
+            is_stalled = stalled >= self.stall_limit_s
+            if is_stalled != self._was_stalled:
+                (log.error if is_stalled else log.warning)(
+                    "work %s (%.0f s); heartbeat %s", "stalled" if is_stalled else "moves again", stalled,
+                    "stopped" if is_stalled else "resumed")
+                self._was_stalled = is_stalled
+            if not is_stalled:
+                self.metric.increment(1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.INTERVAL_S)

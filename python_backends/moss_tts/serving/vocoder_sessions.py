@@ -3,10 +3,12 @@
 One `CodecDecodeState` of `max_slots` rows is allocated once. A sequence owns one row (slot)
 from `start` until `end`, `cancel`, `expire` (the sequence batcher's idle timeout) or a failed
 decode; the row is reset when it is handed out again. `decode` groups the chunks of one call by
-frame count and runs one `decode_step` per distinct count, with exec_mask selecting that group's
-rows: the other rows' ring buffers and frame counters stay untouched. Note that every
-decode_step computes all `max_slots` rows (fixed shape, CUDA-graph friendly), so size
-max_slots to the expected concurrency.
+frame count and runs one `decode_step` per distinct count on a compact copy of that group's
+rows (gather, decode, scatter back): the other rows' ring buffers and frame counters stay
+untouched, and the cost follows the streams with work, not `max_slots`.
+
+Sessions started without the pipeline's key (`is_public`: direct gRPC clients) share
+`max_public_sessions` slots, so they can never take the slots the public entry needs.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 
 class NoFreeSlot(RuntimeError):
-    """Every vocoder slot holds an active sequence."""
+    """Every vocoder slot (or every public one) holds an active sequence."""
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,10 @@ class VocoderConfig:
     n_vq: int = 12
     device: str = "cpu"
     dtype: str = "float32"  # a key of DTYPES (a torch.dtype is accepted and stored by name)
+    max_public_sessions: int = 16  # slots open to callers other than the moss_tts entry
 
     def __post_init__(self):
-        for name in ("max_slots", "n_vq"):
+        for name in ("max_slots", "n_vq", "max_public_sessions"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"VocoderConfig.{name} must be a positive integer, got {value!r}")
@@ -74,6 +77,7 @@ class VocoderStats:
 class _Session:
     slot: int
     last_used: float  # clock() at start or at the last decode/prime
+    is_public: bool = False
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -101,7 +105,7 @@ class VocoderSessions:
         self._decode_calls = self._frames_decoded = 0
 
     # ---------------------------------------------------------------- lifecycle
-    def start(self, seq_id: Hashable) -> int:
+    def start(self, seq_id: Hashable, is_public: bool = False) -> int:
         """Give `seq_id` a fresh slot and return its index."""
         with self._lock:
             if seq_id in self._sessions:
@@ -109,11 +113,15 @@ class VocoderSessions:
             if not self._free:
                 raise NoFreeSlot(f"all {self.config.max_slots} vocoder slots hold active sequences; "
                                  "retry later or raise max_slots")
+            num_public = sum(s.is_public for s in self._sessions.values())
+            if is_public and num_public >= self.config.max_public_sessions:
+                raise NoFreeSlot(f"{num_public} sequences of direct callers are active, the limit for callers "
+                                 "other than the moss_tts entry (max_public_sessions); retry later")
             slot = heapq.heappop(self._free)
             mask = torch.zeros(self.config.max_slots, dtype=torch.bool)
             mask[slot] = True
             self.state.reset(mask)
-            self._sessions[seq_id] = _Session(slot, self._clock())
+            self._sessions[seq_id] = _Session(slot, self._clock(), is_public)
             self._started += 1
             return slot
 
@@ -210,17 +218,14 @@ class VocoderSessions:
     def _step(self, frames: int, ids: list[Hashable], slots: dict[Hashable, int],
               codes: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
         """One decode_step for the sequences in `ids`, which all bring `frames` frames."""
-        device, n_slots = self.state.frames.device, self.config.max_slots
-        rows = torch.tensor([slots[sid] for sid in ids])
-        # Idle rows get code 0 (a valid index) and are masked out of the state update.
-        batch = torch.zeros(n_slots, frames, self.config.n_vq, dtype=torch.long)
-        batch[rows] = torch.stack([codes[sid].cpu().long() for sid in ids])
-        mask = torch.zeros(n_slots, dtype=torch.bool)
-        mask[rows] = True
-        audio = self.codec.decode_step(batch.to(device), self.state, mask.to(device))
+        device = self.state.frames.device
+        rows = torch.tensor([slots[sid] for sid in ids], device=device)
+        batch = torch.stack([codes[sid].cpu().long() for sid in ids]).to(device)
+        part = self.state.gather(rows)
+        audio = self.codec.decode_step(batch, part)
+        self.state.scatter(rows, part)
         self._decode_calls += 1
         self._frames_decoded += frames * len(ids)
         if not keep_audio:
             return {}
-        picked = audio.index_select(0, rows.to(device)).float().cpu()  # the one device-to-host copy
-        return dict(zip(ids, picked.unbind(0)))
+        return dict(zip(ids, audio.float().cpu().unbind(0)))  # the one device-to-host copy

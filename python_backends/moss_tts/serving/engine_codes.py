@@ -1,0 +1,81 @@
+"""EngineCodes: the code chunks of one request from the in-process engine.
+
+It builds the prompt rows (after the reference codes arrive), submits the request to
+EngineStreams and turns the request's feed into speech_pipeline.CodesChunk values, with None
+every `wait_s` seconds without news so the stream can check cancellation while it waits in the
+engine's queue. Engine refusals and failures become ChildError with the error kind the client
+sees. Closing the iterator before the request finished aborts it. No Triton import.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import torch
+
+from ..engine.engine import EngineClosed
+from ..engine.events import Finished
+from ..engine.request import EngineRequest
+from ..engine.scheduler import QueueFull
+from ..processor import PromptBuilder, PromptError
+from .engine_streams import EngineStreams
+from .speech_pipeline import NO_CODES, ChildError, CodesChunk
+from .synthesis_request import SynthesisRequest
+
+WAIT_S = 1.0  # how often a waiting stream gets a chance to notice a cancel
+
+
+class EngineCodes:
+    def __init__(self, streams: EngineStreams, builder: PromptBuilder, synthesis: SynthesisRequest,
+                 reference_codes: Callable[[], Optional[np.ndarray]], wait_s: float = WAIT_S) -> None:
+        self.streams = streams
+        self.builder = builder
+        self.synthesis = synthesis
+        self.reference_codes = reference_codes  # [frames, 12] or None; may raise ChildError
+        self.wait_s = wait_s
+        self._is_aborted = False
+
+    def abort(self) -> None:
+        self._is_aborted = True
+        self.streams.abort(self.synthesis.request_id)
+
+    def chunks(self) -> Iterator[Optional[CodesChunk]]:
+        reference = self.reference_codes()
+        reference = None if reference is None or not reference.size else reference.reshape(-1, 12).astype(np.int32)
+        feed = self._submit(reference)
+        try:
+            if self.synthesis.mode == "continuation" and reference is not None:
+                yield CodesChunk(NO_CODES, reference)  # the context the audio continues from
+            while True:
+                event = feed.next(self.wait_s)
+                if event is None:
+                    yield None
+                elif isinstance(event, Finished):
+                    self._check(event)
+                    return
+                else:
+                    yield CodesChunk(event.codes.numpy().astype(np.int32), NO_CODES)
+        finally:
+            if not feed.is_finished:
+                self.abort()
+
+    def _submit(self, reference: Optional[np.ndarray]):
+        ref = None if reference is None else torch.from_numpy(reference.astype(np.int64))
+        s = self.synthesis
+        try:
+            rows = self.builder.build(s.prompt_spec(ref))
+            return self.streams.submit(EngineRequest(s.request_id, rows, s.params, s.first_chunk_frames,
+                                                     s.chunk_frames))
+        except QueueFull as exc:
+            raise ChildError(f"server busy: {exc}", "unavailable") from None
+        except EngineClosed:
+            raise ChildError("the server is shutting down; retry (on another replica)", "unavailable") from None
+        except (PromptError, ValueError) as exc:
+            raise ChildError(str(exc), "invalid") from None
+
+    def _check(self, event: Finished) -> None:
+        if event.reason == "error":
+            raise ChildError(f"synthesis failed: {event.error}", "internal")
+        if event.reason == "cancelled" and not self._is_aborted:
+            raise ChildError("the engine stopped this request (shutting down); retry", "unavailable")

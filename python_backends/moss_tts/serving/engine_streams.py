@@ -1,0 +1,90 @@
+"""EngineStreams: the engine behind one event queue per request (the `moss_tts` model's engine side).
+
+The engine thread calls `on_event` and must never wait: each event is put on the queue of its
+request (a `CodesFeed`) and nothing else happens on that thread. The request's stream thread
+reads its feed, vocodes and sends; cancellation and shutdown are its business (it calls
+`abort`). A feed ends with exactly one `Finished`. No Triton import.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Optional, Union
+
+from ..engine.engine import Engine
+from ..engine.events import CodesChunk, EngineEvent, Finished
+from ..engine.request import EngineRequest
+
+
+class CodesFeed:
+    """The events of one request, in order: CodesChunk..., then one Finished."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._events: "queue.Queue[EngineEvent]" = queue.Queue()
+        self.is_finished = False  # set by the reader once it has taken the Finished
+
+    def put(self, event: EngineEvent) -> None:
+        self._events.put(event)
+
+    def next(self, timeout: float) -> Optional[Union[CodesChunk, Finished]]:
+        """The next event, or None when nothing came within `timeout` seconds."""
+        try:
+            event = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(event, Finished):
+            self.is_finished = True
+        return event
+
+
+class EngineStreams:
+    def __init__(self, engine_factory) -> None:
+        """`engine_factory(on_event)` builds the Engine; this object owns its callback."""
+        self.engine: Engine = engine_factory(self._route)
+        self._feeds: dict[str, CodesFeed] = {}
+        self._lock = threading.Lock()  # guards _feeds (stream threads vs the engine thread)
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def submit(self, request: EngineRequest) -> CodesFeed:
+        """Raises what Engine.submit raises (ValueError, QueueFull, EngineClosed); nothing is
+        registered then."""
+        feed = CodesFeed(request.request_id)
+        with self._lock:
+            if request.request_id in self._feeds:
+                raise ValueError(f"request id {request.request_id!r} is already in flight; use a unique REQUEST_ID")
+            self._feeds[request.request_id] = feed
+        try:
+            self.engine.submit(request)
+        except Exception:
+            with self._lock:
+                self._feeds.pop(request.request_id, None)
+            raise
+        return feed
+
+    def abort(self, request_id: str) -> bool:
+        return self.engine.abort(request_id)
+
+    @property
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._feeds)
+
+    def stalled_seconds(self) -> float:
+        return self.engine.stalled_seconds()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the engine; every request still in flight gets its Finished ("cancelled")."""
+        self.engine.shutdown(timeout)
+
+    def _route(self, event: EngineEvent) -> None:
+        # Engine thread: a dict lookup and a queue put, never a wait.
+        with self._lock:
+            feed = self._feeds.get(event.request_id)
+            if isinstance(event, Finished):
+                self._feeds.pop(event.request_id, None)
+        if feed is not None:
+            feed.put(event)

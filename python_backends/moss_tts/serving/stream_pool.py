@@ -1,0 +1,71 @@
+"""StreamPool: runs up to `max_streams` streams at once on reusable threads of one process.
+
+The `moss_tts` entry is decoupled: execute() only validates and hands each stream to this pool,
+so one stub process holds hundreds of streams (a stream mostly waits on IPC with the GIL
+released) instead of one process per stream. There is no queue here: a stream beyond capacity
+is refused at once and the adapter answers UNAVAILABLE (the engine behind it has its own bounded
+queue). `stop()` refuses new streams and waits for the running ones, which watch `is_stopping`.
+No Triton import.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+class StreamPool:
+    def __init__(self, max_streams: int, name: str = "moss-tts-stream") -> None:
+        if not isinstance(max_streams, int) or isinstance(max_streams, bool) or max_streams < 1:
+            raise ValueError(f"max_streams must be a positive integer, got {max_streams!r}")
+        self.max_streams = max_streams
+        self._executor = ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix=name)
+        self._lock = threading.Condition()
+        self._num_active = 0
+        self._is_stopping = False
+
+    @property
+    def num_active(self) -> int:
+        with self._lock:
+            return self._num_active
+
+    def is_stopping(self) -> bool:
+        return self._is_stopping
+
+    def try_start(self, run: Callable[[], None]) -> bool:
+        """Start `run` on a pool thread; False (nothing started) at capacity or after stop()."""
+        with self._lock:
+            if self._is_stopping or self._num_active >= self.max_streams:
+                return False
+            self._num_active += 1
+        try:
+            self._executor.submit(self._run, run)
+        except BaseException:
+            self._done()
+            raise
+        return True
+
+    def _run(self, run: Callable[[], None]) -> None:
+        try:
+            run()
+        except BaseException:  # a stream's own code guarantees its final response; this is a bug
+            log.exception("a stream ended with an exception")
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._lock:
+            self._num_active -= 1
+            self._lock.notify_all()
+
+    def stop(self, timeout: float) -> bool:
+        """Refuse new streams, wait up to `timeout` s for the running ones; True if all ended."""
+        with self._lock:
+            self._is_stopping = True
+            drained = self._lock.wait_for(lambda: self._num_active == 0, timeout)
+        self._executor.shutdown(wait=drained)
+        return drained
