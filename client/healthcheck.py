@@ -1,10 +1,13 @@
-"""End-to-end liveness probe: synthesize one frame through the public entry.
+"""Health of a moss-tts-triton server, for probes and operators.
 
-  python -m client.healthcheck [--url localhost:8001] [--timeout 30]
+  python -m client.healthcheck [--url localhost:8001] [--metrics-url URL] [--probe] [--timeout 30]
 
-Exit 0 when audio comes back, 1 otherwise. Triton 24.10 does not restart a crashed Python
-stub and keeps answering /v2/health/ready with 200, so readiness alone cannot tell a dead
-pipeline from a live one; this probe can (use it as a Docker/Kubernetes liveness command).
+Exit 0 when healthy, 1 otherwise (the reason is printed). Checks, in order:
+1. tritonserver answers and says ready;
+2. every model instance's heartbeat moves (client/server_health.py): Triton 24.10 keeps saying
+   ready when a Python stub has died, so this is what tells a dead or wedged stub;
+3. with --probe, one frame of speech comes back through the public entry (end to end).
+Readiness probe: without --probe (cheap, every few seconds). Liveness probe: with --probe.
 """
 
 from __future__ import annotations
@@ -13,35 +16,58 @@ import argparse
 import sys
 import threading
 
+from .server_health import check, metrics_url_for
 from .tts_client import SAMPLE_RATE, TTSClient, build_inputs
 
 SAMPLES_PER_FRAME = SAMPLE_RATE * 2 // 25  # 3840: one 80 ms codec frame
 
 
-def probe(url: str, timeout: float) -> str | None:
-    """None when healthy, else what went wrong."""
+def _bounded(work, timeout: float) -> str | None:
+    """Run work() -> problem|None on a thread; a hang is a problem too."""
     result: dict = {}
 
     def run():
         try:
-            inputs = build_inputs("health check", seed=0, max_frames=1, ignore_stop=True, stream=False)
-            audio = TTSClient(url).synthesize(inputs).audio
-            result["error"] = None if audio.shape == (2, SAMPLES_PER_FRAME) else f"unexpected audio {audio.shape}"
+            result["problem"] = work()
         except Exception as exc:  # any failure means unhealthy
-            result["error"] = f"{type(exc).__name__}: {exc}"
+            result["problem"] = f"{type(exc).__name__}: {exc}"
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(timeout)
-    return result.get("error", f"no answer within {timeout:.0f} s")
+    return result.get("problem", f"no answer within {timeout:.0f} s")
+
+
+def probe(url: str, timeout: float) -> str | None:
+    """End to end: one frame of speech through moss_tts. None when healthy, else what went wrong."""
+    def work():
+        inputs = build_inputs("health check", seed=0, max_frames=1, ignore_stop=True, stream=False)
+        audio = TTSClient(url).synthesize(inputs).audio
+        return None if audio.shape == (2, SAMPLES_PER_FRAME) else f"unexpected audio {audio.shape}"
+    return _bounded(work, timeout)
+
+
+def ready(url: str, timeout: float) -> str | None:
+    def work():
+        import tritonclient.grpc as grpcclient
+        client = grpcclient.InferenceServerClient(url)
+        return None if client.is_server_ready(client_timeout=timeout) else "tritonserver is not ready"
+    return _bounded(work, timeout)
+
+
+def diagnose(url: str, metrics_url: str, with_probe: bool, timeout: float) -> str | None:
+    return (ready(url, timeout) or _bounded(lambda: check(metrics_url), timeout)
+            or (probe(url, timeout) if with_probe else None))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m client.healthcheck", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="localhost:8001")
-    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--url", default="localhost:8001", help="tritonserver gRPC address")
+    p.add_argument("--metrics-url", default=None, help="default: http://<host of --url>:8002/metrics")
+    p.add_argument("--probe", action="store_true", help="also synthesize one frame end to end")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per check")
     args = p.parse_args(argv)
-    problem = probe(args.url, args.timeout)
+    problem = diagnose(args.url, args.metrics_url or metrics_url_for(args.url), args.probe, args.timeout)
     print("healthy" if problem is None else f"unhealthy: {problem}")
     return 0 if problem is None else 1
 

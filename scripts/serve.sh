@@ -22,7 +22,8 @@ if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
   echo "!!!                  hf download OpenMOSS-Team/MOSS-Audio-Tokenizer-v2 --local-dir C"
   echo "!!!                  MOSS_TTS_MODEL_DIR=M MOSS_TTS_CODEC_DIR=C make serve"
 fi
-shim=(.venv/bin/python -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.0.0.1:${GRPC_PORT:-8001}")
+shim=(.venv/bin/python -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.0.0.1:${GRPC_PORT:-8001}"
+  --metrics-url "http://127.0.0.1:${METRICS_PORT:-8002}/metrics")
 source scripts/triton_env.sh
 # The pipeline's own requests carry this key (python_backends/moss_tts/serving/internal_key.py);
 # a new one per start, shared by every model of this server through the environment.

@@ -77,7 +77,7 @@ def openai_shim(triton, tmp_path_factory):
     root = tmp_path_factory.mktemp("openai_shim")
     (root / "refs").mkdir()
     shim = start_shim(triton.grpc_url, root / "shim.log", root / "refs", "--max-body-bytes", "1000000",
-                      "--max-reference-bytes", "200000", "--max-input-chars", "1000")
+                      "--max-reference-bytes", "200000", "--max-input-chars", "1000", "--metrics-url", triton.metrics_url)
     yield shim
     stop_shim(shim)
 

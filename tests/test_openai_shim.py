@@ -69,11 +69,6 @@ def iter_sse(response):
             yield json.loads(line[len("data: "):])
 
 
-def is_idle(m: dict) -> bool:
-    return (m['moss_engine{stat="running"}'] == 0 and m['moss_engine{stat="free_slots"}'] == 16
-            and m['moss_vocoder_sessions{state="active"}'] == 0)
-
-
 @pytest.fixture(scope="module")
 def pcm_40(triton) -> bytes:
     return grpc_pcm(triton, 40)
@@ -140,7 +135,7 @@ def test_sse_deltas_come_chunk_by_chunk_then_done(openai_shim, pcm_40):
 def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, triton, stream_format):
     """A 3000-frame utterance: one whole frame arrives, the engine is still generating; leaving the
     `with` block closes the connection, and the engine row and vocoder session are freed early."""
-    before = triton.wait_for_metrics(is_idle)
+    before = triton.wait_for_metrics(triton.is_idle)
     with sdk(openai_shim.url).audio.speech.with_streaming_response.create(
             model=MODEL, voice="default", input=TEXT, response_format="pcm", stream_format=stream_format,
             extra_body=fixed(3000, stream=True, initial_codec_chunk_frames=1)) as response:
@@ -158,15 +153,15 @@ def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, 
         during = triton.metrics()
         assert during['moss_engine{stat="running"}'] == 1 or during['moss_vocoder_sessions{state="active"}'] == 1
     after = triton.wait_for_metrics(
-        lambda m: is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
-    assert is_idle(after)
+        lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
+    assert triton.is_idle(after)
     assert after['moss_engine{stat="requests_cancelled"}'] == before['moss_engine{stat="requests_cancelled"}'] + 1
     assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 3000
 
 
 def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
     """A non-streamed request whose client leaves while the server is still generating."""
-    before = triton.wait_for_metrics(is_idle)
+    before = triton.wait_for_metrics(triton.is_idle)
     body = json.dumps({"input": TEXT, **fixed(3000)}).encode()
     port = int(openai_shim.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -175,8 +170,8 @@ def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
         running = triton.wait_for_metrics(lambda m: m['moss_engine{stat="running"}'] == 1)
         assert running['moss_engine{stat="running"}'] == 1
     after = triton.wait_for_metrics(
-        lambda m: is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
-    assert is_idle(after)
+        lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
+    assert triton.is_idle(after)
     assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 3000
 
 
@@ -313,7 +308,8 @@ def test_url_reference_when_enabled(triton, tmp_path):
 
     files = ThreadingHTTPServer(("127.0.0.1", 0), Voice)
     threading.Thread(target=files.serve_forever, daemon=True).start()
-    shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--allow-url-references",
+    shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--metrics-url", triton.metrics_url,
+                      "--allow-url-references",
                       "--allow-private-url-hosts")
     try:
         response = sdk(shim.url).audio.speech.create(
@@ -327,8 +323,9 @@ def test_url_reference_when_enabled(triton, tmp_path):
 
 
 def test_no_triton_response_in_time_is_504_and_cancels(triton, tmp_path):
-    before = triton.wait_for_metrics(is_idle)
-    shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--response-timeout", "0.5")
+    before = triton.wait_for_metrics(triton.is_idle)
+    shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--metrics-url", triton.metrics_url,
+                      "--response-timeout", "0.5")
     try:  # the first chunk needs 250 frames, far more than 0.5 s of work here
         response = httpx.post(f"{shim.url}/v1/audio/speech", json={"input": TEXT, **fixed(3000, stream=True,
                               response_format="pcm", initial_codec_chunk_frames=250)}, timeout=60)
@@ -336,5 +333,5 @@ def test_no_triton_response_in_time_is_504_and_cancels(triton, tmp_path):
         stop_shim(shim)
     assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
     after = triton.wait_for_metrics(
-        lambda m: is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
-    assert is_idle(after)
+        lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
+    assert triton.is_idle(after)

@@ -373,7 +373,7 @@ def fake_shim(stream: FakeStream):
     from shim_server import ShimThread
 
     triton = FakeTriton(stream)
-    return triton, ShimThread(ShimConfig(), triton)
+    return triton, ShimThread(ShimConfig(metrics_url=""), triton)
 
 
 def test_the_app_sends_the_mapped_inputs_and_the_reference_bytes():

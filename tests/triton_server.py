@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ("ref_encoder", "tts_engine", "vocoder", "moss_tts_codes", "moss_tts")
+MODELS = ("ref_encoder", "vocoder", "moss_tts_codes", "moss_tts")
 
 
 def _free_port() -> int:
@@ -42,6 +43,20 @@ class TritonServer:
             if predicate(values) or time.monotonic() > deadline:
                 return values
             time.sleep(0.1)
+
+    def model_config(self, model: str) -> dict:
+        url = f"http://{self.http_url}/v2/models/{model}/config"
+        return json.loads(urllib.request.urlopen(url, timeout=10).read())
+
+    def parameter(self, model: str, key: str) -> int:
+        return int(self.model_config(model)["parameters"][key]["string_value"])
+
+    def is_idle(self, m: dict[str, float]) -> bool:
+        """No stream, no engine row, no vocoder session in use (metrics as from `metrics()`)."""
+        return (m.get('moss_engine{stat="streams"}') == 0 and m.get('moss_engine{stat="running"}') == 0
+                and m.get('moss_engine{stat="waiting"}') == 0
+                and m.get('moss_engine{stat="free_slots"}') == self.parameter("moss_tts", "max_running_requests")
+                and m.get('moss_vocoder_sessions{state="active"}') == 0)
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

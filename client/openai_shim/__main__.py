@@ -34,6 +34,11 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--url-timeout", type=float, default=defaults.url_timeout_s, help="seconds per URL download")
     p.add_argument("--response-timeout", type=float, default=defaults.response_timeout_s,
                    help="seconds to wait for the next Triton response before answering 504")
+    p.add_argument("--metrics-url", default=None,
+                   help="tritonserver metrics, where model heartbeats are read (default: port 8002 on the host "
+                        "of --triton-url; '' turns the check off)")
+    p.add_argument("--heartbeat-stale", type=float, default=defaults.heartbeat_stale_s,
+                   help="seconds without a model heartbeat before /health and every request answer 503")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -47,7 +52,8 @@ def main(argv=None) -> int:
             max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
             max_reference_bytes=args.max_reference_bytes, reference_dir=args.reference_dir,
             allow_url_references=args.allow_url_references, allow_private_url_hosts=args.allow_private_url_hosts,
-            url_timeout_s=args.url_timeout, response_timeout_s=args.response_timeout)
+            url_timeout_s=args.url_timeout, response_timeout_s=args.response_timeout,
+            metrics_url=args.metrics_url, heartbeat_stale_s=args.heartbeat_stale)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
 """The FastAPI app: POST /v1/audio/speech, GET /v1/models, GET /health.
 
 It holds no model: each speech request becomes one gRPC stream to tritonserver's `moss_tts`
-entry (triton_stream.py). A request is validated whole (body size, schema, limits, reference)
+entry (triton_stream.py). A background task reads the models' heartbeats every second
+(client/server_health.py): while one has stopped (a dead or wedged stub), /health and every
+speech request answer 503 at once. A request is validated whole (body size, schema, limits, reference)
 before anything reaches the server; the first Triton response is awaited before the HTTP status
 is chosen, so server-side validation errors are still proper 4xx. After that, chunks are
 forwarded as they arrive. A client that goes away at any point cancels the Triton stream.
@@ -24,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..server_health import HeartbeatMonitor
 from . import audio_format, errors
 from .config import ShimConfig
 from .errors import ApiError
@@ -35,6 +38,7 @@ log = logging.getLogger("openai_shim")
 T = TypeVar("T")
 DRAIN_BYTES = 16 << 20  # an oversized body is read (and dropped) this far so the client sees the 413
 NO_AUDIO = np.zeros((audio_format.CHANNELS, 0), np.float32)
+HEARTBEAT_POLL_S = 1.0
 
 
 class ClientDisconnected(Exception):
@@ -66,7 +70,11 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.triton = triton or TritonSpeech(config.triton_url, config.triton_model, config.response_timeout_s)
+        app.state.heartbeat_problem = None
+        watcher = asyncio.create_task(watch_heartbeats(app, config)) if config.heartbeat_url else None
         yield
+        if watcher is not None:
+            watcher.cancel()
         await app.state.triton.close()
 
     app = FastAPI(title="moss-tts-triton OpenAI-compatible speech API", lifespan=lifespan)
@@ -87,7 +95,8 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
 
     @app.get("/health")
     async def health(request: Request):
-        problem = await request.app.state.triton.problem(config.health_timeout_s)
+        problem = (request.app.state.heartbeat_problem
+                   or await request.app.state.triton.problem(config.health_timeout_s))
         if problem is not None:
             raise errors.unavailable(problem)
         return {"status": "ok", "triton_url": config.triton_url, "model": config.triton_model}
@@ -99,6 +108,8 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
 
     @app.post("/v1/audio/speech")
     async def create_speech(request: Request):
+        if request.app.state.heartbeat_problem is not None:
+            raise errors.unavailable(f"the TTS server is unhealthy: {request.app.state.heartbeat_problem}")
         speech = parse_speech(await read_body(request, config.max_body_bytes))
         check_limits(speech, config)
         values = {"TEXT": speech.input, **triton_options(speech)}
@@ -114,6 +125,17 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
                 await stream.aclose()
 
     return app
+
+
+async def watch_heartbeats(app: FastAPI, config: ShimConfig) -> None:
+    """Keep app.state.heartbeat_problem current (None = every model instance's heart beats)."""
+    monitor = HeartbeatMonitor(config.heartbeat_url, config.heartbeat_stale_s)
+    while True:
+        problem = await asyncio.to_thread(monitor.poll)
+        if problem != app.state.heartbeat_problem:
+            (log.error if problem else log.warning)("heartbeats: %s", problem or "all models beat again")
+        app.state.heartbeat_problem = problem
+        await asyncio.sleep(HEARTBEAT_POLL_S)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -31,6 +31,10 @@ class ShimConfig:
     url_timeout_s: float = 10.0  # whole download of one URL reference
     response_timeout_s: float = 300.0  # longest wait for the next Triton response -> 504
     health_timeout_s: float = 2.0
+    # tritonserver's metrics, where the models' heartbeats are read (client/server_health.py);
+    # None = port 8002 on the host of triton_url, "" = no heartbeat check.
+    metrics_url: Optional[str] = None
+    heartbeat_stale_s: float = 3.0  # a model heartbeat this old makes /health and every request 503
 
     def __post_init__(self) -> None:
         if not self.model_names or any(not name.strip() for name in self.model_names):
@@ -42,7 +46,7 @@ class ShimConfig:
             if value < 1:
                 raise ConfigError(f"{flag} must be positive, got {value}")
         for flag, value in (("--url-timeout", self.url_timeout_s), ("--response-timeout", self.response_timeout_s),
-                            ("--health-timeout", self.health_timeout_s)):
+                            ("--health-timeout", self.health_timeout_s), ("--heartbeat-stale", self.heartbeat_stale_s)):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{flag} must be a positive number of seconds, got {value}")
         if self.reference_dir is not None:
@@ -54,3 +58,11 @@ class ShimConfig:
     @property
     def default_model(self) -> str:
         return self.model_names[0]
+
+    @property
+    def heartbeat_url(self) -> Optional[str]:
+        """Where the heartbeats are read, or None when the check is off."""
+        if self.metrics_url is None:
+            from ..server_health import metrics_url_for
+            return metrics_url_for(self.triton_url)
+        return self.metrics_url or None

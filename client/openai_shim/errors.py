@@ -7,6 +7,8 @@ Sources of errors and their statuses:
   tritonserver "[INVALID_ARGUMENT] ..."            400
   tritonserver "[UNAVAILABLE] server busy ..."     429 rate_limit_exceeded (retry later)
   tritonserver "[UNAVAILABLE] ..." / unreachable   503 service_unavailable
+  a dead model stub ("... is not healthy")         503 service_unavailable
+  a model heartbeat stopped (app.py)               503 service_unavailable
   no Triton response within --response-timeout     504 timeout
   anything else                                    500 internal_error
 """
@@ -23,6 +25,8 @@ from pydantic import ValidationError
 # "[CODE] message", possibly behind Triton's "in ensemble 'x', " (see client.tts_client.error_code).
 _TRITON_PREFIX = re.compile(r"^(in ensemble '[^']*', )?\[([A-Z_]+)\] ")
 _BUSY_WORDS = ("busy", "queue full", "too many")
+# Triton's own message when a request meets a dead Python stub (24.10 never restarts it).
+_DEAD_STUB = re.compile(r"Stub process .* is not healthy")
 
 
 @dataclass(eq=False)  # exceptions keep identity hashing
@@ -65,6 +69,8 @@ def from_triton_message(message: str) -> ApiError:
     match = _TRITON_PREFIX.match(message)
     code = match.group(2) if match else "UNKNOWN"
     text = message[match.end():] if match else message
+    if _DEAD_STUB.search(message):
+        return unavailable(f"{text}: the server needs a restart")
     if code in ("INVALID_ARGUMENT", "INVALID_ARG"):
         return bad_request(text)
     if code == "UNAVAILABLE" and any(word in text.lower() for word in _BUSY_WORDS):
