@@ -71,13 +71,15 @@ class TTSClient:
     def stream(self, inputs, model: str = "moss_tts", output: str = "AUDIO",
                timeout: float = 600.0) -> Iterator[np.ndarray]:
         """Yield each response's `output` as it arrives; raises InferenceServerException on error.
+        Only `output` is requested: ask moss_tts for CODES and the vocoder is never called.
         Closing the generator early cancels the request on the server."""
         events: "queue.Queue" = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         client.start_stream(callback=lambda result, error: events.put((result, error)))
         finished = False
         try:
-            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            client.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(output)],
+                                      enable_empty_final_response=True)
             while True:
                 result, error = events.get(timeout=timeout)
                 if error is not None:

@@ -7,6 +7,8 @@
 #   HTTP_PORT / GRPC_PORT / METRICS_PORT (default 8000 / 8001 / 8002)
 #   SHIM_PORT           OpenAI-compatible API port (default 8080; 0 = tritonserver only)
 #   SHIM_ARGS           extra shim flags, e.g. "--reference-dir /data/voices --allow-url-references"
+#   MODEL_REPOSITORY    another model repository (default: model_repository/), e.g. a copy with
+#                       other capacities
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
@@ -31,7 +33,7 @@ export MOSS_TTS_INTERNAL_KEY="${MOSS_TTS_INTERNAL_KEY:-$(.venv/bin/python -c 'im
 # thread-pool-size is per model instance; a moss_tts stream holds one of its threads while it
 # waits on a BLS call or a send, so it must exceed moss_tts max_streams (320;
 # tests/test_capacity_config.py checks it).
-triton=("$TRITONSERVER" --model-repository="$PWD/model_repository" --backend-directory="$TRITON_BACKENDS"
+triton=("$TRITONSERVER" --model-repository="${MODEL_REPOSITORY:-$PWD/model_repository}" --backend-directory="$TRITON_BACKENDS"
   --http-port="${HTTP_PORT:-8000}" --grpc-port="${GRPC_PORT:-8001}" --metrics-port="${METRICS_PORT:-8002}"
   --backend-config=python,thread-pool-size=384 --log-verbose=0 "$@")
 if [ "${SHIM_PORT:-8080}" = "0" ]; then

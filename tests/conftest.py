@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped on CPU-only machines)")
+    config.addinivalue_line("markers", "triton: starts or uses a real tritonserver (deselect with -m 'not triton')")
 
 
 def pytest_collection_modifyitems(config, items):

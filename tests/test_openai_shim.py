@@ -24,6 +24,8 @@ from client.openai_shim.triton_stream import build_inputs as shim_inputs
 from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
 from shim_server import start_shim, stop_shim
 
+pytestmark = pytest.mark.triton
+
 SPF = 3840  # samples per frame per channel
 FRAME_BYTES = SPF * 2 * 2  # s16le stereo
 MODEL = "moss-tts"

@@ -12,6 +12,8 @@ import soundfile as sf
 
 from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
 
+pytestmark = pytest.mark.triton
+
 SPF = 3840  # samples per frame per channel
 
 

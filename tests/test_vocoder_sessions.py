@@ -53,9 +53,10 @@ def streams(codec) -> torch.Tensor:
     return codec.encode(0.3 * torch.randn(2, 2, 30 * SPF, generator=g), n_quantizers=12)[0]
 
 
-def make(codec, max_slots: int = 4, **kwargs) -> tuple[VocoderSessions, CountingCodec]:
+def make(codec, max_slots: int = 4, max_public: int = 16, **kwargs) -> tuple[VocoderSessions, CountingCodec]:
     counting = CountingCodec(codec, kwargs.pop("fail", False))
-    return VocoderSessions(counting, VocoderConfig(max_slots=max_slots), **kwargs), counting
+    config = VocoderConfig(max_slots=max_slots, max_public_sessions=max_public)
+    return VocoderSessions(counting, config, **kwargs), counting
 
 
 def offline(codec, codes: torch.Tensor) -> torch.Tensor:
@@ -178,6 +179,26 @@ def test_no_free_slot_when_full(codec):
     sessions.end("a")
     assert sessions.start("c") == 0
     assert_stats(sessions, active_slots=2, free_slots=0, sessions_started=3)
+
+
+def test_public_sessions_share_their_quota_and_never_take_the_rest(codec):
+    sessions, _ = make(codec, max_slots=4, max_public=1)
+    sessions.start("direct-1", is_public=True)
+    with pytest.raises(NoFreeSlot, match="direct callers"):
+        sessions.start("direct-2", is_public=True)
+    for name in ("entry-1", "entry-2", "entry-3"):  # the pipeline's own sessions still find slots
+        sessions.start(name)
+    sessions.end("direct-1")
+    sessions.end("entry-1")
+    assert sessions.start("direct-2", is_public=True) in (0, 1)
+
+
+def test_a_call_decodes_only_the_sessions_with_work(codec, streams):
+    sessions, counting = make(codec, max_slots=64)
+    for name in ("a", "b"):
+        sessions.start(name)
+    sessions.decode({"a": streams[0, :3]})
+    assert counting.step_batches == [1]  # one row computed, not 64
 
 
 def test_expire_frees_idle_slots(codec, streams):

@@ -65,11 +65,14 @@ class TritonServer:
         return self.process.poll() is None
 
 
-def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: float = 240.0) -> TritonServer:
+def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: float = 240.0,
+                 repository: Path | None = None) -> TritonServer:
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     env = dict(os.environ, MOSS_TTS_MODEL_DIR=str(model_dir), MOSS_TTS_CODEC_DIR=str(codec_dir),
                HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics),
                SHIM_PORT="0")  # tritonserver only; tests start the OpenAI shim themselves (openai_shim fixture)
+    if repository is not None:
+        env["MODEL_REPOSITORY"] = str(repository)
     log = open(log_path, "w")
     process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
@@ -97,11 +100,46 @@ def _is_ready(server: TritonServer) -> bool:
         return False
 
 
-def stop_server(server: TritonServer) -> None:
+def stop_server(server: TritonServer, timeout: float = 60.0) -> float:
+    """SIGTERM, wait; returns the seconds it took (SIGKILL and inf if it did not exit in time)."""
+    start = time.monotonic()
     if server.is_alive():
         os.killpg(server.process.pid, 15)
         try:
-            server.process.wait(timeout=60)
+            server.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(server.process.pid, 9)
             server.process.wait()
+            return float("inf")
+    return time.monotonic() - start
+
+
+def copy_repository(tmp: Path, **parameters: dict[str, str]) -> Path:
+    """model_repository/ copied to `tmp`, with some pbtxt parameters changed:
+    copy_repository(tmp, moss_tts={"max_streams": "2"})."""
+    import shutil
+
+    repo = tmp / "model_repository"
+    shutil.copytree(ROOT / "model_repository", repo)
+    for model, values in parameters.items():
+        config = repo / model / "config.pbtxt"
+        text = config.read_text()
+        for key, value in values.items():
+            text, n = re.subn(rf'(key: "{key}" value: {{ string_value: ")[^"]*(")', rf"\g<1>{value}\g<2>", text)
+            assert n == 1, f"{model} has no parameter {key}"
+        config.write_text(text)
+    return repo
+
+
+def stub_pids(server: TritonServer) -> dict[str, int]:
+    """{model instance name: pid} of this server's Python stubs (its child processes)."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(server.process.pid)], capture_output=True, text=True).stdout
+    stubs = {}
+    for pid in out.split():
+        try:  # /proc, not ps: ps cuts long command lines to the terminal width
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"triton_python_backend_stub"):
+            stubs[args[-3].decode()] = int(pid)  # [..., instance name, "DEFAULT", ""]
+    return stubs

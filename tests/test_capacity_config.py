@@ -1,0 +1,53 @@
+"""Capacity is configuration, and the pieces of it must agree (read from the shipped files)."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT
+
+REPO = ROOT / "model_repository"
+
+
+def parameter(model: str, key: str) -> int:
+    text = (REPO / model / "config.pbtxt").read_text()
+    match = re.search(rf'key: "{key}" value: {{ string_value: "(\d+)" }}', text)
+    assert match, f"{model}/config.pbtxt has no integer parameter {key}"
+    return int(match.group(1))
+
+
+def field(model: str, name: str) -> int:
+    match = re.search(rf"^{name}: (\d+)", (REPO / model / "config.pbtxt").read_text(), re.M)
+    assert match, f"{model}/config.pbtxt has no {name}"
+    return int(match.group(1))
+
+
+def thread_pool_sizes() -> list[int]:
+    found = []
+    for path in (ROOT / "scripts" / "serve.sh", ROOT / "Dockerfile"):
+        sizes = re.findall(r"thread-pool-size=(\d+)", path.read_text())
+        assert sizes, f"{path.name} does not set the python backend's thread-pool-size"
+        found += [int(s) for s in sizes]
+    return found
+
+
+def test_streams_cover_the_engine_and_fit_its_queue():
+    rows, queue, streams = (parameter("moss_tts", k) for k in ("max_running_requests", "max_queue", "max_streams"))
+    assert rows >= 256, "the H200 target is 256 concurrent streams"
+    assert rows <= streams <= rows + queue, "a stream beyond the engine's rows must find a place in its queue"
+
+
+def test_vocoder_has_a_slot_for_every_engine_row_and_the_public_share():
+    slots, public = field("vocoder", "max_batch_size"), parameter("vocoder", "max_public_sessions")
+    assert slots >= parameter("moss_tts", "max_running_requests") + public
+
+
+def test_every_stream_can_hold_a_python_backend_thread():
+    # Each stream blocks one parent-side thread of its instance during a BLS call or a send.
+    assert all(size > parameter("moss_tts", "max_streams") for size in thread_pool_sizes())
+
+
+def test_vocoder_idle_timeout_is_deliberate():
+    text = (REPO / "vocoder" / "config.pbtxt").read_text()
+    idle_us = int(re.search(r"max_sequence_idle_microseconds: (\d+)", text).group(1))
+    assert 5_000_000 <= idle_us <= 60_000_000  # not Triton's 1 s default, not long enough to hoard slots

@@ -1,0 +1,88 @@
+"""What a client and an operator see when capacity runs out and when a model's stub dies (the
+real server, a copy of the repository with moss_tts max_streams=2)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from client.server_health import check
+from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
+from triton_server import copy_repository, start_server, stop_server, stub_pids
+
+pytestmark = pytest.mark.triton
+
+
+def long_stream(server):
+    return TTSClient(server.grpc_url).stream(build_inputs("Hold the line.", seed=1, max_frames=4000, ignore_stop=True,
+                                                          first_chunk_frames=1, chunk_frames=2))
+
+
+def fails_fast(server, seconds: float = 15.0, **options) -> InferenceServerException:
+    start = time.monotonic()
+    with pytest.raises(InferenceServerException) as info:
+        TTSClient(server.grpc_url).synthesize(build_inputs("Hello.", seed=1, max_frames=3, ignore_stop=True, **options))
+    assert time.monotonic() - start < seconds, "the error took too long: something waited instead of failing"
+    return info.value
+
+
+def wait_for(predicate, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.2)
+    return value
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("failures")
+    repo = copy_repository(tmp, moss_tts={"max_streams": "2"})
+    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp / "server.log", repository=repo)
+    yield server
+    stop_server(server, timeout=45)
+
+
+def test_a_stream_beyond_capacity_is_unavailable_at_once(server):
+    held = [long_stream(server) for _ in range(2)]
+    for stream in held:
+        next(stream)  # both running
+    error = fails_fast(server, seconds=5)
+    assert error_code(error) == "UNAVAILABLE" and "busy" in error.message()
+    for stream in held:
+        stream.close()  # cancels them
+    wait_for(lambda: server.is_idle(server.metrics()))
+    assert TTSClient(server.grpc_url).synthesize(build_inputs("Again.", max_frames=2, ignore_stop=True)).audio.size
+
+
+def test_a_dead_vocoder_stub_fails_requests_fast_and_turns_health_false(server, tmp_path):
+    from shim_server import start_shim, stop_shim
+
+    assert check(server.metrics_url) is None
+    os.kill(stub_pids(server)["vocoder_0_0"], signal.SIGKILL)
+    error = fails_fast(server)
+    assert error_code(error) == "UNAVAILABLE" and "vocoder_0_0" in error.message() and "not healthy" in error.message()
+    codes = TTSClient(server.grpc_url).synthesize(  # codes alone never need the vocoder
+        build_inputs("Codes still work.", max_frames=2, ignore_stop=True), output="CODES")
+    assert sum(chunk.shape[0] for chunk in codes.chunks) == 2
+    problem = wait_for(lambda: check(server.metrics_url), timeout=10)
+    assert "vocoder_0_0" in problem and "moss_tts_0_0" not in problem
+    shim = start_shim(server.grpc_url, tmp_path / "shim.log", tmp_path, "--metrics-url", server.metrics_url,
+                      health=503)
+    try:
+        assert "vocoder_0_0" in httpx.get(f"{shim.url}/health").json()["error"]["message"]
+        assert httpx.post(f"{shim.url}/v1/audio/speech", json={"input": "Hi."}, timeout=30).status_code == 503
+    finally:
+        stop_shim(shim)
+
+
+def test_a_dead_entry_stub_fails_requests_fast(server):
+    os.kill(stub_pids(server)["moss_tts_0_0"], signal.SIGKILL)
+    error = fails_fast(server)
+    assert "moss_tts_0_0" in error.message() and "not healthy" in error.message()
+    assert "moss_tts_0_0" in wait_for(lambda: check(server.metrics_url), timeout=10)

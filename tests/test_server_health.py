@@ -1,0 +1,114 @@
+"""Heartbeat-based health (client/server_health.py) and the shim's 503s when a heart stops,
+against a fake metrics endpoint whose counters the test moves."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from client.openai_shim.config import ShimConfig
+from client.server_health import HeartbeatMonitor, check, metrics_url_for, parse_heartbeats
+
+INSTANCES = {("moss_tts", "moss_tts_0_0"): 1, ("ref_encoder", "ref_encoder_0_0"): 1, ("vocoder", "vocoder_0_0"): 1}
+
+
+def exposition(beats: dict) -> str:
+    lines = ["# TYPE moss_heartbeat_total counter"]
+    lines += [f'moss_heartbeat_total{{instance="{i}",model="{m}"}} {v}' for (m, i), v in beats.items()]
+    return "\n".join(lines + ['moss_engine{stat="running"} 0', "nv_inference_count 5"]) + "\n"
+
+
+def test_parse_and_metrics_url():
+    assert parse_heartbeats(exposition(INSTANCES)) == {k: 1.0 for k in INSTANCES}
+    assert metrics_url_for("10.0.0.5:8001") == "http://10.0.0.5:8002/metrics"
+
+
+def test_monitor_flags_a_counter_that_stops_and_clears_when_it_moves():
+    now = [0.0]
+    beats = dict(INSTANCES)
+    monitor = HeartbeatMonitor("unused", stale_after_s=3.0, clock=lambda: now[0])
+    assert monitor.poll(exposition(beats)) is None
+    for t in range(1, 6):  # vocoder_0_0 stops beating at t=0
+        now[0] = float(t)
+        beats = {k: (v if k[0] == "vocoder" else v + 2) for k, v in beats.items()}
+        problem = monitor.poll(exposition(beats))
+    assert "vocoder_0_0 (vocoder) has had no heartbeat for 5 s" in problem and "restart" in problem
+    assert "moss_tts_0_0" not in problem
+    beats[("vocoder", "vocoder_0_0")] += 1
+    assert monitor.poll(exposition(beats)) is None
+
+
+def test_monitor_wants_every_model():
+    beats = {k: v for k, v in INSTANCES.items() if k[0] != "ref_encoder"}
+    assert "'ref_encoder' reports no heartbeat" in HeartbeatMonitor("unused").poll(exposition(beats))
+
+
+def test_unreachable_metrics_are_a_problem():
+    assert "unreachable" in HeartbeatMonitor("http://127.0.0.1:1/metrics").poll()
+
+
+class FakeMetrics:
+    """An HTTP metrics endpoint; `beating` says whether the counters move between scrapes."""
+
+    def __init__(self):
+        self.beats, self.beating = dict(INSTANCES), True
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if fake.beating:
+                    fake.beats = {k: v + 1 for k, v in fake.beats.items()}
+                body = exposition(fake.beats).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def metrics():
+    fake = FakeMetrics()
+    yield fake
+    fake.close()
+
+
+def test_one_shot_check(metrics):
+    assert check(metrics.url, window_s=0.4) is None
+    metrics.beating = False
+    assert "no heartbeat" in check(metrics.url, window_s=0.4)
+
+
+def test_shim_answers_503_while_a_heart_has_stopped(metrics):
+    from shim_server import ShimThread
+    from test_openai_shim_units import FakeStream, FakeTriton
+
+    config = ShimConfig(metrics_url=metrics.url, heartbeat_stale_s=1.0)
+    with ShimThread(config, FakeTriton(FakeStream([]))) as url:
+        assert httpx.get(f"{url}/health").status_code == 200
+        metrics.beating = False
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{url}/health").status_code != 503:
+            assert time.monotonic() < deadline, "the shim never noticed the stopped heartbeat"
+        health = httpx.get(f"{url}/health").json()
+        assert "no heartbeat" in health["error"]["message"]
+        speech = httpx.post(f"{url}/v1/audio/speech", json={"input": "Hello."})
+        assert speech.status_code == 503 and "unhealthy" in speech.json()["error"]["message"]
+        metrics.beating = True
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{url}/health").status_code != 200:
+            assert time.monotonic() < deadline, "the shim never recovered"
