@@ -280,8 +280,35 @@ def settle(metrics_url: str, max_running: int, timeout_s: float) -> tuple[dict, 
     return metrics, problems + ([beat] if beat else [])
 
 
-def soak(config: SoakConfig, metrics_url: str, max_running: int, settle_s: float = 30.0) -> SoakReport:
-    report = asyncio.run(run_load(config))
+def _load_in_process(config: SoakConfig) -> SoakReport:
+    return asyncio.run(run_load(config))
+
+
+def merge(reports: list[SoakReport]) -> SoakReport:
+    merged = SoakReport()
+    for r in reports:
+        merged.outcomes.update(r.outcomes)
+        merged.failures += r.failures
+        merged.first_audio_s += r.first_audio_s
+        merged.audio_seconds += r.audio_seconds
+        merged.wall_seconds = max(merged.wall_seconds, r.wall_seconds)
+    return merged
+
+
+def soak(config: SoakConfig, metrics_url: str, max_running: int, settle_s: float = 30.0,
+         processes: int = 1) -> SoakReport:
+    """The load (in `processes` client processes, concurrency split between them, so one Python
+    process is not what limits hundreds of streams), then the end checks."""
+    if processes <= 1:
+        report = _load_in_process(config)
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+        from dataclasses import replace
+
+        shares = [config.concurrency // processes + (i < config.concurrency % processes) for i in range(processes)]
+        configs = [replace(config, concurrency=n, seed=config.seed * 1000 + i) for i, n in enumerate(shares) if n]
+        with ProcessPoolExecutor(len(configs)) as pool:
+            report = merge(list(pool.map(_load_in_process, configs)))
     metrics, report.end_problems = settle(metrics_url, max_running, settle_s)
     report.end_state = {k: v for k, v in metrics.items() if "engine" in k or "vocoder" in k or "heartbeat" in k}
     return report
@@ -299,11 +326,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-frames", type=int, default=30)
     p.add_argument("--max-running", type=int, default=256, help="moss_tts max_running_requests (free slots when idle)")
     p.add_argument("--settle", type=float, default=30.0)
+    p.add_argument("--processes", type=int, default=1, help="client processes sharing the concurrency")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     config = SoakConfig(args.url, args.concurrency, args.seconds, args.cancel_fraction, args.bad_fraction,
                         args.min_frames, args.max_frames)
-    report = soak(config, args.metrics_url, args.max_running, args.settle)
+    report = soak(config, args.metrics_url, args.max_running, args.settle, args.processes)
     summary = {"config": asdict(config), **report.summary()}
     text = json.dumps(summary, indent=2)
     print(text)

@@ -9,14 +9,18 @@
 #   SHIM_ARGS           extra shim flags, e.g. "--reference-dir /data/voices --allow-url-references"
 #   MODEL_REPOSITORY    another model repository (default: model_repository/), e.g. a copy with
 #                       other capacities
+#   PYTHON              the interpreter (default .venv/bin/python); with TRITONSERVER and
+#                       TRITON_BACKENDS already set (the device pack's env.sh) scripts/triton_env.sh
+#                       is not sourced
 set -euo pipefail
 cd "$(dirname "$0")/.."
+py="${PYTHON:-.venv/bin/python}"
 if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
-  want=$(PYTHONPATH=python_backends .venv/bin/python -c \
+  want=$(PYTHONPATH=python_backends "$py" -c \
     "from moss_tts.tools.make_tiny_checkpoint import TINY_CHECKPOINT_VERSION as v; print(v)")
   if [ "$(cat checkpoints/tiny/VERSION 2>/dev/null)" != "$want" ]; then
     rm -rf checkpoints/tiny
-    PYTHONPATH=python_backends .venv/bin/python -m moss_tts.tools.make_tiny_checkpoint checkpoints/tiny
+    PYTHONPATH=python_backends "$py" -m moss_tts.tools.make_tiny_checkpoint checkpoints/tiny
   fi
   export MOSS_TTS_MODEL_DIR="$PWD/checkpoints/tiny/model"
   echo "!!! MOSS_TTS_MODEL_DIR is not set: serving the TINY RANDOM-WEIGHT demo checkpoint. Its audio is NOISE."
@@ -24,12 +28,12 @@ if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
   echo "!!!                  hf download OpenMOSS-Team/MOSS-Audio-Tokenizer-v2 --local-dir C"
   echo "!!!                  MOSS_TTS_MODEL_DIR=M MOSS_TTS_CODEC_DIR=C make serve"
 fi
-shim=(.venv/bin/python -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.0.0.1:${GRPC_PORT:-8001}"
+shim=("$py" -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.0.0.1:${GRPC_PORT:-8001}"
   --metrics-url "http://127.0.0.1:${METRICS_PORT:-8002}/metrics")
-source scripts/triton_env.sh
+[ -n "${TRITONSERVER:-}" ] && [ -n "${TRITON_BACKENDS:-}" ] || source scripts/triton_env.sh
 # The pipeline's own requests carry this key (python_backends/moss_tts/serving/internal_key.py);
 # a new one per start, shared by every model of this server through the environment.
-export MOSS_TTS_INTERNAL_KEY="${MOSS_TTS_INTERNAL_KEY:-$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(32))')}"
+export MOSS_TTS_INTERNAL_KEY="${MOSS_TTS_INTERNAL_KEY:-$("$py" -c 'import secrets; print(secrets.token_hex(32))')}"
 # thread-pool-size is per model instance; a moss_tts stream holds one of its threads while it
 # waits on a BLS call or a send, so it must exceed moss_tts max_streams (320;
 # tests/test_capacity_config.py checks it).
