@@ -16,15 +16,19 @@ mkdir -p "$W" "$OUT"
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 metrics() { python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" 2>/dev/null | grep '^moss_' | sort; }
 
-start() {
-  local seconds=$1 t0=$SECONDS
+serve() {
+  t0=$SECONDS
   tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
   env | grep -E '^(TRITONSERVER|TRITON_BACKENDS|PERF_ANALYZER|LD_LIBRARY_PATH|MOSS_TTS_STUB_PATH|PYTHONPATH)=' > "$W/env"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
   python3 -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/gpu.txt"
   PYTHONPATH=python_backends python3 -m moss_tts.tools.make_tiny_checkpoint "$W/tiny" > /dev/null
-  log "starting tritonserver"
-  PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/tiny/model" MOSS_TTS_CODEC_DIR="$W/tiny/codec" SHIM_PORT=0 \
+  # A clean copy of the repository: only models with a config (a stale directory left on the
+  # machine by an earlier tree made tritonserver refuse to start).
+  rm -rf "$W/repo"; mkdir -p "$W/repo"
+  for d in model_repository/*/; do [ -f "$d/config.pbtxt" ] && cp -r "$d" "$W/repo/"; done
+  log "starting tritonserver on $(ls "$W/repo" | tr '\n' ' ')"
+  MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/tiny/model" MOSS_TTS_CODEC_DIR="$W/tiny/codec" SHIM_PORT=0 \
     setsid scripts/serve.sh > "$W/server.log" 2>&1 < /dev/null &
   echo $! > "$W/server.pid"
   for _ in $(seq 300); do
@@ -34,17 +38,42 @@ start() {
   done
   log "ready after $((SECONDS - t0)) s"
   python3 -m client.healthcheck --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics --probe | tee "$OUT/health_before.txt"
-  log "soak: ${CONCURRENCY:-256} streams, ${seconds} s"
+}
+
+start_soak() {
+  log "soak: ${CONCURRENCY:-256} streams, $1 s"
   PYTHONUNBUFFERED=1 setsid python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
-    --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$seconds" \
+    --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" \
     --cancel-fraction "${CANCEL:-0.2}" --min-frames "${MIN_FRAMES:-40}" --max-frames "${MAX_FRAMES:-112}" \
     --settle 60 --out "$W/soak.json" > "$W/soak.log" 2>&1 < /dev/null &
+}
+
+start() {
+  serve
+  start_soak "$1"
   while [ $((SECONDS - t0)) -lt 520 ]; do  # watch, then leave with the soak still running
     sleep 60
     log "$(metrics | grep -E 'streams|running|waiting|vocoder_sessions\{state="active"|requests_cancelled|frames_generated' | tr '\n' ' ')"
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   done
   metrics > "$OUT/metrics_mid.txt"; cp "$W/server.log" "$OUT/server_mid.log"
+}
+
+# A short soak with py-spy dumps of the stubs while it runs (carry .whl with the py-spy wheel).
+profile() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl && export PATH=/tmp/pyspy/bin:$PATH
+  serve
+  start_soak "$1"
+  for k in 1 2 3; do
+    sleep $(($1 / 4))
+    metrics > "$OUT/metrics_$k.txt"
+    for m in moss_tts vocoder; do
+      py-spy dump --pid "$(pgrep -f "repo/$m/1/model.py")" > "$W/dump_${m}_$k.txt" 2>&1
+    done
+    log "$(grep -E 'streams|running"|vocoder_sessions\{state="active"|moss_vocoder\{' "$OUT/metrics_$k.txt" | tr '\n' ' ')"
+  done
+  tar -czf "$OUT/dumps.tgz" -C "$W" $(cd "$W" && ls dump_*.txt)
+  finish
 }
 
 finish() {

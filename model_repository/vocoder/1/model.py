@@ -9,6 +9,7 @@ pipeline's internal key (direct clients) share `max_public_sessions` slots.
 """
 
 import threading
+import time
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -18,6 +19,10 @@ from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
+
+
+WORK_STATS = ("executes", "requests", "execute_ms", "decode_calls", "frames_decoded", "sessions_started",
+              "sessions_ended", "sessions_cancelled", "sessions_expired", "sessions_failed")
 
 
 class TritonPythonModel:
@@ -39,20 +44,32 @@ class TritonPythonModel:
                                             pb_utils.MetricFamily.GAUGE)
         self.active_gauge = self.family.Metric(labels={"state": "active"})
         self.free_gauge = self.family.Metric(labels={"state": "free"})
+        # Work counters: requests / executes is the batch the sequence batcher formed, execute_ms /
+        # executes the time one batch took, frames_decoded / decode_calls the rows per codec call.
+        self.work_family = pb_utils.MetricFamily("moss_vocoder", "vocoder work counters", pb_utils.MetricFamily.GAUGE)
+        self.work = {name: self.work_family.Metric(labels={"stat": name}) for name in WORK_STATS}
+        self.executes = self.requests = 0
+        self.execute_ms = 0.0
         self._lock = threading.Lock()  # the janitor never expires a sequence in the middle of an execute
         self._stop = threading.Event()
         self._janitor = threading.Thread(target=self._expire_idle, name="vocoder-janitor", daemon=True)
         self._janitor.start()
 
     def _expire_idle(self):
-        while not self._stop.wait(min(1.0, self.idle_seconds / 4)):
+        # Also publishes the gauges, off the execute path (each set is an IPC round trip).
+        while not self._stop.wait(min(0.5, self.idle_seconds / 4)):
             with self._lock:
                 self.sessions.expire(self.idle_seconds)
-                self._publish()
+            self._publish()
 
     def execute(self, requests):
+        start = time.perf_counter()
         with self.watch.working(), self._lock:
-            return self._execute(requests)
+            responses = self._execute(requests)
+            self.executes += 1
+            self.requests += len(requests)
+            self.execute_ms += (time.perf_counter() - start) * 1e3
+            return responses
 
     def _execute(self, requests):
         self.sessions.expire(self.idle_seconds)
@@ -82,7 +99,6 @@ class TritonPythonModel:
         for seq in ends:
             if seq in self.sessions:
                 self.sessions.end(seq)
-        self._publish()
         return responses
 
     def _decode(self, chunks, responses):
@@ -102,6 +118,10 @@ class TritonPythonModel:
         stats = self.sessions.stats()
         self.active_gauge.set(stats.active_slots)
         self.free_gauge.set(stats.free_slots)
+        values = {"executes": self.executes, "requests": self.requests, "execute_ms": int(self.execute_ms),
+                  **{name: getattr(stats, name) for name in WORK_STATS[3:]}}
+        for name, metric in self.work.items():
+            metric.set(values[name])
 
     def finalize(self):
         self._stop.set()
