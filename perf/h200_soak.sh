@@ -6,6 +6,8 @@
 #                                     # returns after ~9 min, the soak still running
 #   perf/h200_soak.sh finish          # wait for the soak's end checks, SIGTERM the server, check
 #                                     # its shutdown; everything lands in $OUT
+#   perf/h200_soak.sh run SECONDS     # all in one call (a soak that fits one call's 10 minutes)
+#   perf/h200_soak.sh profile SECONDS # one call, with py-spy dumps of the stubs (carry .whl)
 # Carry .device (scripts/device_triton_pack.sh builds it). Knobs: CONCURRENCY (256), PROCESSES (8),
 # CANCEL (0.2), MIN_FRAMES/MAX_FRAMES (40/112).
 set -uo pipefail
@@ -57,6 +59,17 @@ start() {
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   done
   metrics > "$OUT/metrics_mid.txt"; cp "$W/server.log" "$OUT/server_mid.log"
+}
+
+# One call: serve, soak SECONDS while logging the gauges every minute, then finish.
+run() {
+  serve
+  start_soak "$1"
+  while [ ! -s "$W/soak.json" ] && kill -0 "$(cat "$W/server.pid")" 2>/dev/null; do
+    sleep 20
+    log "$(metrics | grep -E 'streams|running"|vocoder_sessions\{state="active"|requests_cancelled|frames_generated' | tr '\n' ' ')"
+  done
+  finish
 }
 
 # A short soak with py-spy dumps of the stubs while it runs (carry .whl with the py-spy wheel).

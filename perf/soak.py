@@ -215,6 +215,7 @@ class Soak:
         if error is not None:
             if "busy" in error:
                 self.report.outcomes["busy"] += 1
+                await asyncio.sleep(0.2)  # back off as a real client would, instead of spinning
             else:
                 self.fail(kind, error)
             return
