@@ -51,3 +51,9 @@ def test_vocoder_idle_timeout_is_deliberate():
     text = (REPO / "vocoder" / "config.pbtxt").read_text()
     idle_us = int(re.search(r"max_sequence_idle_microseconds: (\d+)", text).group(1))
     assert 5_000_000 <= idle_us <= 60_000_000  # not Triton's 1 s default, not long enough to hoard slots
+
+
+def test_ref_encoder_queue_holds_every_stream():
+    text = (REPO / "ref_encoder" / "config.pbtxt").read_text()
+    queue = int(re.search(r"max_queue_size: (\d+)", text).group(1))
+    assert queue >= parameter("moss_tts", "max_streams")  # a soak at 256 streams overflowed a queue of 64

@@ -295,7 +295,11 @@ def test_streamed_pcm_has_no_header():
     ("[UNAVAILABLE] vocoder has no free session", 503, "service_unavailable"),
     ("[CANCELLED] request cancelled", 503, "service_unavailable"),
     ("[INTERNAL] boom", 500, "internal_error"),
-    ("Stub process is not healthy", 500, "internal_error"),
+    ("Stub process is not healthy.", 503, "service_unavailable"),  # Triton's own, for a dead stub
+    ("Stub process 'moss_tts_0_0' is not healthy.", 503, "service_unavailable"),
+    ("[UNAVAILABLE] Stub process 'vocoder_0_0' is not healthy.", 503, "service_unavailable"),
+    ("[UNAVAILABLE] Model ref_encoder - Error when running inference: [request id: <id_unknown>] Exceeds maximum "
+     "queue size", 429, "rate_limit_exceeded"),
 ])
 def test_triton_errors_map_to_openai_statuses(message, status, code):
     error = errors.from_triton_message(message)

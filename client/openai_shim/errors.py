@@ -24,9 +24,9 @@ from pydantic import ValidationError
 
 # "[CODE] message", possibly behind Triton's "in ensemble 'x', " (see client.tts_client.error_code).
 _TRITON_PREFIX = re.compile(r"^(in ensemble '[^']*', )?\[([A-Z_]+)\] ")
-_BUSY_WORDS = ("busy", "queue full", "too many")
+_BUSY_WORDS = ("busy", "queue full", "too many", "maximum queue size")
 # Triton's own message when a request meets a dead Python stub (24.10 never restarts it).
-_DEAD_STUB = re.compile(r"Stub process .* is not healthy")
+_DEAD_STUB = re.compile(r"Stub process( '[^']*')? is not healthy")
 
 
 @dataclass(eq=False)  # exceptions keep identity hashing

@@ -21,7 +21,9 @@ _CODE_ATTRS = {INVALID: "INVALID_ARG", UNAVAILABLE: "UNAVAILABLE", CANCELLED: "C
 GRPC_NAMES = {INVALID: "INVALID_ARGUMENT", UNAVAILABLE: "UNAVAILABLE", CANCELLED: "CANCELLED", INTERNAL: "INTERNAL"}
 _PREFIX = re.compile(r"^(in ensemble '[^']*', )?\[([A-Z_]+)\] ")
 # Triton's own message for a request that reached a dead stub (24.10 never restarts it).
-_DEAD_STUB = re.compile(r"Stub process '?[^' ]*'? is not healthy")
+_DEAD_STUB = re.compile(r"Stub process( '[^']*')? is not healthy")
+# Triton's own refusal of a request its bounded queue has no room for (dynamic batcher).
+_QUEUE_FULL = re.compile(r"Exceeds maximum queue size")
 HEARTBEAT_FAMILY = "moss_heartbeat_total"  # client/server_health.py reads it by this name
 log = logging.getLogger(__name__)
 
@@ -69,9 +71,10 @@ def bytes_tensor(name: str, values: list[bytes | str], shape) -> "pb_utils.Tenso
 
 def error_kind(err) -> str:
     """A child's TritonError as one of our kind names, from its "[CODE]" tag or else its code;
-    a dead child stub is UNAVAILABLE (the server needs a restart), not the client's fault."""
+    a dead child stub (the server needs a restart) and a child's full queue (retry later) are
+    UNAVAILABLE, not the client's fault."""
     match = _PREFIX.match(err.message())
-    if _DEAD_STUB.search(err.message()):
+    if _DEAD_STUB.search(err.message()) or _QUEUE_FULL.search(err.message()):
         return UNAVAILABLE
     if match:
         return {v: k for k, v in GRPC_NAMES.items()}.get(match.group(2), INTERNAL)
