@@ -14,7 +14,7 @@ FROM nvcr.io/nvidia/tritonserver:24.10-py3
 # image's CUDA 12.6 driver stack runs. numpy<2: the 24.10 stub mis-reads BYTES tensors with numpy 2.
 # The engine's Triton kernels (decode attention, the draw) were built and measured with torch
 # 2.11 + Triton 3.6 (perf/RESULTS.md); with an older torch, if their compile fails at start-up,
-# set attention_kernel/sampler_kernel to "false" in model_repository/tts_engine/config.pbtxt.
+# set attention_kernel/sampler_kernel to "false" in model_repository/moss_tts/config.pbtxt.
 ARG TORCH_VERSION=2.5.1
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cu124 \
  && pip install --no-cache-dir "numpy<2" "transformers>=4.51" tokenizers safetensors soundfile xxhash
@@ -29,7 +29,8 @@ ENV MOSS_TTS_MODEL_DIR=/models/moss-tts \
     MOSS_TTS_CODEC_DIR=/models/moss-codec
 COPY client/ client/
 RUN pip install --no-cache-dir "tritonclient[grpc]==2.51.0"
-# Readiness stays 200 when a Python stub has died (24.10 does not restart stubs): probe for real.
-HEALTHCHECK --interval=30s --timeout=40s --start-period=300s CMD python3 -m client.healthcheck --timeout 30
+# Readiness stays 200 when a Python stub has died (24.10 does not restart stubs): check the
+# models' heartbeats and probe one frame end to end.
+HEALTHCHECK --interval=30s --timeout=40s --start-period=300s CMD python3 -m client.healthcheck --probe --timeout 30
 EXPOSE 8000 8001 8002
 CMD ["tritonserver", "--model-repository=/opt/moss-tts-triton/model_repository", "--backend-config=python,thread-pool-size=384"]

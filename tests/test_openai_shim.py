@@ -218,7 +218,7 @@ def test_every_sampling_field_is_accepted_and_seeded_output_repeats(openai_shim)
 
 
 def test_stop_head_inputs_reach_the_public_entry(triton):
-    """text_* -> STOP_* inputs of moss_tts (passed on through moss_tts_codes to tts_engine)."""
+    """text_* -> STOP_* inputs of moss_tts (to the engine inside moss_tts)."""
     client = TTSClient(triton.grpc_url)
     values = {"TEXT": TEXT, "STOP_TEMPERATURE": 0.5, "STOP_TOP_P": 0.9, "STOP_TOP_K": 5, "SEED": 1, "MAX_FRAMES": 2,
               "IGNORE_STOP": True}

@@ -1,4 +1,4 @@
-"""Triton input parsing shared by tts_engine and the moss_tts entry (no Triton needed)."""
+"""Triton input parsing of the moss_tts model (no Triton needed)."""
 
 from __future__ import annotations
 

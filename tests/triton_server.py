@@ -53,10 +53,9 @@ class TritonServer:
 
     def is_idle(self, m: dict[str, float]) -> bool:
         """No stream, no engine row, no vocoder session in use (metrics as from `metrics()`)."""
-        return (m.get('moss_engine{stat="streams"}') == 0 and m.get('moss_engine{stat="running"}') == 0
-                and m.get('moss_engine{stat="waiting"}') == 0
-                and m.get('moss_engine{stat="free_slots"}') == self.parameter("moss_tts", "max_running_requests")
-                and m.get('moss_vocoder_sessions{state="active"}') == 0)
+        from perf.soak import idle_problems
+
+        return not idle_problems(m, self.parameter("moss_tts", "max_running_requests"))
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

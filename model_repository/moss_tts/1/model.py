@@ -10,8 +10,6 @@ never decoupled: in 24.10 those corrupt the stub's heap and deadlock it under co
 docs/structure.md).
 """
 
-import threading
-
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -36,7 +34,7 @@ STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "reques
          "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
          "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks",
          "prefix_prompt_rows", "prefix_reused_rows", "prefix_blocks_stored", "prefix_blocks_evicted",
-         "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms")
+         "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms", "streams")
 
 
 def _child_error(response) -> ChildError:
@@ -132,14 +130,7 @@ class TritonPythonModel:
         self.pool = StreamPool(int(params.get("max_streams", "320")), name=f"{args['model_instance_name']}-stream")
         self.watch = StallWatch()  # the streams' BLS calls and sends
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds()))
-        # The family must outlive its metrics, so it is kept on the instance.
-        self.family = pb_utils.MetricFamily("moss_engine", "moss_tts engine counters and gauges",
-                                            pb_utils.MetricFamily.GAUGE)
-        self.metrics = {name: self.family.Metric(labels={"stat": name}) for name in STATS}
-        self.streams_gauge = self.family.Metric(labels={"stat": "streams"})
-        self._metrics_stop = threading.Event()
-        self._metrics_thread = threading.Thread(target=self._publish_metrics, daemon=True)
-        self._metrics_thread.start()
+        self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats)
 
     def execute(self, requests):
         for request in requests:
@@ -176,18 +167,14 @@ class TritonPythonModel:
         client = TritonClient(sender, requested, self.watch)
         return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
 
-    def _publish_metrics(self):
-        # Gauges are refreshed a few times a second, off the hot path.
-        while not self._metrics_stop.wait(0.25):
-            stats = self.streams.engine.stats()
-            for name, metric in self.metrics.items():
-                metric.set(getattr(stats, name))
-            self.streams_gauge.set(self.pool.num_active)
+    def _stats(self):
+        stats = self.streams.engine.stats()
+        return {name: self.pool.num_active if name == "streams" else getattr(stats, name) for name in STATS}
 
     def finalize(self):
         # Running streams see is_stopping at their next chunk (or within a second while they
         # wait), abort, and answer UNAVAILABLE; then the engine stops.
         self.pool.stop(STOP_TIMEOUT_S)
         self.streams.shutdown(STOP_TIMEOUT_S)
-        self._metrics_stop.set()
+        self.gauges.stop()
         self.heartbeat.stop()

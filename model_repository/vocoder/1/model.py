@@ -44,12 +44,11 @@ class TritonPythonModel:
                                             pb_utils.MetricFamily.GAUGE)
         self.active_gauge = self.family.Metric(labels={"state": "active"})
         self.free_gauge = self.family.Metric(labels={"state": "free"})
-        # Work counters: requests / executes is the batch the sequence batcher formed, execute_ms /
-        # executes the time one batch took, frames_decoded / decode_calls the rows per codec call.
-        self.work_family = pb_utils.MetricFamily("moss_vocoder", "vocoder work counters", pb_utils.MetricFamily.GAUGE)
-        self.work = {name: self.work_family.Metric(labels={"stat": name}) for name in WORK_STATS}
         self.executes = self.requests = 0
         self.execute_ms = 0.0
+        # requests / executes is the batch the sequence batcher formed, execute_ms / executes the
+        # time one batch took, frames_decoded / decode_calls the rows per codec call.
+        self.gauges = io.Gauges("moss_vocoder", "vocoder work counters", WORK_STATS, self._work, interval_s=0.5)
         self._lock = threading.Lock()  # the janitor never expires a sequence in the middle of an execute
         self._stop = threading.Event()
         self._janitor = threading.Thread(target=self._expire_idle, name="vocoder-janitor", daemon=True)
@@ -118,13 +117,15 @@ class TritonPythonModel:
         stats = self.sessions.stats()
         self.active_gauge.set(stats.active_slots)
         self.free_gauge.set(stats.free_slots)
-        values = {"executes": self.executes, "requests": self.requests, "execute_ms": int(self.execute_ms),
-                  **{name: getattr(stats, name) for name in WORK_STATS[3:]}}
-        for name, metric in self.work.items():
-            metric.set(values[name])
+
+    def _work(self):
+        stats = self.sessions.stats()
+        return {"executes": self.executes, "requests": self.requests, "execute_ms": int(self.execute_ms),
+                **{name: getattr(stats, name) for name in WORK_STATS[3:]}}
 
     def finalize(self):
         self._stop.set()
         self._janitor.join(2.0)
+        self.gauges.stop()
         self.heartbeat.stop()
         self.sessions = None

@@ -1,12 +1,11 @@
-"""The key that marks a request as the pipeline's own (moss_tts entry -> tts_engine, vocoder).
+"""The key that marks a request as the pipeline's own (moss_tts -> vocoder).
 
-tts_engine and the vocoder are callable by any gRPC client, and such direct callers share a
-bounded quota so they can never take the rows and codec slots the public entry needs. The entry
-proves it is the entry with this key, sent as a BLS request parameter. Every model of one
-server must hold the same key: it comes from MOSS_TTS_INTERNAL_KEY (scripts/serve.sh sets a
-random one per start) or, for a tritonserver started by hand, from a file named after the
-server's pid (every stub is a child of tritonserver), created once, atomically, readable only
-by its owner. No Triton import.
+The vocoder is callable by any gRPC client, and such direct callers share a bounded quota of
+codec slots so they can never take the slots moss_tts needs. moss_tts proves it is moss_tts
+with this key, sent as a BLS request parameter. Every model of one server must hold the same
+key: it comes from MOSS_TTS_INTERNAL_KEY (scripts/serve.sh sets a random one per start) or, for
+a tritonserver started by hand, from a file named after the server's pid (every stub is a child
+of tritonserver), created once, atomically, readable only by its owner. No Triton import.
 """
 
 from __future__ import annotations

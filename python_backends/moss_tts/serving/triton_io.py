@@ -124,3 +124,29 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(2 * self.INTERVAL_S)
+
+
+class Gauges:
+    """A gauge family `name{stat=...}` refreshed from `read() -> {stat: value}` every
+    `interval_s` on a thread of its own: each set is an IPC round trip, kept off the hot path."""
+
+    def __init__(self, name: str, description: str, stats: tuple[str, ...], read: Callable[[], dict],
+                 interval_s: float = 0.25) -> None:
+        # The family must outlive its metrics, so both are kept here.
+        self.family = pb_utils.MetricFamily(name, description, pb_utils.MetricFamily.GAUGE)
+        self.metrics = {stat: self.family.Metric(labels={"stat": stat}) for stat in stats}
+        self.read = read
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh, name=f"{name}-gauges", daemon=True)
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            values = self.read()
+            for stat, metric in self.metrics.items():
+                metric.set(values[stat])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.interval_s)
