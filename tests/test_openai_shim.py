@@ -138,6 +138,7 @@ def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, 
     """A 3000-frame utterance: one whole frame arrives, the engine is still generating; leaving the
     `with` block closes the connection, and the engine row and vocoder session are freed early."""
     before = triton.wait_for_metrics(triton.is_idle)
+    assert triton.is_idle(before), before
     with sdk(openai_shim.url).audio.speech.with_streaming_response.create(
             model=MODEL, voice="default", input=TEXT, response_format="pcm", stream_format=stream_format,
             extra_body=fixed(3000, stream=True, initial_codec_chunk_frames=1)) as response:
@@ -152,7 +153,9 @@ def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, 
                 if len(first) >= FRAME_BYTES:
                     break
         assert len(first) >= FRAME_BYTES and len(first) % 4 == 0  # whole stereo samples, at least one frame
-        during = triton.metrics()
+        # Gauges refresh a few times a second: wait for the snapshot that shows this stream.
+        during = triton.wait_for_metrics(lambda m: m['moss_engine{stat="running"}'] == 1
+                                         or m['moss_vocoder_sessions{state="active"}'] == 1, timeout=10)
         assert during['moss_engine{stat="running"}'] == 1 or during['moss_vocoder_sessions{state="active"}'] == 1
     after = triton.wait_for_metrics(
         lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])

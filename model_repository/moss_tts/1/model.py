@@ -10,6 +10,8 @@ never decoupled: in 24.10 those corrupt the stub's heap and deadlock it under co
 docs/structure.md).
 """
 
+import logging
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -26,10 +28,11 @@ from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stream_pool import StreamPool
 from moss_tts.serving.synthesis_request import RequestError, parse_synthesis_request
 
+log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 OUTPUTS = ("AUDIO", "CODES", "CONTEXT_CODES")
-STOP_TIMEOUT_S = 20.0  # finalize: streams end at their next chunk; Triton's exit timeout is 30 s
+STOP_TIMEOUT_S = 10.0  # finalize: streams end at their next chunk or tick; Triton's exit timeout is 30 s
 STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "requests_failed", "steps",
          "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
          "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks",
@@ -174,7 +177,8 @@ class TritonPythonModel:
     def finalize(self):
         # Running streams see is_stopping at their next chunk (or within a second while they
         # wait), abort, and answer UNAVAILABLE; then the engine stops.
-        self.pool.stop(STOP_TIMEOUT_S)
+        if not self.pool.stop(STOP_TIMEOUT_S):
+            log.warning("%d streams still running at shutdown (blocked on a child?)", self.pool.num_active)
         self.streams.shutdown(STOP_TIMEOUT_S)
         self.gauges.stop()
         self.heartbeat.stop()

@@ -1,18 +1,21 @@
-"""StreamPool: runs up to `max_streams` streams at once on reusable threads of one process.
+"""StreamPool: runs up to `max_streams` streams at once, each on a daemon thread of one process.
 
 The `moss_tts` entry is decoupled: execute() only validates and hands each stream to this pool,
 so one stub process holds hundreds of streams (a stream mostly waits on IPC with the GIL
 released) instead of one process per stream. There is no queue here: a stream beyond capacity
 is refused at once and the adapter answers UNAVAILABLE (the engine behind it has its own bounded
 queue). `stop()` refuses new streams and waits for the running ones, which watch `is_stopping`.
+Daemon threads, one per stream (a stream lasts seconds; a thread costs ~0.1 ms): a stream still
+blocked in a BLS call when the stub exits (its child may be gone) must not hold the exit, and
+Python waits for every non-daemon thread (a ThreadPoolExecutor's too) at interpreter exit.
 No Triton import.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -23,7 +26,8 @@ class StreamPool:
         if not isinstance(max_streams, int) or isinstance(max_streams, bool) or max_streams < 1:
             raise ValueError(f"max_streams must be a positive integer, got {max_streams!r}")
         self.max_streams = max_streams
-        self._executor = ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix=name)
+        self._name = name
+        self._ids = itertools.count()
         self._lock = threading.Condition()
         self._num_active = 0
         self._is_stopping = False
@@ -37,13 +41,13 @@ class StreamPool:
         return self._is_stopping
 
     def try_start(self, run: Callable[[], None]) -> bool:
-        """Start `run` on a pool thread; False (nothing started) at capacity or after stop()."""
+        """Start `run` on a thread of its own; False (nothing started) at capacity or after stop()."""
         with self._lock:
             if self._is_stopping or self._num_active >= self.max_streams:
                 return False
             self._num_active += 1
         try:
-            self._executor.submit(self._run, run)
+            threading.Thread(target=self._run, args=(run,), name=f"{self._name}_{next(self._ids)}", daemon=True).start()
         except BaseException:
             self._done()
             raise
@@ -66,6 +70,4 @@ class StreamPool:
         """Refuse new streams, wait up to `timeout` s for the running ones; True if all ended."""
         with self._lock:
             self._is_stopping = True
-            drained = self._lock.wait_for(lambda: self._num_active == 0, timeout)
-        self._executor.shutdown(wait=drained)
-        return drained
+            return self._lock.wait_for(lambda: self._num_active == 0, timeout)
