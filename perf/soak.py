@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.server_health import check as heartbeats_move  # noqa: E402
+from client.server_health import check as heartbeats_move, fetch  # noqa: E402
 
 SPF = 3840  # samples per codec frame per channel
 TYPES = {"TEXT": "BYTES", "REFERENCE_AUDIO": "BYTES", "REFERENCE_TEXT": "BYTES", "MODE": "BYTES", "TOP_P": "FP32",
@@ -253,11 +253,10 @@ async def run_load(config: SoakConfig) -> SoakReport:
 
 
 def read_metrics(metrics_url: str) -> dict[str, float]:
+    """Our custom series, e.g. {'moss_engine{stat="running"}': 0.0}."""
     import re
-    import urllib.request
 
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(moss_\S+) (\S+)$", text, re.M)}
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(moss_\S+) (\S+)$", fetch(metrics_url, 10.0), re.M)}
 
 
 def idle_problems(m: dict[str, float], max_running: int) -> list[str]:

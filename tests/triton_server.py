@@ -32,8 +32,9 @@ class TritonServer:
 
     def metrics(self) -> dict[str, float]:
         """Our custom series, e.g. {'moss_engine{stat="running"}': 0.0}."""
-        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
-        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(moss_\S+) (\S+)$", text, re.M)}
+        from perf.soak import read_metrics
+
+        return read_metrics(self.metrics_url)
 
     def wait_for_metrics(self, predicate, timeout: float = 30.0) -> dict[str, float]:
         """Poll the metrics endpoint until predicate(metrics) holds (gauges refresh every 0.25 s)."""

@@ -40,9 +40,14 @@ STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "reques
          "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms", "streams")
 
 
-def _child_error(response) -> ChildError:
-    err = response.error()
-    return ChildError(err.message(), io.error_kind(err))
+def _call(request, output: str, watch: StallWatch) -> np.ndarray:
+    """One non-decoupled BLS call, watched for stalls: its `output`, or ChildError."""
+    with watch.working():
+        response = request.exec()
+    if response.has_error():
+        err = response.error()
+        raise ChildError(err.message(), io.error_kind(err))
+    return pb_utils.get_output_tensor_by_name(response, output).as_numpy()
 
 
 def encode_reference(audio: bytes, watch: StallWatch) -> np.ndarray:
@@ -50,11 +55,7 @@ def encode_reference(audio: bytes, watch: StallWatch) -> np.ndarray:
     request = pb_utils.InferenceRequest(
         model_name="ref_encoder", inputs=[io.bytes_tensor("REFERENCE_AUDIO", [audio], [1, 1])],
         requested_output_names=["REFERENCE_CODES"])
-    with watch.working():
-        response = request.exec()
-    if response.has_error():
-        raise _child_error(response)
-    return pb_utils.get_output_tensor_by_name(response, "REFERENCE_CODES").as_numpy().copy()
+    return _call(request, "REFERENCE_CODES", watch).copy()
 
 
 class TritonChildren:
@@ -79,11 +80,7 @@ class TritonChildren:
             model_name="vocoder", correlation_id=self.sequence_id, flags=flags, parameters=self.parameters,
             inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes, dtype=np.int32)[None])],
             requested_output_names=["AUDIO"])
-        with self.watch.working():
-            response = request.exec()
-        if response.has_error():
-            raise _child_error(response)
-        return pb_utils.get_output_tensor_by_name(response, "AUDIO").as_numpy()[0]
+        return _call(request, "AUDIO", self.watch)[0]
 
 
 class TritonClient:

@@ -39,11 +39,8 @@ class TritonPythonModel:
         self.key = internal_key.internal_key()
         self.watch = StallWatch()
         self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds)
-        # The family must outlive its metrics, so it is kept on the instance.
-        self.family = pb_utils.MetricFamily("moss_vocoder_sessions", "vocoder codec state slots",
-                                            pb_utils.MetricFamily.GAUGE)
-        self.active_gauge = self.family.Metric(labels={"state": "active"})
-        self.free_gauge = self.family.Metric(labels={"state": "free"})
+        self.slots = io.Gauges("moss_vocoder_sessions", "vocoder codec state slots", ("active", "free"),
+                               self._slots, label="state")
         self.executes = self.requests = 0
         self.execute_ms = 0.0
         # requests / executes is the batch the sequence batcher formed, execute_ms / executes the
@@ -55,11 +52,9 @@ class TritonPythonModel:
         self._janitor.start()
 
     def _expire_idle(self):
-        # Also publishes the gauges, off the execute path (each set is an IPC round trip).
         while not self._stop.wait(min(0.5, self.idle_seconds / 4)):
             with self._lock:
                 self.sessions.expire(self.idle_seconds)
-            self._publish()
 
     def execute(self, requests):
         start = time.perf_counter()
@@ -113,10 +108,9 @@ class TritonPythonModel:
             samples = audio[seq].float().numpy()[None]
             responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("AUDIO", samples)])
 
-    def _publish(self):
+    def _slots(self):
         stats = self.sessions.stats()
-        self.active_gauge.set(stats.active_slots)
-        self.free_gauge.set(stats.free_slots)
+        return {"active": stats.active_slots, "free": stats.free_slots}
 
     def _work(self):
         stats = self.sessions.stats()
@@ -126,6 +120,7 @@ class TritonPythonModel:
     def finalize(self):
         self._stop.set()
         self._janitor.join(2.0)
+        self.slots.stop()
         self.gauges.stop()
         self.heartbeat.stop()
         self.sessions = None

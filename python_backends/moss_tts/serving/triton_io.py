@@ -127,14 +127,14 @@ class Heartbeat:
 
 
 class Gauges:
-    """A gauge family `name{stat=...}` refreshed from `read() -> {stat: value}` every
-    `interval_s` on a thread of its own: each set is an IPC round trip, kept off the hot path."""
+    """A gauge family `name{<label>=...}` refreshed from `read() -> {value of the label: value}`
+    every `interval_s` on a thread of its own: each set is an IPC round trip, kept off the hot path."""
 
     def __init__(self, name: str, description: str, stats: tuple[str, ...], read: Callable[[], dict],
-                 interval_s: float = 0.25) -> None:
+                 interval_s: float = 0.25, label: str = "stat") -> None:
         # The family must outlive its metrics, so both are kept here.
         self.family = pb_utils.MetricFamily(name, description, pb_utils.MetricFamily.GAUGE)
-        self.metrics = {stat: self.family.Metric(labels={"stat": stat}) for stat in stats}
+        self.metrics = {stat: self.family.Metric(labels={label: stat}) for stat in stats}
         self.read = read
         self.interval_s = interval_s
         self._stop = threading.Event()
