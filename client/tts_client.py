@@ -15,42 +15,38 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-SAMPLE_RATE = 48000
-
-# Optional inputs: name -> (numpy dtype, Triton dtype)
-OPTIONAL_INPUTS = {
-    "REFERENCE_TEXT": (object, "BYTES"), "MODE": (object, "BYTES"), "LANGUAGE": (object, "BYTES"),
-    "INSTRUCTIONS": (object, "BYTES"), "TOKENS": (np.int32, "INT32"), "TEMPERATURE": (np.float32, "FP32"),
-    "TOP_P": (np.float32, "FP32"), "TOP_K": (np.int32, "INT32"), "REPETITION_PENALTY": (np.float32, "FP32"),
-    "SEED": (np.int64, "INT64"), "MAX_FRAMES": (np.int32, "INT32"), "IGNORE_STOP": (bool, "BOOL"),
-    "STREAM": (bool, "BOOL"), "FIRST_CHUNK_FRAMES": (np.int32, "INT32"), "CHUNK_FRAMES": (np.int32, "INT32"),
-}
+from moss_tts import contract
+from moss_tts.contract import SAMPLE_RATE, ErrorKind, classify
 
 
-def _input(name: str, value, np_dtype, triton_dtype: str, shape=(1,)) -> grpcclient.InferInput:
-    if np_dtype is object and isinstance(value, str):
-        value = value.encode("utf-8")
-    array = np.array([value], dtype=np_dtype).reshape(shape)
-    tensor = grpcclient.InferInput(name, list(array.shape), triton_dtype)
+def option_input(name: str, value, shape=(1,)) -> grpcclient.InferInput:
+    """One moss_tts input, typed as the contract declares it (ValueError for a value its dtype cannot hold)."""
+    array = contract.input_array(name, value, shape)
+    tensor = grpcclient.InferInput(name, list(array.shape), contract.INPUTS[name].dtype)
     tensor.set_data_from_numpy(array)
     return tensor
 
 
 def build_inputs(text: str, reference_audio: Optional[bytes] = None, ensemble: bool = False,
                  **options) -> list[grpcclient.InferInput]:
-    """Inputs for moss_tts (or the moss_tts_codes ensemble); options use lower-case input names."""
-    inputs = [_input("TEXT", text, object, "BYTES")]
+    """Inputs for moss_tts (or the moss_tts_codes ensemble); options use lower-case input names
+    (top_p=0.9, stop_top_k=20, ...: every shape-[1] input of moss_tts.contract)."""
+    inputs = [option_input("TEXT", text)]
     if ensemble:  # the ensemble always takes REFERENCE_AUDIO, shaped [1, 1]; empty = none
-        inputs.append(_input("REFERENCE_AUDIO", reference_audio or b"", object, "BYTES", (1, 1)))
+        inputs.append(option_input("REFERENCE_AUDIO", reference_audio or b"", (1, 1)))
     elif reference_audio:
-        inputs.append(_input("REFERENCE_AUDIO", reference_audio, object, "BYTES"))
+        inputs.append(option_input("REFERENCE_AUDIO", reference_audio))
     for key, value in options.items():
         name = key.upper()
-        if name not in OPTIONAL_INPUTS:
-            raise ValueError(f"unknown option {key!r}; known: {sorted(k.lower() for k in OPTIONAL_INPUTS)}")
+        if name not in OPTIONS:
+            raise ValueError(f"unknown option {key!r}; known: {sorted(k.lower() for k in OPTIONS)}")
         if value is not None:
-            inputs.append(_input(name, value, *OPTIONAL_INPUTS[name]))
+            inputs.append(option_input(name, value))
     return inputs
+
+
+# The options build_inputs takes by keyword: every shape-[1] input but TEXT and REFERENCE_AUDIO.
+OPTIONS = [t.name for t in contract.MOSS_TTS_INPUTS if t.dims == (1,) and t.name not in ("TEXT", "REFERENCE_AUDIO")]
 
 
 @dataclass
@@ -110,11 +106,11 @@ __all__ = ["TTSClient", "Utterance", "build_inputs", "error_code", "InferenceSer
 
 
 def error_code(exc: InferenceServerException) -> str:
-    """The gRPC code name of a server error: moss-tts-triton tags its messages "[CODE] ..."
-    because gRPC stream responses carry no status code."""
+    """The gRPC code name of a server error (moss_tts.contract.classify): our messages are tagged
+    "[CODE] ..." because gRPC stream responses carry no status code, and Triton's own refusals
+    (wrong dtype or shape, a missing input, a dead stub) are recognised by their wording."""
     message = exc.message() or ""
-    if message.startswith("in ensemble '"):
-        message = message.split("', ", 1)[-1]
-    if message.startswith("[") and "]" in message:
-        return message[1:message.index("]")]
-    return str(exc.status() or "UNKNOWN")
+    kind, _ = classify(message)
+    if kind is ErrorKind.INTERNAL and not message.lstrip().startswith(("[", "in ensemble")) and exc.status():
+        return str(exc.status()).removeprefix("StatusCode.")  # a non-streaming call's own status
+    return kind.value

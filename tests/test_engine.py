@@ -206,22 +206,22 @@ def test_step_failure_ends_running_requests_and_engine_keeps_serving(tiny_model,
     sink = Collector()
     engine = make_engine(tiny_model, sink, max_running_requests=4)
     runner = engine._runner
-    real_decode, real_prefill = runner.decode, runner.prefill
-    calls = {"decode": 0}
+    real_run_step, real_stage_prompt = runner.run_step, runner.stage_prompt
+    calls = {"run_step": 0}
 
-    def flaky_decode(slots):
-        calls["decode"] += 1
-        if calls["decode"] == 1:
+    def flaky_run_step(plan):
+        calls["run_step"] += 1
+        if calls["run_step"] == 1:
             raise RuntimeError("injected decode failure")
-        return real_decode(slots)
+        return real_run_step(plan)
 
-    def flaky_prefill(slot, rows, params):
+    def flaky_stage_prompt(slot, rows, params, prefix):
         if params.seed == 666:
             raise RuntimeError("injected prefill failure")
-        real_prefill(slot, rows, params)
+        real_stage_prompt(slot, rows, params, prefix)
 
-    monkeypatch.setattr(runner, "decode", flaky_decode)
-    monkeypatch.setattr(runner, "prefill", flaky_prefill)
+    monkeypatch.setattr(runner, "run_step", flaky_run_step)
+    monkeypatch.setattr(runner, "stage_prompt", flaky_stage_prompt)
     params = SamplingParams(seed=5, max_frames=8, ignore_stop=True)
     reference = generate(tiny_model, [prompts[4]], [params])[0]
     for rid in ("f0", "f1"):

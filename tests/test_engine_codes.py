@@ -12,6 +12,7 @@ import pytest
 from moss_tts.engine import Engine, EngineConfig
 from moss_tts.serving.engine_codes import EngineCodes
 from moss_tts.serving.engine_streams import EngineStreams
+from moss_tts.contract import ErrorKind
 from moss_tts.serving.speech_pipeline import ChildError
 from moss_tts.serving.synthesis_request import parse_synthesis_request
 
@@ -87,14 +88,27 @@ def test_a_waiting_request_yields_ticks(streams, builder):
     busy_chunks.close()
 
 
-@pytest.mark.parametrize("values, kind, words", [
-    (dict(MAX_FRAMES=5000), "invalid", "max_seq_len"),
+@pytest.mark.parametrize("values, words", [
+    (dict(MAX_FRAMES=5000), "input MAX_FRAMES 5000 does not fit"),  # max_seq_len is 512 here
+    (dict(TOKENS=600), "input TOKENS 600 does not fit"),
+    (dict(TEXT="word " * 600), "shorten the text"),  # the prompt alone is over 512 rows
 ])
-def test_engine_refusals_are_child_errors(streams, builder, values, kind, words):
+def test_what_cannot_fit_is_refused_with_the_numbers(streams, builder, values, words):
     codes = EngineCodes(streams(), builder, synthesis("r", **values), lambda: None)
     with pytest.raises(ChildError) as info:
         next(codes.chunks())
-    assert info.value.code == kind and words in str(info.value)
+    assert info.value.kind is ErrorKind.INVALID_ARGUMENT and words in str(info.value)
+    assert "512" in str(info.value)
+
+
+def test_the_default_length_is_what_fits(streams, builder):
+    """No MAX_FRAMES: the default (4096) shrinks to the room max_seq_len leaves, so a long prompt
+    is served instead of refused."""
+    s = streams()
+    request = synthesis("fit", IGNORE_STOP=True)
+    chunks = [c for c in EngineCodes(s, builder, request, lambda: None).chunks() if c is not None]
+    prompt_rows = builder.build(request.prompt_spec(None)).shape[0]
+    assert sum(c.codes.shape[0] for c in chunks) == 512 - prompt_rows
 
 
 def test_full_queue_is_unavailable(streams, builder):
@@ -105,14 +119,14 @@ def test_full_queue_is_unavailable(streams, builder):
     next(held[1])  # queued (a chunk or a tick)
     with pytest.raises(ChildError) as info:
         next(EngineCodes(s, builder, synthesis("third", MAX_FRAMES=2), lambda: None).chunks())
-    assert info.value.code == "unavailable" and "busy" in str(info.value)
+    assert info.value.kind is ErrorKind.UNAVAILABLE and "busy" in str(info.value)
     for chunks in held:
         chunks.close()
 
 
 def test_reference_errors_pass_through(streams, builder):
     def broken():
-        raise ChildError("[INVALID_ARGUMENT] reference audio could not be decoded", "invalid")
+        raise ChildError("[INVALID_ARGUMENT] reference audio could not be decoded", ErrorKind.INVALID_ARGUMENT)
 
     with pytest.raises(ChildError, match="could not be decoded"):
         next(EngineCodes(streams(), builder, synthesis("ref"), broken).chunks())

@@ -1,6 +1,6 @@
 """The graph-ready engine pieces on the CPU: shape buckets, the engine's frame sampler and fused
-pointwise chains against the model's own code, slot allocation, the memory budget, and the
-overlap of launching step N+1 before reading step N."""
+pointwise chains against the model's own code, the memory budget, and the overlap of launching
+step N+1 before reading step N."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from moss_tts.engine import Engine, EngineConfig, EngineConfigError, EngineReque
 from moss_tts.engine import fused
 from moss_tts.engine.buckets import Buckets
 from moss_tts.engine.frame import LocalRope, sample_frame
-from moss_tts.engine.kv_cache import StaticKVCache
 from moss_tts.engine.memory import check_memory_budget
 from moss_tts.engine.slot_state import SlotState, param_rows
-from moss_tts.model import FrameSampling
 from moss_tts.processor import PromptSpec
 from moss_tts.qwen3 import RMSNorm, apply_neox_rope, neox_rope
-from moss_tts.sampler import ChannelTensors, sample
+from moss_tts.sampler import ChannelTensors, FrameSampling, sample
 from moss_tts.sampling_params import ChannelParams, SamplingParams
 
 from engine_events import TIMEOUT_S, Collector
@@ -67,7 +65,7 @@ def test_engine_frame_sampler_equals_model_sample_frame(tiny_model):
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
-def test_select_token_equals_sample():
+def test_the_engines_eager_draw_equals_sample():
     torch.manual_seed(1)
     logits = torch.randn(6, 1024) * 3
     channel = ChannelTensors.build([ChannelParams(1.7, 0.8, 25), ChannelParams(0.0, 1.0, 0),
@@ -77,9 +75,10 @@ def test_select_token_equals_sample():
     for c in (0, 4, 12):
         position = torch.arange(6) * 13 + c
         expected = sample(logits, channel, seed, position)
-        scores, scaled, greedy = fused.temperature_scores(logits, channel.temperature)
+        eager = fused.Fusions.eager()
+        scores, scaled, greedy = eager.temperature_scores(logits, channel.temperature)
         sorted_scores, sorted_ids = torch.sort(scaled, dim=-1, descending=True)
-        got = fused.select_token(sorted_scores, sorted_ids, scores, greedy, channel.top_k, channel.top_p,
+        got = eager.select_token(sorted_scores, sorted_ids, scores, greedy, channel.top_k, channel.top_p,
                                  seed, position)
         assert torch.equal(got, expected)
 
@@ -163,14 +162,6 @@ def test_slot_state_assign_matches_frame_sampling_build():
     assert torch.equal(got.seed, expected.seed) and not got.seen.any()
 
 
-def test_slots_are_handed_out_lowest_first():
-    cache = StaticKVCache(num_layers=1, num_slots=4, max_seq_len=8, kv_heads=1, head_dim=2)
-    assert [cache.allocate() for _ in range(3)] == [0, 1, 2]
-    cache.free(1)
-    cache.free(0)
-    assert cache.allocate() == 0 and cache.allocate() == 1 and cache.allocate() == 3
-
-
 def test_memory_budget_names_the_numbers_and_the_remedy(tiny_model, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * 2**30, 40 * 2**30))
     config = EngineConfig(gpu_memory_utilization=0.9, reserved_memory_gib=2.0)
@@ -192,7 +183,7 @@ def test_step_n_plus_1_is_launched_before_step_n_is_read(tiny_model, builder):
     sink = Collector()
     engine = Engine(tiny_model, EngineConfig(max_running_requests=2), sink)
     runner = engine._runner
-    real_decode = runner.decode
+    real_run_step = runner.run_step
 
     class Traced:
         def __init__(self, out, n):
@@ -205,12 +196,12 @@ def test_step_n_plus_1_is_launched_before_step_n_is_read(tiny_model, builder):
             order.append(f"read {self.n}")
             return self.out.wait()
 
-    def traced_decode(slots):
+    def traced_run_step(plan):
         n = sum(1 for o in order if o.startswith("launch"))
         order.append(f"launch {n}")
-        return Traced(real_decode(slots), n)
+        return Traced(real_run_step(plan), n)
 
-    runner.decode = traced_decode
+    runner.run_step = traced_run_step
     prompt = builder.build(PromptSpec("Overlap."))
     engine.submit(EngineRequest("r", prompt, SamplingParams(seed=0, max_frames=6, ignore_stop=True)))
     engine.start()

@@ -23,6 +23,7 @@ from client.openai_shim import audio_format
 from client.openai_shim.triton_stream import build_inputs as shim_inputs
 from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
 from shim_server import start_shim, stop_shim
+from triton_server import _free_port
 
 pytestmark = pytest.mark.triton
 
@@ -154,9 +155,9 @@ def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, 
                     break
         assert len(first) >= FRAME_BYTES and len(first) % 4 == 0  # whole stereo samples, at least one frame
         # Gauges refresh a few times a second: wait for the snapshot that shows this stream.
-        during = triton.wait_for_metrics(lambda m: m['moss_engine{stat="running"}'] == 1
-                                         or m['moss_vocoder_sessions{state="active"}'] == 1, timeout=10)
-        assert during['moss_engine{stat="running"}'] == 1 or during['moss_vocoder_sessions{state="active"}'] == 1
+        in_use = ('moss_engine{stat="streams"}', 'moss_engine{stat="running"}', 'moss_vocoder_sessions{state="active"}')
+        during = triton.wait_for_metrics(lambda m: any(m[name] == 1 for name in in_use), timeout=30)
+        assert any(during[name] == 1 for name in in_use), f"{during}\n{triton.log_tail()}"
     after = triton.wait_for_metrics(
         lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
     assert triton.is_idle(after)
@@ -243,6 +244,7 @@ def _bad_cases():
         ("input over the limit", {**ok, "input": "x" * 1001}, 400, "input", "the limit is 1000"),
         ("wrong type", {**ok, "temperature": "hot"}, 400, "temperature", "valid number"),
         ("out of range", {**ok, "top_p": 1.5}, 400, "top_p", "less than or equal to 1"),
+        ("int32 overflow", {**ok, "top_k": 2**32 + 5}, 400, "top_k", "less than or equal to 2147483647"),
         ("speed", {**ok, "speed": 1.5}, 400, "speed", "not supported"),
         ("preset voice", {**ok, "voice": "vivian"}, 400, "voice", "no preset voices"),
         ("aac", {**ok, "response_format": "aac"}, 400, "response_format", "no encoder"),
@@ -276,6 +278,19 @@ def test_bad_request_gets_documented_4xx(openai_shim, body, status, param, fragm
     assert set(error) == {"message", "type", "param", "code"}
     assert error["param"] == param and fragment in error["message"], error
     assert openai_shim.is_alive()
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_not_sent_as_json_is_415(openai_shim, content_type):
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    response = httpx.post(f"{openai_shim.url}/v1/audio/speech", content=json.dumps({"input": TEXT}).encode(),
+                          headers=headers, timeout=60)
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type" and "application/json" in error["message"]
+    ok = httpx.post(f"{openai_shim.url}/v1/audio/speech", json={"input": TEXT, **fixed(2), "response_format": "pcm"},
+                    headers={"Content-Type": "application/json; charset=utf-8"}, timeout=60)
+    assert ok.status_code == 200 and len(ok.content) == 2 * FRAME_BYTES
 
 
 def test_sdk_raises_the_openai_error_types(openai_shim):
@@ -340,3 +355,55 @@ def test_no_triton_response_in_time_is_504_and_cancels(triton, tmp_path):
     after = triton.wait_for_metrics(
         lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
     assert triton.is_idle(after)
+
+
+class LateProxy:
+    """A TCP port that refuses connections until start(), then forwards them to `target`:
+    tritonserver coming up after the shim did."""
+
+    def __init__(self, target: str):
+        self.host, self.port = "127.0.0.1", _free_port()
+        self.target = target.rsplit(":", 1)[0], int(target.rsplit(":", 1)[1])
+
+    def start(self) -> None:
+        listener = socket.create_server((self.host, self.port))
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener) -> None:
+        while True:
+            client, _ = listener.accept()
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+
+def test_a_shim_started_before_tritonserver_is_healthy_soon_after_it(triton, tmp_path):
+    """gRPC's default reconnect backoff grows to minutes: a shim that first found no server stayed
+    503 for ~24 s after tritonserver was ready. Its backoff is capped at 1 s."""
+    import time
+
+    from shim_server import health_status
+
+    proxy = LateProxy(triton.grpc_url)
+    shim = start_shim(f"{proxy.host}:{proxy.port}", tmp_path / "shim.log", tmp_path, "--metrics-url",
+                      triton.metrics_url, health=503)
+    try:
+        time.sleep(12)  # long enough for gRPC's default backoff to have grown past 10 s
+        proxy.start()
+        started = time.monotonic()
+        while health_status(shim.url) != 200 and time.monotonic() - started < 30:
+            time.sleep(0.1)
+        took = time.monotonic() - started
+        assert took < 3.0, f"/health took {took:.1f} s to turn 200 once tritonserver answered\n{shim.log_tail()}"
+    finally:
+        stop_shim(shim)

@@ -105,7 +105,7 @@ def test_forget_undoes_a_store_whose_copy_failed():
     cache = PrefixCache(num_blocks=4, block_rows=4)
     m = cache.match(rows_of(list(range(9))))
     claims = cache.store([m])
-    cache.forget(claims, [m])
+    cache.forget((m.hashes[index], block) for index, block in claims[0])
     assert cache.match(rows_of(list(range(9)))).reused_rows == 0
     assert cache.stats().pool_blocks_used == 0
     assert sorted(b for _, b in cache.store([m])[0]) == sorted(b for _, b in claims[0])  # blocks are free again

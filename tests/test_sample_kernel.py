@@ -9,16 +9,15 @@ import importlib.util
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from moss_tts.engine.fused import penalized_scores, select_stop, select_token, temperature_scores
+from moss_tts.engine.fused import penalized_scores, select_stop
 from moss_tts.engine.sample_kernel import draw_tokens, is_supported, reference_draw
-from moss_tts.sampler import ChannelTensors, counter_hash, gumbel_noise
+from moss_tts.sampler import ChannelTensors, counter_hash, draw, gumbel_noise, temperature_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETER_TIMEOUT_S = 300
@@ -198,7 +197,7 @@ def test_reference_equals_the_engines_unstable_sort_without_ties():
     stable sort, which matters only for equal scores; float32 random logits have none."""
     from moss_tts.engine.frame import _draw
 
-    for vocab, select in ((1024, select_token), (2, select_stop)):
+    for vocab, select in ((1024, draw), (2, select_stop)):
         args = make_case(64, vocab, "float32", "normal", vocab > 2, "mixed", seed=1)
         logits, seen, penalty, temperature, top_k, top_p, seeds, positions = args
         params = ChannelTensors(temperature, top_p, top_k, penalty)
@@ -278,31 +277,3 @@ def test_gpu_cuda_graph_replay_follows_new_inputs():
         arg.copy_(new)
     graph.replay()
     assert torch.equal(out, draw_tokens(*new_args))
-
-
-def graphed_us(fn, args, calls: int = 20, replays: int = 50) -> float:
-    """µs per call of fn(*args), replayed from a CUDA graph as the engine runs it (no launch overhead)."""
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn(*args)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (calls * replays)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["defaults", "stop_head"])
-def test_gpu_speed_is_reported(name):
-    """Not a speed assertion: prints µs per draw at B=256, the kernel against the eager torch path
-    (the engine compiles that path: about 40 us codebook / 19 us stop head on an H200, measured once)."""
-    args = make_case(*GPU_CASES[name], device="cuda")
-    print(f"\n{name}: kernel {graphed_us(draw_tokens, args):.1f} us, "
-          f"eager torch path {graphed_us(reference_draw, args):.1f} us per draw (B=256, graphed)")

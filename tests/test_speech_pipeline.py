@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moss_tts.contract import ErrorKind
 from moss_tts.serving.speech_pipeline import ChildError, CodesChunk, SpeechStream
 
 EMPTY = np.zeros((0, 12), np.int32)
@@ -23,7 +24,7 @@ class FakeChildren:
         try:
             for i, chunk in enumerate(self.chunks):
                 if self.fail_after is not None and i == self.fail_after:
-                    raise ChildError("[INVALID_ARGUMENT] reference audio could not be decoded", "invalid")
+                    raise ChildError("[INVALID_ARGUMENT] reference audio could not be decoded", ErrorKind.INVALID_ARGUMENT)
                 yield chunk
         finally:
             self.log.append("closed")
@@ -79,7 +80,7 @@ def test_codes_only_never_calls_the_vocoder():
 def test_idle_ticks_check_cancellation_and_are_not_sent():
     client = FakeClient(cancel_after=2)
     children, client = run([None, None, None, CodesChunk(codes(2), EMPTY)], client=client)
-    assert client.checks == 3 and client.sent == [] and client.errors[0][0] == "cancelled"
+    assert client.checks == 3 and client.sent == [] and client.errors[0][0] is ErrorKind.CANCELLED
     assert children.log == ["aborted", "closed"]  # the engine is aborted before its stream is closed
 
 
@@ -106,7 +107,7 @@ def test_continuation_that_stops_at_once_still_sends_its_context(wants_audio):
 def test_cancel_aborts_engine_and_ends_vocoder():
     children, client = run([CodesChunk(codes(1, i), EMPTY) for i in range(10)], client=FakeClient(cancel_after=2))
     assert children.log == ["aborted", "closed"]
-    assert client.finals == 1 and client.errors[0][0] == "cancelled"
+    assert client.finals == 1 and client.errors[0][0] is ErrorKind.CANCELLED
     assert children.vocoder_calls[-1] == (0, False, True)  # the sequence was ended
     assert len(client.sent) == 2
 
@@ -115,13 +116,13 @@ def test_shutdown_ends_the_stream_with_unavailable():
     children, client = FakeChildren([CodesChunk(codes(1), EMPTY)] * 5), FakeClient()
     stopping = iter([False, True])
     SpeechStream(children, client, stream=True, is_stopping=lambda: next(stopping, True)).run()
-    assert client.errors[0][0] == "unavailable" and "shutting down" in client.errors[0][1]
+    assert client.errors[0][0] is ErrorKind.UNAVAILABLE and "shutting down" in client.errors[0][1]
     assert children.log == ["aborted", "closed"] and client.finals == 1
 
 
 def test_child_error_becomes_one_final_error_and_closes_vocoder():
     children, client = run([CodesChunk(codes(2), EMPTY), CodesChunk(codes(2), EMPTY)], fail_after=1)
-    assert client.finals == 1 and client.errors == [("invalid", "[INVALID_ARGUMENT] reference audio could not be decoded")]
+    assert client.finals == 1 and client.errors == [(ErrorKind.INVALID_ARGUMENT, "[INVALID_ARGUMENT] reference audio could not be decoded")]
     assert children.vocoder_calls[-1] == (0, False, True)
 
 
@@ -131,10 +132,16 @@ def test_unexpected_exception_is_one_internal_error():
             raise RuntimeError("boom")
     children, client = Broken([CodesChunk(codes(2), EMPTY)]), FakeClient()
     SpeechStream(children, client, stream=True).run()
-    assert client.finals == 1 and client.errors[0][0] == "internal" and "boom" in client.errors[0][1]
+    assert client.finals == 1 and client.errors[0][0] is ErrorKind.INTERNAL and "boom" in client.errors[0][1]
 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_empty_utterance_still_ends_cleanly(stream):
     children, client = run([], stream=stream)
     assert client.finals == 1 and not client.errors
+
+
+def test_a_child_refused_at_shutdown_is_unavailable_and_says_so():
+    error = ChildError.from_message("Model vocoder - Error when running inference: Server not ready")
+    assert error.kind is ErrorKind.UNAVAILABLE and "shutting down" in str(error)
+    assert ChildError.from_message("[INVALID_ARGUMENT] bad codes").kind is ErrorKind.INVALID_ARGUMENT

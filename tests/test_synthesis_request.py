@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_tts.serving.synthesis_request import RequestError, parse_synthesis_request
+from moss_tts.contract import InvalidRequest
+from moss_tts.serving.synthesis_request import parse_synthesis_request
 
 
 def parse(**inputs):
@@ -34,10 +35,10 @@ def test_defaults_and_values():
     (dict(TEXT=b"hi", STOP_TOP_P=2.0), "stop top_p"),
 ])
 def test_rejections_name_the_input(inputs, message):
-    with pytest.raises(RequestError, match=message):
+    with pytest.raises(InvalidRequest, match=message):
         parse(**inputs)
 
 
 def test_multi_element_input_is_rejected():
-    with pytest.raises(RequestError, match="exactly one value"):
+    with pytest.raises(InvalidRequest, match="exactly one value"):
         parse_synthesis_request({"TEXT": np.array([b"a", b"b"], dtype=object)}.get, "id")

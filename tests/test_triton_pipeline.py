@@ -105,8 +105,10 @@ def test_cancel_frees_engine_rows_and_vocoder_slot(triton):
                                         first_chunk_frames=1, chunk_frames=1, stream=True))
     first = next(stream)
     assert first.shape == (2, SPF)
-    during = triton.metrics()
-    assert during['moss_engine{stat="running"}'] >= 1 or during['moss_vocoder_sessions{state="active"}'] >= 1
+    # The gauges refresh every 0.25 s: the snapshot read right after the first chunk can predate it.
+    in_use = lambda m: m['moss_engine{stat="running"}'] >= 1 or m['moss_vocoder_sessions{state="active"}'] >= 1
+    during = triton.wait_for_metrics(in_use, timeout=10)
+    assert in_use(during), during
     stream.close()  # stop_stream(cancel_requests=True)
     # requests_cancelled first: the gauges refresh every 0.25 s, so a snapshot from before the
     # request was admitted would also read running == 0.
@@ -179,3 +181,69 @@ def test_end_to_end_liveness_probe(triton):
 
     assert probe(triton.grpc_url, timeout=60) is None
     assert probe("127.0.0.1:1", timeout=10) is not None  # nothing listens there
+
+
+def test_ref_encoder_encodes_every_reference_of_a_batched_request(triton):
+    """A request of two references ([2, 1]: 2 s and 1 s) gets one row of codes each, the shorter
+    padded with -1; one bad item fails the request naming it."""
+    import tritonclient.grpc as grpcclient
+
+    def infer(items):
+        tensor = grpcclient.InferInput("REFERENCE_AUDIO", [len(items), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array(items, dtype=object).reshape(-1, 1))
+        client = grpcclient.InferenceServerClient(triton.grpc_url)
+        try:
+            return client.infer("ref_encoder", [tensor]).as_numpy("REFERENCE_CODES")
+        finally:
+            client.close()
+
+    two, one = tone_wav(2.0, 300.0), tone_wav(1.0, 500.0)
+    codes = infer([two, one])
+    alone = [infer([two])[0], infer([one])[0]]
+    assert codes.shape == (2, alone[0].shape[0], 12) and alone[1].shape[0] < alone[0].shape[0]
+    assert np.array_equal(codes[0], alone[0])
+    assert np.array_equal(codes[1, :alone[1].shape[0]], alone[1]) and (codes[1, alone[1].shape[0]:] == -1).all()
+    assert (alone[1] >= 0).all()
+    with pytest.raises(InferenceServerException) as info:
+        infer([two, b"RIFF this is not audio"])
+    assert error_code(info.value) == "INVALID_ARGUMENT" and "item 1 of 2" in info.value.message()
+
+
+@pytest.mark.parametrize("case", ["wrong dtype", "wrong shape", "missing TEXT", "unknown input"])
+def test_tritons_own_refusals_classify_as_invalid_argument(triton, case):
+    """Triton rejects these before moss_tts sees them, with its own untagged wording."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = build_inputs("Hello.", max_frames=2)
+    if case == "wrong dtype":
+        extra = grpcclient.InferInput("TOP_P", [1], "FP64")
+        extra.set_data_from_numpy(np.array([0.5], dtype=np.float64))
+        inputs.append(extra)
+    elif case == "wrong shape":
+        extra = grpcclient.InferInput("TOP_P", [2], "FP32")
+        extra.set_data_from_numpy(np.array([0.5, 0.5], dtype=np.float32))
+        inputs.append(extra)
+    elif case == "missing TEXT":
+        inputs = inputs[1:]
+    else:
+        extra = grpcclient.InferInput("TOPP", [1], "FP32")
+        extra.set_data_from_numpy(np.array([0.5], dtype=np.float32))
+        inputs.append(extra)
+    with pytest.raises(InferenceServerException) as info:
+        TTSClient(triton.grpc_url).synthesize(inputs)
+    assert error_code(info.value) == "INVALID_ARGUMENT", info.value.message()
+
+
+def test_a_long_reference_is_served_with_the_default_length(triton):
+    """A 95 s reference (1187 prompt rows): the default length shrinks to what max_seq_len leaves
+    instead of refusing the request (it was `prompt + max_frames exceeds max_seq_len`)."""
+    client = TTSClient(triton.grpc_url)
+    chunks = client.stream(build_inputs("Keep going.", reference_audio=tone_wav(95.0, 220.0, rate=8000), seed=3))
+    first = next(chunks)
+    chunks.close()  # cancels: a random-weight model may not stop for thousands of frames
+    assert first.shape[0] == 2 and first.shape[1] >= SPF
+    with pytest.raises(InferenceServerException) as info:
+        speak(triton, reference_audio=tone_wav(95.0, 220.0, rate=8000), max_frames=5000)
+    message = info.value.message()
+    assert error_code(info.value) == "INVALID_ARGUMENT" and "MAX_FRAMES 5000 does not fit" in message
+    assert "5120" in message and "ask for at most" in message

@@ -110,6 +110,7 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
     async def create_speech(request: Request):
         if request.app.state.heartbeat_problem is not None:
             raise errors.unavailable(f"the TTS server is unhealthy: {request.app.state.heartbeat_problem}")
+        require_json(request)
         speech = parse_speech(await read_body(request, config.max_body_bytes))
         check_limits(speech, config)
         values = {"TEXT": speech.input, **triton_options(speech)}
@@ -150,6 +151,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     if size > limit or (declared.isdigit() and int(declared) > limit):
         raise errors.too_large(f"the request body is larger than {limit} bytes (--max-body-bytes)")
     return b"".join(chunks)
+
+
+def require_json(request: Request) -> None:
+    """The body is JSON and must say so (a form post or text/plain is a client mistake: 415)."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise ApiError(415, f"Content-Type must be application/json, got {media_type or 'none'!r}; send the "
+                       f"request as a JSON object", param="Content-Type", code="unsupported_media_type")
 
 
 def parse_speech(body: bytes) -> SpeechRequest:

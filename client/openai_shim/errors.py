@@ -15,18 +15,13 @@ Sources of errors and their statuses:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional
 
 import grpc
 from pydantic import ValidationError
 
-# "[CODE] message", possibly behind Triton's "in ensemble 'x', " (see client.tts_client.error_code).
-_TRITON_PREFIX = re.compile(r"^(in ensemble '[^']*', )?\[([A-Z_]+)\] ")
-_BUSY_WORDS = ("busy", "queue full", "too many", "maximum queue size")
-# Triton's own message when a request meets a dead Python stub (24.10 never restarts it).
-_DEAD_STUB = re.compile(r"Stub process( '[^']*')? is not healthy")
+from moss_tts.contract import ErrorKind, classify, is_busy, is_dead_stub
 
 
 @dataclass(eq=False)  # exceptions keep identity hashing
@@ -65,19 +60,17 @@ def internal(message: str) -> ApiError:
 
 
 def from_triton_message(message: str) -> ApiError:
-    """A final error response of the `moss_tts` stream, tagged "[CODE] ..." by the server."""
-    match = _TRITON_PREFIX.match(message)
-    code = match.group(2) if match else "UNKNOWN"
-    text = message[match.end():] if match else message
-    if _DEAD_STUB.search(message):
+    """A final error response of the `moss_tts` stream (moss_tts.contract.classify)."""
+    kind, text = classify(message)
+    if is_dead_stub(message):
         return unavailable(f"{text}: the server needs a restart")
-    if code in ("INVALID_ARGUMENT", "INVALID_ARG"):
+    if kind is ErrorKind.INVALID_ARGUMENT:
         return bad_request(text)
-    if code == "UNAVAILABLE" and any(word in text.lower() for word in _BUSY_WORDS):
+    if is_busy(kind, text):
         return ApiError(429, f"{text}; retry later", type="rate_limit_error", code="rate_limit_exceeded")
-    if code == "UNAVAILABLE":
+    if kind is ErrorKind.UNAVAILABLE:
         return unavailable(text)
-    if code == "CANCELLED":  # not asked for by us: the server is shutting down or dropped the request
+    if kind is ErrorKind.CANCELLED:  # not asked for by us: the server is shutting down or dropped the request
         return unavailable(f"the synthesis was cancelled by the server: {text}")
     return internal(f"synthesis failed: {text}")
 

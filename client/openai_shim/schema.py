@@ -13,21 +13,24 @@ from typing import Annotated, Literal, Optional
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from moss_tts import contract
+
 from .audio_format import FORMATS, UNSUPPORTED
 
 # The model has no preset voices: "default" and OpenAI's built-in names all mean "no reference"
 # (the model picks a voice from the text); cloning takes `ref_audio` or `references`.
 VOICES = ("default", "alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
           "verse", "marin", "cedar")
-TASK_TYPES = {"clone": "clone", "voice_clone": "clone", "continuation": "continuation"}
-MAX_FRAMES = 22500  # 30 min at 12.5 frames/s, the server's MAX_FRAMES / TOKENS limit
-MAX_CHUNK_FRAMES = 250  # the server's FIRST_CHUNK_FRAMES limit
+TASK_TYPES = contract.MODES
+INT32_MAX = 2**31 - 1  # TOP_K is an int32 input: a larger value would wrap on the wire
 
-Temperature = Annotated[float, Field(ge=0.0, le=100.0)]
+Temperature = Annotated[float, Field(ge=0.0, le=contract.MAX_TEMPERATURE)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-TopK = Annotated[int, Field(ge=-1)]
-Penalty = Annotated[float, Field(gt=0.0, le=100.0)]
-Frames = Annotated[int, Field(ge=1, le=MAX_FRAMES)]
+TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
+Penalty = Annotated[float, Field(gt=0.0, le=contract.MAX_REPETITION_PENALTY)]
+# The server's MAX_FRAMES / TOKENS cap; a request must also fit the engine's max_seq_len, which
+# the server checks (400 with the numbers).
+Frames = Annotated[int, Field(ge=1, le=contract.MAX_FRAMES)]
 
 
 def _conflict(param: str, message: str) -> PydanticCustomError:
@@ -61,7 +64,7 @@ class SpeechRequest(BaseModel):
 
     # OpenAI
     model: Optional[str] = None
-    input: str = Field(min_length=1)
+    input: str = Field(min_length=1, max_length=contract.MAX_TEXT_CHARS)
     voice: str = Field("default", validation_alias=AliasChoices("voice", "speaker"))
     response_format: str = "wav"
     speed: float = 1.0
@@ -90,7 +93,7 @@ class SpeechRequest(BaseModel):
     text_top_k: Optional[TopK] = None
     seed: Optional[int] = Field(None, ge=0, le=2**63 - 1)
     max_new_tokens: Optional[Frames] = None
-    initial_codec_chunk_frames: Optional[int] = Field(None, ge=0, le=MAX_CHUNK_FRAMES)
+    initial_codec_chunk_frames: Optional[int] = Field(None, ge=0, le=contract.MAX_CHUNK_FRAMES)
     # Extension: keep generating to max_new_tokens even when the model would stop (benchmarks, tests).
     ignore_stop: bool = False
 

@@ -16,31 +16,28 @@ import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
+from moss_tts import contract
+
 from . import errors
 
-# Triton input name -> (numpy dtype, Triton dtype); the `moss_tts` entry's optional inputs.
-INPUT_TYPES = {
-    "TEXT": (np.object_, "BYTES"), "REFERENCE_AUDIO": (np.object_, "BYTES"), "REFERENCE_TEXT": (np.object_, "BYTES"),
-    "MODE": (np.object_, "BYTES"), "LANGUAGE": (np.object_, "BYTES"), "INSTRUCTIONS": (np.object_, "BYTES"),
-    "TOKENS": (np.int32, "INT32"), "TEMPERATURE": (np.float32, "FP32"), "TOP_P": (np.float32, "FP32"),
-    "TOP_K": (np.int32, "INT32"), "REPETITION_PENALTY": (np.float32, "FP32"),
-    "STOP_TEMPERATURE": (np.float32, "FP32"), "STOP_TOP_P": (np.float32, "FP32"), "STOP_TOP_K": (np.int32, "INT32"),
-    "SEED": (np.int64, "INT64"), "MAX_FRAMES": (np.int32, "INT32"), "IGNORE_STOP": (np.bool_, "BOOL"),
-    "STREAM": (np.bool_, "BOOL"), "FIRST_CHUNK_FRAMES": (np.int32, "INT32"), "CHUNK_FRAMES": (np.int32, "INT32"),
-}
+# tritonclient's own message-size options, plus a reconnect backoff capped at 1 s: gRPC's default
+# backoff grows to 120 s, so a shim started before tritonserver answered 503 for ~24 s after the
+# server became ready.
+CHANNEL_ARGS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1),
+                ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def build_inputs(values: dict[str, object]) -> list[grpcclient.InferInput]:
-    """{"TEXT": "...", "SEED": 1, ...} -> shape-[1] inputs; None values are left out."""
+    """{"TEXT": "...", "SEED": 1, ...} -> shape-[1] inputs typed by moss_tts.contract; None values
+    are left out."""
     inputs = []
     for name, value in values.items():
         if value is None:
             continue
-        np_dtype, triton_dtype = INPUT_TYPES[name]
-        if isinstance(value, str):
-            value = value.encode("utf-8")
-        tensor = grpcclient.InferInput(name, [1], triton_dtype)
-        tensor.set_data_from_numpy(np.array([value], dtype=np_dtype))
+        array = contract.input_array(name, value)
+        tensor = grpcclient.InferInput(name, [1], contract.INPUTS[name].dtype)
+        tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
 
@@ -111,7 +108,7 @@ class TritonSpeech:
     def __init__(self, url: str, model: str, response_timeout_s: float):
         self.model = model
         self.response_timeout_s = response_timeout_s
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
 
     def open(self, values: dict[str, object]) -> AudioStream:
         return AudioStream(self._client, self.model, build_inputs(values), self.response_timeout_s)

@@ -14,8 +14,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-SAMPLE_RATE = 48000
-MAX_REFERENCE_SECONDS = 100.0
+from .contract import MAX_REFERENCE_SECONDS, SAMPLE_RATE
+
 TARGET_DBFS = -20.0
 MAX_GAIN_DB = 3.0
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .contract import CODEBOOK_SIZE, N_VQ, SAMPLE_RATE
+
 
 class ConfigError(ValueError):
     """A config file is missing a field or holds a value this implementation cannot serve."""
@@ -182,7 +184,11 @@ class MossTTSConfig:
 
     def _validate(self, d: Mapping[str, Any]) -> None:
         src = self.source
-        _require(self.n_vq == 12, src, f"n_vq must be 12 (this release is trained with 12 codebooks), got {self.n_vq}")
+        # The served contract (moss_tts.contract: pbtxt shapes, clients) is the released model's.
+        _require(self.n_vq == N_VQ, src, f"n_vq must be {N_VQ} (this release is trained with {N_VQ} codebooks), "
+                 f"got {self.n_vq}")
+        _require(self.audio_vocab_size == CODEBOOK_SIZE, src,
+                 f"audio_vocab_size must be {CODEBOOK_SIZE} (the codec's codebook size), got {self.audio_vocab_size}")
         sizes = d.get("audio_codebook_sizes") or [self.audio_vocab_size] * self.n_vq
         _require(len(sizes) == self.n_vq and all(int(s) == self.audio_vocab_size for s in sizes), src,
                  f"audio_codebook_sizes must be {self.n_vq} x {self.audio_vocab_size}, got {sizes}")
@@ -193,7 +199,7 @@ class MossTTSConfig:
                  f"({self.backbone.hidden_size}): the codebook heads are tied to the audio embeddings")
         mode = str(d.get("local_text_head_mode", "binary")).lower()
         _require(mode == "binary", src, f"local_text_head_mode must be 'binary', got {mode!r}")
-        _require(self.sampling_rate == 48000, src, f"sampling_rate must be 48000, got {self.sampling_rate}")
+        _require(self.sampling_rate == SAMPLE_RATE, src, f"sampling_rate must be {SAMPLE_RATE}, got {self.sampling_rate}")
         vocab = self.backbone.vocab_size
         for name in ("pad_token_id", "im_start_token_id", "im_end_token_id", "audio_start_token_id",
                      "audio_end_token_id", "audio_user_slot_token_id", "audio_assistant_slot_token_id"):

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import FrameSampling, MossTTSLocalModel
+from .model import MossTTSLocalModel
+from .sampler import FrameSampling
 from .sampling_params import SamplingParams
 
 

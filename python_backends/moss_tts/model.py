@@ -8,8 +8,6 @@ audio embedding tables themselves (tied in the checkpoint).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,34 +15,9 @@ from torch import nn
 from .config import MossTTSConfig
 from .local_transformer import LocalTransformer
 from .qwen3 import Qwen3Backbone
-from .sampler import ChannelTensors, apply_repetition_penalty, sample
-from .sampling_params import SamplingParams
+from .sampler import FrameSampling, apply_repetition_penalty, sample
 
 STOP_INDEX = 1  # local_text_lm_head row 1 = audio_end (stop), row 0 = assistant slot (continue)
-
-
-@dataclass
-class FrameSampling:
-    """Per-row sampling state for a batch: parameters, seeds and each channel's code history."""
-
-    stop: ChannelTensors
-    audio: ChannelTensors
-    seed: torch.Tensor  # [B] int64 row seeds
-    seen: torch.Tensor  # [B, n_vq, audio_vocab] bool: codes generated so far, per channel
-
-    @classmethod
-    def build(cls, params: list[SamplingParams], n_vq: int, vocab: int, device) -> "FrameSampling":
-        return cls(
-            stop=ChannelTensors.build([p.stop for p in params], device),
-            audio=ChannelTensors.build([p.audio for p in params], device),
-            seed=torch.tensor([p.row_seed for p in params], dtype=torch.long, device=device),
-            seen=torch.zeros(len(params), n_vq, vocab, dtype=torch.bool, device=device),
-        )
-
-    def record(self, codes: torch.Tensor, emitted: torch.Tensor) -> None:
-        """Add an emitted frame's codes [B, n_vq] to the history of the rows in `emitted` [B]."""
-        hit = F.one_hot(codes, self.seen.shape[-1]).bool() & emitted[:, None, None]
-        self.seen |= hit
 
 
 class MossTTSLocalModel(nn.Module):

@@ -10,10 +10,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from .contract import MAX_FRAMES, MAX_TEXT_CHARS  # noqa: F401 (MAX_TEXT_CHARS: processor's check)
+
 if TYPE_CHECKING:
     import torch
 
-MAX_TEXT_CHARS = 20000
 # `${token:N}` at the very start of the text sets the duration (SGLang-Omni's inline form).
 TOKEN_PREFIX = re.compile(r"^\s*\$\{token:\s*([^}]*)\}")
 
@@ -73,6 +74,6 @@ def parse_tokens(value, where: str = "tokens") -> int:
     except ValueError:
         raise PromptError(f"{where} must be a positive integer number of frames (12.5 per second), "
                           f"got {value!r}") from None
-    if tokens <= 0 or tokens > 22500:
-        raise PromptError(f"{where} must be in [1, 22500] frames (12.5 per second), got {tokens}")
+    if tokens <= 0 or tokens > MAX_FRAMES:
+        raise PromptError(f"{where} must be in [1, {MAX_FRAMES}] frames (12.5 per second), got {tokens}")
     return tokens

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from .audio import AudioError
-
-N_VQ = 12
+from .contract import N_VQ
 
 
 @torch.no_grad()

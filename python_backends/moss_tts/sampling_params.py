@@ -6,16 +6,9 @@ import hashlib
 import secrets
 from dataclasses import dataclass, field
 
-
-# Spec defaults (upstream README, SGLang-Omni): codebooks 1.7 / 0.8 / 25, stop head 1.0 / 1.0 / 50.
-AUDIO_TEMPERATURE = 1.7
-AUDIO_TOP_P = 0.8
-AUDIO_TOP_K = 25
-AUDIO_REPETITION_PENALTY = 1.0
-STOP_TEMPERATURE = 1.0
-STOP_TOP_P = 1.0
-STOP_TOP_K = 50
-DEFAULT_MAX_FRAMES = 4096  # 327.68 s at 12.5 frames/s, the upstream frame budget
+from .contract import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,  # noqa: F401
+                       DEFAULT_MAX_FRAMES, MAX_FRAMES, MAX_REPETITION_PENALTY, MAX_TEMPERATURE, STOP_TEMPERATURE,
+                       STOP_TOP_K, STOP_TOP_P)
 
 
 class SamplingError(ValueError):
@@ -36,14 +29,15 @@ class ChannelParams:
     repetition_penalty: float = 1.0
 
     def validate(self, channel: str) -> None:
-        if not (self.temperature >= 0.0) or self.temperature > 100.0:
-            raise SamplingError(f"{channel} temperature must be in [0, 100], got {self.temperature}")
+        if not (self.temperature >= 0.0) or self.temperature > MAX_TEMPERATURE:
+            raise SamplingError(f"{channel} temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise SamplingError(f"{channel} top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise SamplingError(f"{channel} top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
-        if not (0.0 < self.repetition_penalty <= 100.0):
-            raise SamplingError(f"{channel} repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
+        if not (0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY):
+            raise SamplingError(f"{channel} repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
+                                f"got {self.repetition_penalty}")
 
     @property
     def is_greedy(self) -> bool:
@@ -67,8 +61,8 @@ class SamplingParams:
             raise SamplingError("the stop head has no repetition penalty; leave it at 1.0")
         if self.seed is not None and not (0 <= int(self.seed) < 2**63):
             raise SamplingError(f"seed must be a non-negative 64-bit integer, got {self.seed}")
-        if not (1 <= int(self.max_frames) <= 22500):
-            raise SamplingError(f"max_frames must be in [1, 22500] (30 min), got {self.max_frames}")
+        if not (1 <= int(self.max_frames) <= MAX_FRAMES):
+            raise SamplingError(f"max_frames must be in [1, {MAX_FRAMES}] (30 min), got {self.max_frames}")
         if self.row_seed < 0:
             row = derive_row_seed(self.seed) if self.seed is not None else secrets.randbits(31)
             object.__setattr__(self, "row_seed", row)

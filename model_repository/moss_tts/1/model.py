@@ -15,6 +15,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from moss_tts.contract import MOSS_TTS_OUTPUTS, N_VQ, ErrorKind, InvalidRequest
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
 from moss_tts.loading import load_model, load_tokenizer
@@ -26,12 +27,12 @@ from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_
 from moss_tts.serving.speech_pipeline import ChildError, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stream_pool import StreamPool
-from moss_tts.serving.synthesis_request import RequestError, parse_synthesis_request
+from moss_tts.serving.synthesis_request import parse_synthesis_request
 
 log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-OUTPUTS = ("AUDIO", "CODES", "CONTEXT_CODES")
+OUTPUTS = tuple(t.name for t in MOSS_TTS_OUTPUTS)
 STOP_TIMEOUT_S = 10.0  # finalize: streams end at their next chunk or tick; Triton's exit timeout is 30 s
 STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "requests_failed", "steps",
          "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
@@ -45,8 +46,7 @@ def _call(request, output: str, watch: StallWatch) -> np.ndarray:
     with watch.working():
         response = request.exec()
     if response.has_error():
-        err = response.error()
-        raise ChildError(err.message(), io.error_kind(err))
+        raise ChildError.from_message(response.error().message())
     return pb_utils.get_output_tensor_by_name(response, output).as_numpy()
 
 
@@ -98,8 +98,8 @@ class TritonClient:
                    if name in self.requested and value is not None]
         self._send(pb_utils.InferenceResponse(tensors), FINAL if final else 0)
 
-    def send_error(self, message, code):
-        self._send(io.error_response(message, code), FINAL)
+    def send_error(self, message, kind):
+        self._send(io.error_response(message, kind), FINAL)
 
     def send_final(self):
         self._send(None, FINAL)
@@ -137,12 +137,12 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 stream = self._prepare(request, sender)
-            except RequestError as exc:
+            except InvalidRequest as exc:
                 sender.send(io.error_response(str(exc)), flags=FINAL)
                 continue
             if not self.pool.try_start(stream.run):
                 reason = "is shutting down" if self.pool.is_stopping() else f"is busy: {self.pool.max_streams} streams"
-                sender.send(io.error_response(f"server {reason}; retry later", io.UNAVAILABLE), flags=FINAL)
+                sender.send(io.error_response(f"server {reason}; retry later", ErrorKind.UNAVAILABLE), flags=FINAL)
         return None
 
     def _prepare(self, request, sender):
@@ -155,11 +155,11 @@ class TritonPythonModel:
         audio = get("REFERENCE_AUDIO")
         audio = b"" if audio is None else bytes(audio.reshape(-1)[0])
         given = get("REFERENCE_CODES")
-        given = None if given is None else np.array(given, dtype=np.int32).reshape(-1, 12)
+        given = None if given is None else np.array(given, dtype=np.int32).reshape(-1, N_VQ)
         if audio and given is not None and given.size:
-            raise RequestError("send REFERENCE_AUDIO or REFERENCE_CODES, not both")
+            raise InvalidRequest("send REFERENCE_AUDIO or REFERENCE_CODES, not both")
         if synthesis.mode == "continuation" and not audio and (given is None or not given.size):
-            raise RequestError("MODE=continuation needs REFERENCE_AUDIO (or REFERENCE_CODES): the audio to continue")
+            raise InvalidRequest("MODE=continuation needs REFERENCE_AUDIO (or REFERENCE_CODES): the audio to continue")
         requested = set(request.requested_output_names()) or set(OUTPUTS)
         reference = (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
         codes = EngineCodes(self.streams, self.builder, synthesis, reference)

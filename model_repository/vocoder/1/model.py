@@ -15,6 +15,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
+from moss_tts.contract import CODEBOOK_SIZE, N_VQ, ErrorKind
 from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
 from moss_tts.serving.stall_watch import StallWatch
@@ -79,12 +80,12 @@ class TritonPythonModel:
                     self.sessions.start(seq, is_public=not internal_key.is_internal(request.parameters(), self.key))
                 elif seq not in self.sessions:
                     raise KeyError(f"sequence {seq} has no codec state (not started, ended or idle-expired)")
-                codes = torch.from_numpy(get("CODES")).reshape(-1, 12)
-                if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1024):
-                    raise ValueError(f"sequence {seq}: CODES must lie in [0, 1024)")
+                codes = torch.from_numpy(get("CODES")).reshape(-1, N_VQ)
+                if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= CODEBOOK_SIZE):
+                    raise ValueError(f"sequence {seq}: CODES must lie in [0, {CODEBOOK_SIZE})")
                 chunks[seq] = (i, codes)
             except NoFreeSlot as exc:
-                responses[i] = io.error_response(str(exc), io.UNAVAILABLE)
+                responses[i] = io.error_response(str(exc), ErrorKind.UNAVAILABLE)
             except (KeyError, ValueError) as exc:
                 responses[i] = io.error_response(str(exc).strip("'\""))
             if bool(get("END").reshape(-1)[0]):
@@ -100,7 +101,7 @@ class TritonPythonModel:
             audio = self.sessions.decode({seq: codes for seq, (_, codes) in chunks.items()})
         except Exception as exc:  # one bad chunk must not take the others' state down silently
             for seq, (i, _) in chunks.items():
-                responses[i] = io.error_response(f"vocoder decode failed: {exc}", io.INTERNAL)
+                responses[i] = io.error_response(f"vocoder decode failed: {exc}", ErrorKind.INTERNAL)
                 if seq in self.sessions:
                     self.sessions.cancel(seq)
             return

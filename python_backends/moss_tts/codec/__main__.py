@@ -3,8 +3,11 @@
   python -m moss_tts.codec encode IN.(wav|npy) -o codes.npy --codec DIR [--n-quantizers 12]
   python -m moss_tts.codec decode codes.npy -o OUT.(wav|npy) --codec DIR [--chunk-frames N]
 
-Audio .npy files are float32 [2, samples] at 48 kHz; code .npy files are integers
-[frames, codebooks]. Every user error exits with status 2 and a message naming the problem.
+A .wav input may have any sample rate: it is resampled to 48 kHz with the server's filter for
+reference audio (moss_tts.audio.resample), mono is duplicated to stereo, and, unlike the server's
+reference path, the level is left as it is. Audio .npy files are float32 [2, samples] at 48 kHz;
+code .npy files are integers [frames, codebooks]. Every user error exits with status 2 and a
+message naming the problem.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..audio import resample
 from ..checkpoint import CheckpointError
 from .checkpoint import load_codec
 from .config import CodecConfigError
@@ -48,7 +52,7 @@ def _output(path: str, suffixes: tuple[str, ...]) -> Path:
 
 
 def read_audio(path: Path) -> np.ndarray:
-    """Audio file -> float32 [2, samples] at 48 kHz."""
+    """Audio file (.wav at any rate, or .npy [2, samples] at 48 kHz) -> float32 [2, samples] at 48 kHz."""
     if path.suffix.lower() == ".npy":
         audio = np.load(path, allow_pickle=False)
         if audio.ndim != 2 or audio.shape[0] != CHANNELS or not np.issubdtype(audio.dtype, np.floating):
@@ -60,10 +64,10 @@ def read_audio(path: Path) -> np.ndarray:
             data, rate = sf.read(str(path), dtype="float32", always_2d=True)
         except Exception as exc:  # soundfile raises several types for unreadable files
             raise CliError(f"{path}: cannot read WAV ({exc})") from exc
-        if rate != SAMPLE_RATE:
-            raise CliError(f"{path}: sample rate is {rate} Hz, the codec needs {SAMPLE_RATE} Hz (resample first)")
+        # Resampled before the channels are mapped, in the order the server's prepare_reference uses.
+        audio = resample(torch.from_numpy(np.ascontiguousarray(data.T)), rate, SAMPLE_RATE).numpy()
         # Mono is duplicated to both channels; extra channels beyond stereo are dropped.
-        audio = (np.repeat(data, 2, axis=1) if data.shape[1] == 1 else data[:, :CHANNELS]).T
+        audio = np.repeat(audio, 2, axis=0) if audio.shape[0] == 1 else audio[:CHANNELS]
     if audio.shape[1] == 0:
         raise CliError(f"{path}: no samples")
     if not np.isfinite(audio).all():
@@ -136,7 +140,8 @@ def cmd_decode(args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m moss_tts.codec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    enc = sub.add_parser("encode", help="audio (48 kHz .wav or [2, S] .npy) -> codes .npy [frames, codebooks]")
+    enc = sub.add_parser("encode", help="audio (.wav at any rate, resampled to 48 kHz; or [2, S] .npy at 48 kHz) "
+                                           "-> codes .npy [frames, codebooks]")
     enc.add_argument("input")
     enc.add_argument("--n-quantizers", type=int, default=12)
     dec = sub.add_parser("decode", help="codes .npy -> audio .wav or .npy")

@@ -55,7 +55,7 @@ class Engine:
         self._runner = ModelRunner(model, config)
         self._scheduler = Scheduler(config)
         self._on_event = on_event
-        # Guards the scheduler, the slot free list, the counters and the stop flag.
+        # Guards the scheduler (its slot and prefix bookkeeping too), the counters and the stop flag.
         self._cond = threading.Condition()
         self._counters = StatsCounters()
         self._thread: Optional[threading.Thread] = None
@@ -95,8 +95,9 @@ class Engine:
 
     def stats(self) -> EngineStats:
         with self._cond:
+            cache = self._scheduler.cache
             return self._counters.snapshot(self._scheduler.num_running, self._scheduler.num_waiting,
-                                           self._runner.num_free_slots, self._runner.prefix_stats())
+                                           cache.num_free_slots, cache.prefix_stats())
 
     def stalled_seconds(self) -> float:
         """How long the step now running has taken (0 between steps): a step that never ends
@@ -155,18 +156,17 @@ class Engine:
 
     def _schedule(self) -> Schedule:
         with self._cond:
-            plan = self._scheduler.schedule()
-            # Free the aborted slots first: the scheduler already counted them out.
+            plan = self._scheduler.schedule()  # the admitted hold their slots and prefix matches
+            # The aborted slots were given back (and maybe handed out again): mark them idle on
+            # the device before any admitted prompt's prefill is staged.
             for state in plan.cancelled:
                 self._release(state, "cancelled")
-            for state in plan.admitted:
-                state.start(self._runner.allocate_slot())
-                self._counters.requests_admitted += 1
+            self._counters.requests_admitted += len(plan.admitted)
         return plan
 
     def _stage(self, state: RequestState) -> bool:
         try:
-            self._runner.prefill(state.slot, state.request.prompt_rows, state.request.params)
+            self._runner.stage_prompt(state.slot, state.request.prompt_rows, state.request.params, state.prefix)
         except Exception as exc:
             log.exception("prefill failed for request %s", state.request_id)
             self._fail([state], f"prefill failed: {exc!r}")
@@ -179,10 +179,15 @@ class Engine:
         decoding = [s for s in running if s.is_running and s.can_issue]
         if not staged and not decoding:
             return None
+        with self._cond:
+            plan = self._scheduler.cache.plan_step([(s.slot, s.prefix) for s in staged],
+                                                   [s.slot for s in decoding])
         try:
-            out = self._runner.decode([s.slot for s in decoding])
+            out = self._runner.run_step(plan)
         except Exception as exc:
             log.exception("decode step failed for %d requests", len(decoding))
+            with self._cond:
+                self._scheduler.cache.abandon(plan)
             self._fail(list(dict.fromkeys(staged + decoding)), f"decode step failed: {exc!r}")
             return None
         for state in decoding:
@@ -234,10 +239,11 @@ class Engine:
         self._emit(Finished(state.request_id, reason, error, state.num_flushed))
 
     def _release(self, state: RequestState, reason: FinishReason) -> None:
-        """Forget a request and free its slot; the caller holds the lock and emits Finished."""
+        """Forget a request, free its slot and mark it idle on the device; the caller holds the
+        lock and emits Finished."""
         self._scheduler.retire(state)
         if state.slot is not None:
-            self._runner.free_slot(state.slot)
+            self._runner.release_slot(state.slot)
         state.finish()
         self._counters.record_finish(reason)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..local_transformer import LocalKVCache, LocalTransformer, interleaved_rope
-from ..model import STOP_INDEX, FrameSampling, MossTTSLocalModel
-from ..sampler import ChannelTensors
+from ..model import STOP_INDEX, MossTTSLocalModel
+from ..sampler import ChannelTensors, FrameSampling
 from . import sample_kernel
 from .fused import Fusions
 

@@ -1,9 +1,10 @@
 """The pointwise chains of a step as small pure functions, optionally compiled into fused kernels.
 
 Each function repeats, op for op, what the model's modules do (qwen3.RMSNorm, apply_neox_rope,
-the SwiGLU MLP, sampler.sample), so run eagerly they give the modules' results. A decode
-step launches ~1,000 kernels instead of ~3,000 when they are compiled: on a GPU most of a
-small-batch step is launch gaps between tiny kernels, not arithmetic.
+the SwiGLU MLP), so run eagerly they give the modules' results; the sampling steps are the
+sampler's own functions (sampler.temperature_scores, sampler.draw), compiled as they are. A
+decode step launches ~1,000 kernels instead of ~3,000 when they are compiled: on a GPU most of
+a small-batch step is launch gaps between tiny kernels, not arithmetic.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from ..local_transformer import apply_interleaved_rope
 from ..qwen3 import apply_neox_rope
-from ..sampler import gumbel_noise
+from ..sampler import apply_repetition_penalty, draw, temperature_scores
 
 RECOMPILE_LIMIT = 32  # specialisations per fused function (a handful are used)
 
@@ -94,46 +95,16 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x)
 
 
-def select_token(sorted_scores: torch.Tensor, sorted_ids: torch.Tensor, scores: torch.Tensor,
-                 is_greedy: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,
-                 position: torch.Tensor) -> torch.Tensor:
-    """sampler.sample after its sort: top-k, top-p, a Gumbel-max draw at counter `position`
-    [B], argmax where greedy. Compiled, the noise hash fuses into the draw."""
-    vocab = sorted_scores.shape[-1]
-    k = torch.where((top_k <= 0) | (top_k > vocab), torch.full_like(top_k, vocab), top_k)
-    kth = sorted_scores.gather(-1, (k - 1).unsqueeze(-1))
-    sorted_scores = sorted_scores.masked_fill(sorted_scores < kth, float("-inf"))
-    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
-    beyond_p = cumulative > top_p.unsqueeze(-1)
-    remove = torch.cat([torch.zeros_like(beyond_p[:, :1]), beyond_p[:, :-1]], dim=1)
-    remove &= (top_p < 1.0).unsqueeze(-1)
-    sorted_scores = sorted_scores.masked_fill(remove, float("-inf"))
-    perturbed = sorted_scores.double() + gumbel_noise(seed, position, sorted_ids)
-    drawn = sorted_ids.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)
-    return torch.where(is_greedy, scores.argmax(dim=-1), drawn)
-
-
 def select_stop(*args) -> torch.Tensor:
-    """select_token for the 2-way stop head: its own compiled code, so the vocab-2 shapes do
+    """sampler.draw for the 2-way stop head: its own compiled code, so the vocab-2 shapes do
     not add specialisations to the codebooks' one."""
-    return select_token(*args)
-
-
-def temperature_scores(logits: torch.Tensor, temperature: torch.Tensor):
-    """The start of sampler.sample: (scores, scores / temperature, is_greedy)."""
-    scores = logits.float()
-    is_greedy = temperature == 0
-    temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
-    return scores, scores / temp.unsqueeze(-1), is_greedy
+    return draw(*args)
 
 
 def penalized_scores(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor,
                      temperature: torch.Tensor):
-    """sampler.apply_repetition_penalty on float logits, then temperature_scores."""
-    p = penalty.unsqueeze(-1)
-    scores = logits.float()
-    scores = torch.where(seen, torch.where(scores < 0, scores * p, scores / p), scores)
-    return temperature_scores(scores, temperature)
+    """sampler.apply_repetition_penalty on float logits, then temperature_scores: one kernel."""
+    return temperature_scores(apply_repetition_penalty(logits.float(), seen, penalty), temperature)
 
 
 @dataclass(frozen=True)
@@ -150,7 +121,7 @@ class Fusions:
     local_qkv_rope: Callable
     local_attention: Callable
     silu: Callable
-    select_token: Callable
+    select_token: Callable  # sampler.draw
     select_stop: Callable
     temperature_scores: Callable
     penalized_scores: Callable
@@ -159,7 +130,7 @@ class Fusions:
     @classmethod
     def eager(cls) -> "Fusions":
         return cls(rms_norm, add_rms_norm, qk_norm_rope, silu_mul, silu_mul_merged, layer_norm, add_layer_norm,
-                   local_qkv_rope, local_attention, silu, select_token, select_stop, temperature_scores, penalized_scores,
+                   local_qkv_rope, local_attention, silu, draw, select_stop, temperature_scores, penalized_scores,
                    False)
 
     @classmethod
@@ -186,5 +157,5 @@ def _compiled_fusions() -> Fusions:
     return Fusions(fuse(rms_norm), fuse(add_rms_norm), fuse(qk_norm_rope), fuse(silu_mul),
                    fuse(silu_mul_merged), fuse(layer_norm), fuse(add_layer_norm), fuse(local_qkv_rope),
                    fuse(local_attention_reduced), fuse(silu),
-                   fuse(select_token), fuse(select_stop), fuse(temperature_scores),
+                   fuse(draw), fuse(select_stop), fuse(temperature_scores),
                    fuse(penalized_scores), True)

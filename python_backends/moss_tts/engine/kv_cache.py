@@ -1,16 +1,16 @@
 """Static, slot-major KV cache of the backbone: one row of max_seq_len per running request,
 plus the prefix pool: blocks of rows whose keys/values later prompts copy instead of computing.
 
-Buffers are allocated once in `setup` and written in place; a slot is a request's private
-row, handed out and taken back through a free list. Rows past a slot's length hold stale
-values of earlier occupants; attention masks them, so a freed slot is never cleared. Each of
-K and V is one tensor over all layers, so a prefix copy is one gather + one scatter for all 36
-layers rather than one per layer and block.
+Buffers and copy operations only: buffers are allocated once in `setup` and written in place.
+A slot is a request's private row; which request holds which slot, and how many rows, is the
+scheduler's CacheManager's business. Rows past a slot's length hold stale values of earlier
+occupants; attention masks them, so a freed slot is never cleared. Each of K and V is one
+tensor over all layers, so a prefix copy is one gather + one scatter for all 36 layers rather
+than one per layer and block.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 
 import torch
@@ -31,20 +31,10 @@ class StaticKVCache:
         self.v: list[torch.Tensor] = []
         self._k_all = self._v_all = None  # [layers, num_slots, slot_rows, kv_heads, head_dim]
         self._pool_k = self._pool_v = None  # [layers, prefix_blocks, block_rows, kv_heads, head_dim]
-        # Host upper bound of each slot's KV rows (exact while the slot generates), known without
-        # a sync: it picks the attention window of a decode step.
-        self.lengths = [0] * num_slots
-        # Lowest slot first: running slots stay packed at the front, so a decode step over
-        # slots [0, S) wastes few rows.
-        self._free = list(range(num_slots))
 
     @property
     def is_ready(self) -> bool:
         return bool(self.k)
-
-    @property
-    def num_free_slots(self) -> int:
-        return len(self._free)
 
     def num_bytes(self, dtype: torch.dtype) -> int:
         """Slots and prefix pool together."""
@@ -68,18 +58,6 @@ class StaticKVCache:
             self._pool_k = torch.zeros(pool, device=device, dtype=dtype)
             self._pool_v = torch.zeros(pool, device=device, dtype=dtype)
         log.info("KV cache allocated%s", _free_memory(device))
-
-    def allocate(self) -> int:
-        if not self._free:
-            raise RuntimeError("no free KV slot: the scheduler admitted more than max_running_requests")
-        slot = heapq.heappop(self._free)
-        self.lengths[slot] = 0
-        return slot
-
-    def free(self, slot: int) -> None:
-        assert slot not in self._free, f"KV slot {slot} freed twice"
-        self.lengths[slot] = 0
-        heapq.heappush(self._free, slot)
 
     def write_range(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor):
         """Prefill: k/v [1, T, kv_heads, head_dim] at rows [start, start+T) of one slot; returns

@@ -1,12 +1,12 @@
 """PrefixCache: which blocks of prompt rows already have their keys/values in the prefix pool.
 
-Policy only, no tensors. Prompts of one speaker (same reference codes) and one instruction
-block start with the same rows, and a row's keys/values depend only on the rows up to it (the
-backbone is causal, positions start at 0 in every slot). So the KV of a block of rows is named
-by a hash chained over every row up to the block's end: equal names, equal keys/values. A new
-prompt copies its longest named prefix from the pool into its slot and prefills only the rest;
-after a prefill the prompt's full blocks that are not in the pool yet are copied there, evicting
-the least recently used.
+Policy only, no device tensors; the scheduler's CacheManager drives it. Prompts of one speaker
+(same reference codes) and one instruction block start with the same rows, and a row's
+keys/values depend only on the rows up to it (the backbone is causal, positions start at 0 in
+every slot). So the KV of a block of rows is named by a hash chained over every row up to the
+block's end: equal names, equal keys/values. A new prompt copies its longest named prefix from
+the pool into its slot and prefills only the rest; after a prefill the prompt's full blocks
+that are not in the pool yet are copied there, evicting the least recently used.
 
 Eviction eats chains from the tail: a chain's blocks are marked used tail first, head last, so
 its head is the most recent of them (a match walks from the head; losing the head would make
@@ -20,6 +20,7 @@ it was matched in is read before it is written; the map here is always updated f
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,8 +63,8 @@ class PrefixCache:
         self._lookups = self._prompt_rows = self._reused_rows = self._stored = self._evicted = 0
 
     def block_hashes(self, rows: torch.Tensor) -> tuple[bytes, ...]:
-        """Chained names of the full blocks of `rows` [T, width] (int64, CPU)."""
-        data = np.ascontiguousarray(rows.numpy(), dtype=np.int64)
+        """Chained names of the full blocks of `rows` [T, width] (int64)."""
+        data = np.ascontiguousarray(rows.cpu().numpy(), dtype=np.int64)
         b, names, parent = self.block_rows, [], b""
         for start in range(0, data.shape[0] - b + 1, b):
             parent = xxhash.xxh3_128_digest(parent + data[start:start + b].tobytes())
@@ -108,14 +109,13 @@ class PrefixCache:
             claims.append(copies)
         return claims
 
-    def forget(self, claims: list[list[tuple[int, int]]], matches: list[PrefixMatch]) -> None:
-        """Undo `store` for blocks whose copy never happened: their names must not point at
-        pool blocks holding something else."""
-        for copies, match in zip(claims, matches):
-            for index, block in copies:
-                if self._blocks.get(match.hashes[index]) == block:
-                    del self._blocks[match.hashes[index]]
-                    self._free.append(block)
+    def forget(self, named_blocks: Iterable[tuple[bytes, int]]) -> None:
+        """Undo `store` for (name, pool block) claims whose copy never happened: their names
+        must not point at pool blocks holding something else."""
+        for name, block in named_blocks:
+            if self._blocks.get(name) == block:
+                del self._blocks[name]
+                self._free.append(block)
 
     def _touch(self, chain) -> None:
         """Mark a chain's blocks used, tail first, so its head is the last to be evicted."""

@@ -12,6 +12,7 @@ from ..config import MossTTSConfig
 from ..sampling_params import SamplingParams
 from .config import EngineConfig
 from .events import CodesChunk
+from .prefix_cache import PrefixMatch
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +86,7 @@ class RequestState:
     chunk_frames: int
     status: RequestStatus = RequestStatus.WAITING
     slot: Optional[int] = None
+    prefix: Optional[PrefixMatch] = None  # pool blocks its prompt loads; None with reuse off
     num_frames: int = 0  # frames generated = the index of the next frame
     num_issued: int = 0  # frames launched on the device (ahead of num_frames while a step runs)
     num_flushed: int = 0  # frames delivered in chunks
@@ -129,9 +131,9 @@ class RequestState:
     def is_chunk_ready(self) -> bool:
         return self.num_pending >= chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames)
 
-    def start(self, slot: int) -> None:
+    def start(self, slot: int, prefix: Optional[PrefixMatch] = None) -> None:
         assert self.status is RequestStatus.WAITING, f"{self.request_id} started twice"
-        self.status, self.slot = RequestStatus.RUNNING, slot
+        self.status, self.slot, self.prefix = RequestStatus.RUNNING, slot, prefix
 
     def add_frame(self, codes: list[int]) -> None:
         self.pending.append(codes)
@@ -149,5 +151,5 @@ class RequestState:
     def finish(self) -> None:
         """Final transition; frees the per-request buffers (the caller frees the slot)."""
         assert self.status is not RequestStatus.FINISHED, f"{self.request_id} finished twice"
-        self.status, self.slot = RequestStatus.FINISHED, None
+        self.status, self.slot, self.prefix = RequestStatus.FINISHED, None, None
         self.pending.clear()

@@ -1,10 +1,12 @@
 """ModelRunner: owns every tensor of the engine (KV cache, slot state, step outputs, graphs) and
-launches steps. It makes no policy decisions.
+launches steps. It makes no policy decisions: the scheduler's CacheManager names the slots, the
+prefix blocks to load and store and the decode's key window; the runner moves the tensors
+(padding shapes to its graphs' buckets).
 
-A step = the batched prefill of the prompts staged since the last step (each samples its first
-frame) + one decode step over the running slots (each samples its next frame), launched without
-waiting for anything, then one device->host copy of the step's output rows. The caller reads
-the output later (StepOutput.wait), typically after launching the next step.
+A step (run_step) = the batched prefill of the prompts staged since the last step (stage_prompt;
+each samples its first frame) + one decode step over the running slots (each samples its next
+frame), launched without waiting for anything, then one device->host copy of the step's output
+rows. The caller reads the output later (StepOutput.wait), typically after launching the next step.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from ..model import MossTTSLocalModel
 from ..sampling_params import SamplingParams
 from . import backbone, decode_attention, sample_kernel, step
 from .buckets import Buckets
+from .cache_manager import PrefixStore, StepPlan
 from .config import EngineConfig
 from .frame import LocalRope
 from .fused import Fusions
 from .graph_runner import REMEDIES, GraphCaptureError, GraphRunner
 from .kv_cache import StaticKVCache
 from .memory import check_memory_budget
-from .prefix_cache import PrefixCache, PrefixMatch, PrefixStats
+from .prefix_cache import PrefixMatch
 from .slot_state import SlotState, param_rows
 from .stats import GraphUse
 from .step import PrefillInputs, StepContext
@@ -78,7 +81,6 @@ class ModelRunner:
         self.kv = StaticKVCache(b.num_hidden_layers, config.max_running_requests, config.max_seq_len,
                                 b.num_key_value_heads, b.head_dim, config.prefix_blocks,
                                 config.prefix_block_rows)
-        self.prefix = PrefixCache(config.prefix_blocks, config.prefix_block_rows) if config.prefix_blocks else None
         is_cuda = self.device.type == "cuda"
         self.buckets = Buckets.build(config.max_running_requests, config.max_seq_len,
                                      config.cuda_graph_max_batch, config.min_kv_bucket,
@@ -91,10 +93,6 @@ class ModelRunner:
     @property
     def is_ready(self) -> bool:
         return self.ctx is not None
-
-    @property
-    def num_free_slots(self) -> int:
-        return self.kv.num_free_slots
 
     # ---- setup ----
 
@@ -128,7 +126,7 @@ class ModelRunner:
                     self.graphs.capture(lambda s, k: step.decode_step(ctx, s, k),
                                         lambda inputs: step.prefill_step(ctx, inputs),
                                         lambda t: self._dummy_inputs(1, t),
-                                        prefix_prefill if self.prefix is not None else None)
+                                        prefix_prefill if self.config.prefix_blocks else None)
                 ctx.state.reset()  # warm-up and capture runs wrote into slots
         self.ctx = ctx
 
@@ -166,28 +164,26 @@ class ModelRunner:
 
     # ---- slots ----
 
-    def allocate_slot(self) -> int:
-        return self.kv.allocate()
-
-    def free_slot(self, slot: int) -> None:
+    def release_slot(self, slot: int) -> None:
+        """The slot's request ended: drop its staged prompt, and the slot stops generating."""
         self._staged = [p for p in self._staged if p.slot != slot]
         if self.ctx is not None:
             self.ctx.state.release(slot)
-        self.kv.free(slot)
 
     # ---- steps ----
 
-    def prefill(self, slot: int, prompt_rows: torch.Tensor, params: SamplingParams) -> None:
-        """Stage a newly admitted prompt for the next step's batched prefill."""
-        assert self.is_ready, "ModelRunner.setup() must run before prefill"
-        match = self.prefix.match(prompt_rows) if self.prefix is not None else None
-        self._staged.append(StagedPrompt(slot, prompt_rows, params, match))
-        self.kv.lengths[slot] = prompt_rows.shape[0]
+    def stage_prompt(self, slot: int, prompt_rows: torch.Tensor, params: SamplingParams,
+                     prefix: Optional[PrefixMatch] = None) -> None:
+        """Queue a newly admitted prompt for the next step's batched prefill; `prefix` names the
+        pool blocks to copy its first rows from."""
+        assert self.is_ready, "ModelRunner.setup() must run before stage_prompt"
+        self._staged.append(StagedPrompt(slot, prompt_rows, params, prefix))
 
     @torch.inference_mode()
-    def decode(self, slots: list[int]) -> StepOutput:
-        """Launch one step: the staged prefills, then one frame for each slot in `slots`, which
-        must include every slot still generating. Returns without waiting for the device."""
+    def run_step(self, plan: StepPlan) -> StepOutput:
+        """Launch one step: the staged prefills, then one frame for each of plan.decode_slots,
+        which must include every slot still generating. Returns without waiting for the device."""
+        slots = plan.decode_slots
         assert self.is_ready and (slots or self._staged), "a step needs setup() and some work"
         staged, groups = _prefill_plan(self._staged, self.config.prefill_chunk_tokens)
         self._staged = []
@@ -197,15 +193,12 @@ class ModelRunner:
         self._load_prefixes(staged)
         for offset, group in groups:
             self._run_prefill(group, offset, use)
-        self._store_prefixes(staged)
+        self._store_prefixes(plan.stores)
         num_rows = len(staged)
         if slots:
-            self._run_decode(slots, use)
+            self._run_decode(slots, plan.kv_len, use)
             num_rows = self.ctx.decode_offset + max(slots) + 1
         return self._download(num_rows, [p.slot for p in staged], use)
-
-    def prefix_stats(self) -> Optional[PrefixStats]:
-        return None if self.prefix is None else self.prefix.stats()
 
     def _load_prefixes(self, staged: list[StagedPrompt]) -> None:
         pairs = [(self.kv.slot_block(p.slot, i), block) for p in staged if p.start
@@ -213,18 +206,10 @@ class ModelRunner:
         for start in range(0, len(pairs), COPY_BLOCKS):
             self.kv.load_prefix(*self._block_indices(pairs[start:start + COPY_BLOCKS]))
 
-    def _store_prefixes(self, staged: list[StagedPrompt]) -> None:
-        if self.prefix is None or not staged:
-            return
-        matches = [p.prefix for p in staged]
-        claims = self.prefix.store(matches)
-        pairs = [(self.kv.slot_block(p.slot, i), block) for p, copies in zip(staged, claims) for i, block in copies]
-        try:
-            for start in range(0, len(pairs), COPY_BLOCKS):
-                self.kv.store_prefix(*self._block_indices(pairs[start:start + COPY_BLOCKS]))
-        except BaseException:
-            self.prefix.forget(claims, matches)  # their names would point at stale blocks
-            raise
+    def _store_prefixes(self, stores: tuple[PrefixStore, ...]) -> None:
+        pairs = [(self.kv.slot_block(s.slot, s.index), s.pool_block) for s in stores]
+        for start in range(0, len(pairs), COPY_BLOCKS):
+            self.kv.store_prefix(*self._block_indices(pairs[start:start + COPY_BLOCKS]))
 
     def _block_indices(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         host = torch.tensor(pairs, dtype=torch.long).T.contiguous()
@@ -284,18 +269,15 @@ class ModelRunner:
             host.ints[i] = torch.tensor(ints, dtype=torch.long)
         return host
 
-    def _run_decode(self, slots: list[int], use: GraphUse) -> None:
-        lengths = self.kv.lengths
-        size, kv_len = max(slots) + 1, max(lengths[s] for s in slots) + 1
-        size, kv_len = self.buckets.decode_shape(size, kv_len)
+    def _run_decode(self, slots: list[int], kv_len: int, use: GraphUse) -> None:
+        """Slots [0, max(slots)] over key rows [0, kv_len), both padded up to a graph's bucket."""
+        size, kv_len = self.buckets.decode_shape(max(slots) + 1, kv_len)
         if self.graphs is not None and self.graphs.can_replay_decode(size, kv_len):
             self.graphs.replay_decode(size, kv_len)
             use.count_decode(True, True)
         else:
             step.decode_step(self.ctx, size, kv_len)
             use.count_decode(False, self.uses_graphs)
-        for s in slots:
-            lengths[s] += 1
 
     def _download(self, num_rows: int, prefill_slots: list[int], use: GraphUse) -> StepOutput:
         out = self.ctx.out[:num_rows]

@@ -1,7 +1,7 @@
 """One codebook's draw as one Triton kernel: repetition penalty, temperature, an in-register sort,
 top-k, top-p, the Gumbel-max draw and greedy argmax, one program per row.
 
-The torch path (fused.penalized_scores -> torch.sort -> fused.select_token) is two fused kernels
+The torch path (fused.penalized_scores -> torch.sort -> sampler.draw) is two fused kernels
 around a sort that round-trips [B, V] scores and ids through global memory; here a row's V scores stay in
 registers from load to token id. The result is the torch path's, bit for bit where it can be:
 
@@ -26,7 +26,8 @@ import os
 
 import torch
 
-from .fused import penalized_scores, select_token, temperature_scores
+from ..sampler import draw, temperature_scores
+from .fused import penalized_scores
 
 try:
     import triton
@@ -48,7 +49,7 @@ def draw_tokens(logits: torch.Tensor, seen: torch.Tensor | None, penalty: torch.
     """logits [B, V] (any float dtype), seen [B, V] bool or None (None = no repetition penalty, the stop head),
     penalty/temperature/top_p [B] float32, top_k/seed/position [B] int64 -> token ids [B] int64.
     Same result as the torch path: fused.penalized_scores (or temperature_scores when seen is None)
-    -> sort -> fused.select_token. Rows of logits and seen may be strided (e.g. seen[:, c] of [B, n_vq, V])."""
+    -> sort -> sampler.draw. Rows of logits and seen may be strided (e.g. seen[:, c] of [B, n_vq, V])."""
     if not is_supported(logits):
         return reference_draw(logits, seen, penalty, temperature, top_k, top_p, seed, position)
     return _triton_draw(logits, seen, penalty, temperature, top_k, top_p, seed, position)
@@ -72,7 +73,7 @@ def reference_draw(logits: torch.Tensor, seen: torch.Tensor | None, penalty: tor
     else:
         scores, scaled, is_greedy = penalized_scores(logits, seen, penalty, temperature)
     sorted_scores, sorted_ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
-    return select_token(sorted_scores, sorted_ids, scores, is_greedy, top_k, top_p, seed, position)
+    return draw(sorted_scores, sorted_ids, scores, is_greedy, top_k, top_p, seed, position)
 
 
 def kernel_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,11 +1,13 @@
-"""Scheduler: who waits, who runs, who is admitted at the next step boundary. Policy only,
-no tensors; not thread-safe by itself (the engine calls it under its lock)."""
+"""Scheduler: who waits, who runs, who is admitted at the next step boundary, and (through its
+CacheManager) which KV slot and prefix blocks each request uses. Policy only, no tensors; not
+thread-safe by itself (the engine calls it under its lock)."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 
+from .cache_manager import CacheManager
 from .config import EngineConfig
 from .request import RequestState
 
@@ -19,19 +21,19 @@ class Schedule:
     """One step's plan. `cancelled` have left the queues; the engine still holds their slots."""
 
     cancelled: list[RequestState]
-    admitted: list[RequestState]  # to prefill this step; already part of `running`
+    admitted: list[RequestState]  # to prefill this step, slot assigned; already part of `running`
     running: list[RequestState]  # to decode this step, in slot-independent admission order
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig) -> None:
-        self.max_running = config.max_running_requests
         self.max_queue = config.max_queue
         self.prefill_budget = config.prefill_chunk_tokens
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self._live: dict[str, RequestState] = {}
         self._num_abort_requested = 0
+        self.cache = CacheManager(config.max_running_requests, config.prefix_blocks, config.prefix_block_rows)
 
     @property
     def num_waiting(self) -> int:
@@ -70,7 +72,7 @@ class Scheduler:
         return Schedule(cancelled, admitted, running + admitted)
 
     def _take_aborted(self) -> list[RequestState]:
-        """Aborted requests leave the queues here; the engine frees their slots."""
+        """Aborted requests leave the queues (and their slots) here; the engine marks the slots idle."""
         if not self._num_abort_requested:
             return []
         aborted = [s for s in self.live() if s.is_abort_requested]
@@ -82,21 +84,23 @@ class Scheduler:
         """FIFO while slots are free and the step's prefill budget lasts (the first always fits)."""
         admitted: list[RequestState] = []
         budget = self.prefill_budget
-        while self.waiting and len(self.running) < self.max_running:
+        while self.waiting and self.cache.num_free_slots:
             if admitted and self.waiting[0].prompt_len > budget:
                 break
             state = self.waiting.popleft()
             budget -= state.prompt_len
+            state.start(*self.cache.allocate(state.request.prompt_rows))
             self.running.append(state)
             admitted.append(state)
         return admitted
 
     def retire(self, state: RequestState) -> None:
-        """Forget a request that ended (any reason), wherever it was."""
+        """Forget a request that ended (any reason), wherever it was, and free its slot."""
         if self._live.pop(state.request_id, None) is None:
             return
         if state in self.running:
             self.running.remove(state)
+            self.cache.free(state.slot)
         else:
             self.waiting.remove(state)
         if state.is_abort_requested:

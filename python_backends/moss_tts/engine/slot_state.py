@@ -13,8 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..config import MossTTSConfig
-from ..model import FrameSampling
-from ..sampler import ChannelTensors
+from ..sampler import ChannelTensors, FrameSampling
 from ..sampling_params import SamplingParams
 
 # Column order of PrefillInputs.floats / .ints (one row per admitted request).

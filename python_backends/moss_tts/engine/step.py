@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..model import FrameSampling, MossTTSLocalModel
+from ..model import MossTTSLocalModel
+from ..sampler import FrameSampling
 from . import backbone, frame
 from .fused import Fusions
 from .kv_cache import StaticKVCache

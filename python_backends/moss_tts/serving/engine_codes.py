@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from ..contract import N_VQ, ErrorKind
 from ..engine.engine import EngineClosed
 from ..engine.events import Finished
 from ..engine.request import EngineRequest
@@ -42,7 +43,7 @@ class EngineCodes:
 
     def chunks(self) -> Iterator[Optional[CodesChunk]]:
         reference = self.reference_codes()
-        reference = None if reference is None or not reference.size else reference.reshape(-1, 12).astype(np.int32)
+        reference = None if reference is None or not reference.size else reference.reshape(-1, N_VQ).astype(np.int32)
         feed = self._submit(reference)
         try:
             if self.synthesis.mode == "continuation" and reference is not None:
@@ -65,17 +66,18 @@ class EngineCodes:
         s = self.synthesis
         try:
             rows = self.builder.build(s.prompt_spec(ref))
-            return self.streams.submit(EngineRequest(s.request_id, rows, s.params, s.first_chunk_frames,
+            params = s.params_for(rows.shape[0], self.streams.max_seq_len)
+            return self.streams.submit(EngineRequest(s.request_id, rows, params, s.first_chunk_frames,
                                                      s.chunk_frames))
         except QueueFull as exc:
-            raise ChildError(f"server busy: {exc}", "unavailable") from None
+            raise ChildError(f"server busy: {exc}", ErrorKind.UNAVAILABLE) from None
         except EngineClosed:
-            raise ChildError("the server is shutting down; retry (on another replica)", "unavailable") from None
+            raise ChildError("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE) from None
         except (PromptError, ValueError) as exc:
-            raise ChildError(str(exc), "invalid") from None
+            raise ChildError(str(exc), ErrorKind.INVALID_ARGUMENT) from None
 
     def _check(self, event: Finished) -> None:
         if event.reason == "error":
-            raise ChildError(f"synthesis failed: {event.error}", "internal")
+            raise ChildError(f"synthesis failed: {event.error}", ErrorKind.INTERNAL)
         if event.reason == "cancelled" and not self._is_aborted:
-            raise ChildError("the engine stopped this request (shutting down); retry", "unavailable")
+            raise ChildError("the engine stopped this request (shutting down); retry", ErrorKind.UNAVAILABLE)

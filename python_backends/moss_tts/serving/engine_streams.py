@@ -69,6 +69,11 @@ class EngineStreams:
         return self.engine.abort(request_id)
 
     @property
+    def max_seq_len(self) -> int:
+        """KV rows per request: prompt rows + frames must fit."""
+        return self.engine.config.max_seq_len
+
+    @property
     def num_in_flight(self) -> int:
         with self._lock:
             return len(self._feeds)

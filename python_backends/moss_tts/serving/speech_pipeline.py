@@ -24,17 +24,23 @@ from typing import Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
+from ..contract import N_VQ, ErrorKind, ServingError, classify, is_shutting_down
+
 log = logging.getLogger(__name__)
-N_VQ = 12
 NO_CODES = np.zeros((0, N_VQ), np.int32)
 
 
-class ChildError(Exception):
-    """The engine or a downstream model failed the request; `code` is the error kind."""
+class ChildError(ServingError):
+    """The engine or a downstream model failed the request; `kind` is what the client is told."""
 
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
+    @classmethod
+    def from_message(cls, message: str) -> "ChildError":
+        """A child model's error message as the client should see it (contract.classify); a child
+        refused because the server is shutting down says so."""
+        kind, _ = classify(message)
+        if is_shutting_down(message):
+            return cls(f"the server is shutting down; retry (on another replica): {message}", ErrorKind.UNAVAILABLE)
+        return cls(message, kind)
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class Children(Protocol):
 class Client(Protocol):
     # One response carrying what the client asked for (audio is None when it did not ask for AUDIO).
     def send(self, audio: Optional[np.ndarray], codes: np.ndarray, context: np.ndarray, final: bool) -> None: ...
-    def send_error(self, message: str, code: str) -> None: ...  # always final
+    def send_error(self, message: str, kind: ErrorKind) -> None: ...  # always final
     def send_final(self) -> None: ...
     def is_cancelled(self) -> bool: ...
 
@@ -86,14 +92,14 @@ class SpeechStream:
             if ended == "done":
                 self._finish()
             elif ended == "stopping":
-                self.client.send_error("the server is shutting down; retry (on another replica)", "unavailable")
+                self.client.send_error("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE)
             else:
-                self.client.send_error("request cancelled by the client", "cancelled")
+                self.client.send_error("request cancelled by the client", ErrorKind.CANCELLED)
         except ChildError as exc:
-            self.client.send_error(str(exc), exc.code)
+            self.client.send_error(str(exc), exc.kind)
         except Exception as exc:  # never leave the client without its final response
             log.exception("speech stream failed")
-            self.client.send_error(f"internal error: {exc}", "internal")
+            self.client.send_error(f"internal error: {exc}", ErrorKind.INTERNAL)
         finally:
             self._close_vocoder()
 
@@ -160,5 +166,7 @@ class SpeechStream:
         self._is_vocoder_open = False
         try:
             self.children.vocode(NO_CODES, start=False, end=True)
-        except Exception:  # the idle timeout reclaims the slot if even this fails
+        except ChildError as exc:  # e.g. shutting down: the vocoder's idle timeout reclaims the slot
+            log.warning("closing the vocoder sequence failed: %s", exc)
+        except Exception:
             log.exception("closing the vocoder sequence failed")

@@ -1,7 +1,7 @@
 """One synthesis request as the Triton models receive it: named tensors -> validated objects.
 
 Used by the `moss_tts` adapter, which rejects bad input with these messages before anything
-runs. Tensor names here are the public contract (README, client, pbtxt).
+runs. Names, defaults and limits come from `moss_tts.contract`.
 """
 
 from __future__ import annotations
@@ -12,17 +12,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..prompt_fields import MAX_TEXT_CHARS, PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
-from ..sampling_params import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,
-                               DEFAULT_MAX_FRAMES, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P, ChannelParams,
-                               SamplingError, SamplingParams)
+from ..contract import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P, DEFAULT_MAX_FRAMES,
+                        MAX_CHUNK_FRAMES, MAX_TEXT_CHARS, MODES, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P,
+                        InvalidRequest)
+from ..prompt_fields import PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
+from ..sampling_params import ChannelParams, SamplingError, SamplingParams
 
-MODES = {"clone": "clone", "voice_clone": "clone", "continuation": "continuation"}
-MAX_CHUNK_FRAMES = 250  # 20 s of audio per response at most
-
-
-class RequestError(ValueError):
-    """Client input that cannot be served; maps to INVALID_ARGUMENT with this message."""
 
 
 @dataclass(frozen=True)
@@ -36,12 +31,32 @@ class SynthesisRequest:
     first_chunk_frames: Optional[int]
     chunk_frames: Optional[int]
     request_id: str
+    is_max_frames_given: bool = False  # else the length is what fits, at most DEFAULT_MAX_FRAMES
 
     def prompt_spec(self, reference_codes) -> PromptSpec:
         return PromptSpec(self.text, self.fields, reference_codes, self.reference_text, self.mode)
 
     def with_request_id(self, request_id: str) -> "SynthesisRequest":
         return replace(self, request_id=request_id)
+
+    def params_for(self, prompt_rows: int, max_seq_len: int) -> SamplingParams:
+        """The sampling parameters with a length that fits the engine's row budget: prompt rows +
+        frames <= max_seq_len. The default length shrinks to fit; an explicit MAX_FRAMES or
+        TOKENS that cannot fit is refused with the numbers."""
+        room = max_seq_len - prompt_rows
+        if room < 1:
+            raise InvalidRequest(f"the prompt takes {prompt_rows} rows and this server's max_seq_len is {max_seq_len}: "
+                                 f"shorten the text, instructions or reference")
+        asked = [(name, value) for name, value in (("MAX_FRAMES", self.params.max_frames if self.is_max_frames_given
+                                                   else None), ("TOKENS", self.fields.tokens)) if value is not None]
+        for name, value in asked:
+            if value > room:
+                raise InvalidRequest(f"input {name} {value} does not fit: the prompt takes {prompt_rows} of this "
+                                     f"server's {max_seq_len} rows (max_seq_len); ask for at most {room} frames "
+                                     f"or shorten the text, instructions or reference")
+        if self.is_max_frames_given:
+            return self.params
+        return replace(self.params, max_frames=min(self.params.max_frames, room))
 
 
 Getter = Callable[[str], Optional[np.ndarray]]
@@ -53,7 +68,7 @@ def _scalar(get: Getter, name: str):
         return None
     array = np.asarray(value)
     if array.size != 1:
-        raise RequestError(f"input {name} must hold exactly one value, got shape {list(array.shape)}")
+        raise InvalidRequest(f"input {name} must hold exactly one value, got shape {list(array.shape)}")
     return array.reshape(-1)[0]
 
 
@@ -65,7 +80,7 @@ def _string(get: Getter, name: str) -> Optional[str]:
         try:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
-            raise RequestError(f"input {name} is not valid UTF-8") from None
+            raise InvalidRequest(f"input {name} is not valid UTF-8") from None
     return str(value)
 
 
@@ -74,19 +89,19 @@ def _number(get: Getter, name: str, kind, default):
     if value is None:
         return default
     if isinstance(value, (bytes, np.bytes_, str)):
-        raise RequestError(f"input {name} must be numeric, got a string")
+        raise InvalidRequest(f"input {name} must be numeric, got a string")
     number = float(value)
     if not math.isfinite(number):
-        raise RequestError(f"input {name} must be a finite number, got {number}")
+        raise InvalidRequest(f"input {name} must be a finite number, got {number}")
     if kind is int and number != int(number):
-        raise RequestError(f"input {name} must be an integer, got {number}")
+        raise InvalidRequest(f"input {name} must be an integer, got {number}")
     return kind(number)
 
 
 def _chunk(get: Getter, name: str) -> Optional[int]:
     value = _number(get, name, int, None)
     if value is not None and not (1 <= value <= MAX_CHUNK_FRAMES):
-        raise RequestError(f"input {name} must be in [1, {MAX_CHUNK_FRAMES}] frames, got {value}")
+        raise InvalidRequest(f"input {name} must be in [1, {MAX_CHUNK_FRAMES}] frames, got {value}")
     return value
 
 
@@ -94,23 +109,24 @@ def parse_synthesis_request(get: Getter, default_request_id: str) -> SynthesisRe
     """Read and validate every synthesis input; `get(name)` returns the tensor or None."""
     text = _string(get, "TEXT")
     if text is None:
-        raise RequestError("input TEXT is required")
+        raise InvalidRequest("input TEXT is required")
     try:
         inline_tokens, text = split_token_prefix(text)
         tokens = _number(get, "TOKENS", int, None)
         tokens = parse_tokens(tokens, "input TOKENS") if tokens is not None else inline_tokens
     except PromptError as exc:
-        raise RequestError(str(exc)) from None
+        raise InvalidRequest(str(exc)) from None
     if not text.strip():
-        raise RequestError("input TEXT is empty: give the words to speak")
+        raise InvalidRequest("input TEXT is empty: give the words to speak")
     if len(text) > MAX_TEXT_CHARS:
-        raise RequestError(f"input TEXT has {len(text)} characters, the limit is {MAX_TEXT_CHARS}")
+        raise InvalidRequest(f"input TEXT has {len(text)} characters, the limit is {MAX_TEXT_CHARS}")
     mode_name = (_string(get, "MODE") or "clone").strip().lower()
     if mode_name not in MODES:
-        raise RequestError(f"input MODE must be one of {sorted(MODES)}, got {mode_name!r}")
+        raise InvalidRequest(f"input MODE must be one of {sorted(MODES)}, got {mode_name!r}")
     language = _string(get, "LANGUAGE")
     if language is not None and language.strip().lower() == "auto":
         language = None  # "auto" means: let the model infer it (no Language field)
+    max_frames = _number(get, "MAX_FRAMES", int, None)
     try:
         params = SamplingParams(
             audio=ChannelParams(_number(get, "TEMPERATURE", float, AUDIO_TEMPERATURE),
@@ -121,11 +137,11 @@ def parse_synthesis_request(get: Getter, default_request_id: str) -> SynthesisRe
                                _number(get, "STOP_TOP_P", float, STOP_TOP_P),
                                _number(get, "STOP_TOP_K", int, STOP_TOP_K)),
             seed=_number(get, "SEED", int, None),
-            max_frames=_number(get, "MAX_FRAMES", int, DEFAULT_MAX_FRAMES),
+            max_frames=DEFAULT_MAX_FRAMES if max_frames is None else max_frames,
             ignore_stop=bool(_scalar(get, "IGNORE_STOP") or False),
         )
     except SamplingError as exc:
-        raise RequestError(str(exc)) from None
+        raise InvalidRequest(str(exc)) from None
     stream = _scalar(get, "STREAM")
     return SynthesisRequest(
         text=text,
@@ -137,4 +153,5 @@ def parse_synthesis_request(get: Getter, default_request_id: str) -> SynthesisRe
         first_chunk_frames=_chunk(get, "FIRST_CHUNK_FRAMES"),
         chunk_frames=_chunk(get, "CHUNK_FRAMES"),
         request_id=(_string(get, "REQUEST_ID") or "").strip() or default_request_id,
+        is_max_frames_given=max_frames is not None,
     )

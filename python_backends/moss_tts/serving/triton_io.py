@@ -5,25 +5,20 @@ from __future__ import annotations
 
 import json
 import logging
-import re
+import os
 import threading
+import time
 from typing import Callable, Optional
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# Error kinds by name; the stub binds TritonError only after model.py is imported, so the
-# numeric codes are looked up when an error is made, never at import time.
-INVALID, UNAVAILABLE, CANCELLED, INTERNAL = "invalid", "unavailable", "cancelled", "internal"
-_CODE_ATTRS = {INVALID: "INVALID_ARG", UNAVAILABLE: "UNAVAILABLE", CANCELLED: "CANCELLED", INTERNAL: "INTERNAL"}
-# gRPC stream responses carry only a message, not a status code, so every error message of
-# ours starts with the gRPC code name in brackets: "[INVALID_ARGUMENT] input TEXT is empty ...".
-GRPC_NAMES = {INVALID: "INVALID_ARGUMENT", UNAVAILABLE: "UNAVAILABLE", CANCELLED: "CANCELLED", INTERNAL: "INTERNAL"}
-_PREFIX = re.compile(r"^(in ensemble '[^']*', )?\[([A-Z_]+)\] ")
-# Triton's own message for a request that reached a dead stub (24.10 never restarts it).
-_DEAD_STUB = re.compile(r"Stub process( '[^']*')? is not healthy")
-# Triton's own refusal of a request its bounded queue has no room for (dynamic batcher).
-_QUEUE_FULL = re.compile(r"Exceeds maximum queue size")
+from ..contract import ErrorKind
+
+# TritonError's code for each kind; the stub binds TritonError only after model.py is imported,
+# so the codes are looked up when an error is made, never at import time.
+_CODE_ATTRS = {ErrorKind.INVALID_ARGUMENT: "INVALID_ARG", ErrorKind.UNAVAILABLE: "UNAVAILABLE",
+               ErrorKind.CANCELLED: "CANCELLED", ErrorKind.INTERNAL: "INTERNAL"}
 HEARTBEAT_FAMILY = "moss_heartbeat_total"  # client/server_health.py reads it by this name
 log = logging.getLogger(__name__)
 
@@ -51,41 +46,17 @@ def getter(request) -> Callable[[str], Optional[np.ndarray]]:
     return get
 
 
-def error(message: str, code: str = INVALID):
-    return pb_utils.TritonError(f"[{GRPC_NAMES[code]}] {strip_prefix(message)}",
-                                getattr(pb_utils.TritonError, _CODE_ATTRS[code]))
+def error(message: str, kind: ErrorKind = ErrorKind.INVALID_ARGUMENT):
+    """A TritonError whose message starts with the kind's "[CODE]" tag (contract.ErrorKind.tag)."""
+    return pb_utils.TritonError(kind.tag(message), getattr(pb_utils.TritonError, _CODE_ATTRS[kind]))
 
 
-def strip_prefix(message: str) -> str:
-    """Drop a child's "[CODE] " tag (and Triton's "in ensemble 'x', ") before re-tagging."""
-    return _PREFIX.sub("", message, count=1)
-
-
-def error_response(message: str, code=INVALID):
-    return pb_utils.InferenceResponse(output_tensors=[], error=error(message, code))
+def error_response(message: str, kind: ErrorKind = ErrorKind.INVALID_ARGUMENT):
+    return pb_utils.InferenceResponse(output_tensors=[], error=error(message, kind))
 
 
 def bytes_tensor(name: str, values: list[bytes | str], shape) -> "pb_utils.Tensor":
     return pb_utils.Tensor(name, np.array(values, dtype=np.object_).reshape(shape))
-
-
-def error_kind(err) -> str:
-    """A child's TritonError as one of our kind names, from its "[CODE]" tag or else its code;
-    a dead child stub (the server needs a restart) and a child's full queue (retry later) are
-    UNAVAILABLE, not the client's fault."""
-    match = _PREFIX.match(err.message())
-    if _DEAD_STUB.search(err.message()) or _QUEUE_FULL.search(err.message()):
-        return UNAVAILABLE
-    if match:
-        return {v: k for k, v in GRPC_NAMES.items()}.get(match.group(2), INTERNAL)
-    try:
-        code = err.code()
-    except Exception:  # older stubs have no code()
-        return INTERNAL
-    for kind, attr in _CODE_ATTRS.items():
-        if code == getattr(pb_utils.TritonError, attr):
-            return kind
-    return INTERNAL
 
 
 class Heartbeat:
@@ -108,6 +79,7 @@ class Heartbeat:
         self._was_stalled = False
         self._thread = threading.Thread(target=self._beat, name="moss-heartbeat", daemon=True)
         self._thread.start()
+        exit_when_orphaned()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
@@ -126,6 +98,33 @@ class Heartbeat:
         self._thread.join(2 * self.INTERVAL_S)
 
 
+def exit_when_orphaned(interval_s: float = 1.0) -> None:
+    """Start (once per process) a thread that ends this stub when tritonserver is gone.
+
+    A 24.10 stub is meant to notice a dead parent and exit, but it does that through a mutex that
+    a thread blocked in a metrics IPC call can hold forever; after Triton's "Exit timeout expired"
+    such stubs lived on as orphans (seen in CI). This thread never touches IPC: when the parent
+    pid changes it exits the process at once.
+    """
+    global _orphan_watch
+    if _orphan_watch is not None:
+        return
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                log.error("tritonserver (pid %d) is gone: this stub exits", parent)
+                os._exit(1)
+
+    _orphan_watch = threading.Thread(target=watch, name="moss-orphan-watch", daemon=True)
+    _orphan_watch.start()
+
+
+_orphan_watch: Optional[threading.Thread] = None
+
+
 class Gauges:
     """A gauge family `name{<label>=...}` refreshed from `read() -> {value of the label: value}`
     every `interval_s` on a thread of its own: each set is an IPC round trip, kept off the hot path."""
@@ -134,6 +133,7 @@ class Gauges:
                  interval_s: float = 0.25, label: str = "stat") -> None:
         # The family must outlive its metrics, so both are kept here.
         self.family = pb_utils.MetricFamily(name, description, pb_utils.MetricFamily.GAUGE)
+        self.family_name = name
         self.metrics = {stat: self.family.Metric(labels={label: stat}) for stat in stats}
         self.read = read
         self.interval_s = interval_s
@@ -142,10 +142,16 @@ class Gauges:
         self._thread.start()
 
     def _refresh(self) -> None:
+        failures = 0
         while not self._stop.wait(self.interval_s):
-            values = self.read()
-            for stat, metric in self.metrics.items():
-                metric.set(values[stat])
+            try:
+                values = self.read()
+                for stat, metric in self.metrics.items():
+                    metric.set(values[stat])
+            except Exception:  # a gauge thread that dies would freeze the gauges at stale values
+                failures += 1
+                if failures == 1 or failures % 1000 == 0:
+                    log.exception("refreshing the %s gauges failed (%d times)", self.family_name, failures)
 
     def stop(self) -> None:
         self._stop.set()

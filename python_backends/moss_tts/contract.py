@@ -1,0 +1,213 @@
+"""The public contract of the Triton models, written once: tensor names, dtypes, shapes,
+defaults and limits, and the error kinds with their "[CODE] message" tags.
+
+The model adapters, `client.tts_client`, the OpenAI shim and the docs derive from this module,
+and tests/test_contract.py checks it against every config.pbtxt. No torch, no Triton: clients
+import it too.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+# The released model and codec (MossTTSConfig validates a checkpoint against these).
+N_VQ = 12  # RVQ codebooks per frame
+CODEBOOK_SIZE = 1024  # codes 0..1023 per codebook
+FRAME_RATE = 12.5  # frames per second
+SAMPLE_RATE = 48000
+CHANNELS = 2
+SAMPLES_PER_FRAME = 3840  # SAMPLE_RATE / FRAME_RATE
+
+# Request limits. A request also has to fit the engine's row budget (moss_tts parameter
+# max_seq_len): prompt rows + frames <= max_seq_len; the server says so when it does not.
+MAX_TEXT_CHARS = 20000
+MAX_REFERENCE_SECONDS = 100.0
+MAX_FRAMES = 22500  # 30 min: the most MAX_FRAMES / TOKENS may ask for on any engine size
+DEFAULT_MAX_FRAMES = 4096  # without MAX_FRAMES: what fits in max_seq_len, at most this
+MAX_CHUNK_FRAMES = 250  # 20 s of audio per response at most
+MAX_TEMPERATURE = 100.0
+MAX_REPETITION_PENALTY = 100.0
+
+# Sampling defaults (upstream README, SGLang-Omni): codebooks 1.7 / 0.8 / 25, stop head 1.0 / 1.0 / 50.
+AUDIO_TEMPERATURE = 1.7
+AUDIO_TOP_P = 0.8
+AUDIO_TOP_K = 25
+AUDIO_REPETITION_PENALTY = 1.0
+STOP_TEMPERATURE = 1.0
+STOP_TOP_P = 1.0
+STOP_TOP_K = 50
+
+MODES = {"clone": "clone", "voice_clone": "clone", "continuation": "continuation"}
+
+# Triton dtype name -> numpy dtype
+NUMPY_DTYPES = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64,
+                "UINT64": np.uint64, "FP32": np.float32}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input or output as config.pbtxt declares it (dtype without TYPE_, BYTES = TYPE_STRING)."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+
+    @property
+    def numpy_dtype(self):
+        return NUMPY_DTYPES[self.dtype]
+
+
+def _option(name: str, dtype: str) -> Tensor:
+    return Tensor(name, dtype, (1,), optional=True)
+
+
+# moss_tts: text (+ options) -> AUDIO and/or CODES, streamed (decoupled).
+MOSS_TTS_INPUTS = (
+    Tensor("TEXT", "BYTES", (1,)),
+    _option("REFERENCE_AUDIO", "BYTES"),
+    # [1, frames, 12]: the moss_tts_codes ensemble passes ref_encoder's output, batch dim included.
+    Tensor("REFERENCE_CODES", "INT32", (1, -1, N_VQ), optional=True),
+    _option("REFERENCE_TEXT", "BYTES"),
+    _option("MODE", "BYTES"),
+    _option("LANGUAGE", "BYTES"),
+    _option("INSTRUCTIONS", "BYTES"),
+    _option("TOKENS", "INT32"),
+    _option("TEMPERATURE", "FP32"),
+    _option("TOP_P", "FP32"),
+    _option("TOP_K", "INT32"),
+    _option("REPETITION_PENALTY", "FP32"),
+    _option("STOP_TEMPERATURE", "FP32"),
+    _option("STOP_TOP_P", "FP32"),
+    _option("STOP_TOP_K", "INT32"),
+    _option("SEED", "INT64"),
+    _option("MAX_FRAMES", "INT32"),
+    _option("IGNORE_STOP", "BOOL"),
+    _option("STREAM", "BOOL"),
+    _option("FIRST_CHUNK_FRAMES", "INT32"),
+    _option("CHUNK_FRAMES", "INT32"),
+    _option("REQUEST_ID", "BYTES"),
+)
+MOSS_TTS_OUTPUTS = (
+    Tensor("AUDIO", "FP32", (CHANNELS, -1)),
+    Tensor("CODES", "INT32", (-1, N_VQ)),
+    Tensor("CONTEXT_CODES", "INT32", (-1, N_VQ)),
+)
+# The ensemble always takes REFERENCE_AUDIO ([1, 1], empty = none) because ref_encoder runs first;
+# it fills REFERENCE_CODES itself and always streams (no STREAM input).
+MOSS_TTS_CODES_INPUTS = tuple(Tensor(t.name, t.dtype, (1, 1), optional=False) if t.name == "REFERENCE_AUDIO" else t
+                              for t in MOSS_TTS_INPUTS if t.name not in ("REFERENCE_CODES", "STREAM"))
+MOSS_TTS_CODES_OUTPUTS = MOSS_TTS_OUTPUTS[1:]
+# Batched models: dims without the batch dimension.
+REF_ENCODER_INPUTS = (Tensor("REFERENCE_AUDIO", "BYTES", (1,)),)
+REF_ENCODER_OUTPUTS = (Tensor("REFERENCE_CODES", "INT32", (-1, N_VQ)),)
+VOCODER_INPUTS = (Tensor("CODES", "INT32", (-1, N_VQ)),)
+VOCODER_OUTPUTS = (Tensor("AUDIO", "FP32", (CHANNELS, -1)),)
+
+CONTRACTS = {
+    "moss_tts": (MOSS_TTS_INPUTS, MOSS_TTS_OUTPUTS),
+    "moss_tts_codes": (MOSS_TTS_CODES_INPUTS, MOSS_TTS_CODES_OUTPUTS),
+    "ref_encoder": (REF_ENCODER_INPUTS, REF_ENCODER_OUTPUTS),
+    "vocoder": (VOCODER_INPUTS, VOCODER_OUTPUTS),
+}
+INPUTS = {t.name: t for t in MOSS_TTS_INPUTS}
+
+
+def input_array(name: str, value, shape=(1,)) -> np.ndarray:
+    """A moss_tts input value as the array its declared dtype needs. Integers outside the dtype's
+    range raise ValueError (numpy < 2 would wrap them silently: 2**32 + 5 -> 5)."""
+    spec = INPUTS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown input {name!r}; moss_tts takes {', '.join(INPUTS)}")
+    if spec.dtype == "BYTES":
+        value = value.encode("utf-8") if isinstance(value, str) else value
+    elif spec.dtype.startswith(("INT", "UINT")):
+        if isinstance(value, bool) or int(value) != value:
+            raise ValueError(f"input {name} must be an integer, got {value!r}")
+        info = np.iinfo(spec.numpy_dtype)
+        if not info.min <= int(value) <= info.max:
+            raise ValueError(f"input {name} must fit {spec.dtype.lower()} [{info.min}, {info.max}], got {value}")
+    return np.array([value], dtype=spec.numpy_dtype).reshape(shape)
+
+
+class ErrorKind(str, enum.Enum):
+    """What went wrong, as the gRPC status code name a client sees at the start of the message."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the request must change
+    UNAVAILABLE = "UNAVAILABLE"  # busy, shutting down or a stage is down: retry (elsewhere)
+    CANCELLED = "CANCELLED"
+    INTERNAL = "INTERNAL"
+
+    def tag(self, message: str) -> str:
+        """"[INVALID_ARGUMENT] message": gRPC stream responses carry a message but no status code."""
+        return f"[{self.value}] {strip_tag(message)}"
+
+
+_TAG = re.compile(r"^(in ensemble '[^']*', )?\[([A-Z_]+)\] ")
+# Triton's own messages (they carry no tag of ours).
+_DEAD_STUB = re.compile(r"Stub process( '[^']*')? is not healthy")
+_QUEUE_FULL = re.compile(r"Exceeds maximum queue size")
+# A child model of a server that is shutting down (Triton refuses every new inference).
+_SHUTTING_DOWN = re.compile(r"Server not ready|server is shutting down", re.IGNORECASE)
+# Triton core's rejections of a request that does not match config.pbtxt.
+_TRITON_INVALID = re.compile(r"unexpected shape for input|unexpected datatype|inference input '[^']*' data-type is|"
+                             r"expected \d+ inputs? but got|unexpected inference input|input byte size mismatch|"
+                             r"unexpected (additional )?input|missing required input|has no input named|"
+                             r"unknown (input|output)|unexpected inference output", re.IGNORECASE)
+_BUSY_WORDS = ("busy", "queue full", "too many", "maximum queue size")
+
+
+def strip_tag(message: str) -> str:
+    """Drop a "[CODE] " tag (and Triton's "in ensemble 'x', ") before re-tagging."""
+    return _TAG.sub("", message, count=1)
+
+
+def classify(message: str) -> tuple[ErrorKind, str]:
+    """Any error message from the server -> (kind, text without the tag): our "[CODE] ..." tags,
+    and Triton's own messages (dead stub and full queue: UNAVAILABLE; a request that does not
+    match the model's inputs: INVALID_ARGUMENT); anything else is INTERNAL."""
+    match = _TAG.match(message)
+    text = message[match.end():] if match else message
+    if _DEAD_STUB.search(message) or _QUEUE_FULL.search(message) or _SHUTTING_DOWN.search(message):
+        return ErrorKind.UNAVAILABLE, text
+    if match:
+        name = "INVALID_ARGUMENT" if match.group(2) == "INVALID_ARG" else match.group(2)
+        return (ErrorKind(name) if name in ErrorKind.__members__ else ErrorKind.INTERNAL), text
+    if _TRITON_INVALID.search(message):
+        return ErrorKind.INVALID_ARGUMENT, text
+    return ErrorKind.INTERNAL, text
+
+
+def is_busy(kind: ErrorKind, text: str) -> bool:
+    """UNAVAILABLE because of load (retry later), not because something is down."""
+    return kind is ErrorKind.UNAVAILABLE and any(word in text.lower() for word in _BUSY_WORDS)
+
+
+def is_dead_stub(message: str) -> bool:
+    return bool(_DEAD_STUB.search(message))
+
+
+def is_shutting_down(message: str) -> bool:
+    return bool(_SHUTTING_DOWN.search(message))
+
+
+class ServingError(Exception):
+    """A request failed; `kind` is what the client is told."""
+
+    kind: ErrorKind = ErrorKind.INTERNAL
+
+    def __init__(self, message: str, kind: Optional[ErrorKind] = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = ErrorKind(kind)
+
+
+class InvalidRequest(ServingError, ValueError):
+    """Client input that cannot be served; the message says what to fix."""
+
+    kind = ErrorKind.INVALID_ARGUMENT

@@ -1,0 +1,101 @@
+"""SIGTERM ends the server cleanly, as Triton's own L0 tests check it: from the server log.
+
+Every model logs "successfully unloaded" inside Triton's 30 s exit timeout, with no request ever
+served and with streams in flight; an in-flight stream ends with one final [UNAVAILABLE] error
+("shutting down; retry") rather than hanging; no Python stub outlives tritonserver.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client.tts_client import build_inputs, error_code
+from triton_server import MODELS, start_server, stop_server, stub_pids
+
+pytestmark = pytest.mark.triton
+EXIT_S = 25.0  # under Triton's 30 s exit timeout, with room
+NOT_IN_LOG = ("Exit timeout expired", "Non-graceful termination", "Traceback", "is not healthy")
+
+
+def assert_clean_exit(server, took: float, stubs: dict[str, int]) -> None:
+    log = server.log_path.read_text(errors="replace")
+    assert took < EXIT_S, f"shutdown took {took:.1f} s\n{server.log_tail()}"
+    for model in MODELS:
+        assert f"successfully unloaded '{model}'" in log, f"{model} never unloaded\n{server.log_tail()}"
+    found = [needle for needle in NOT_IN_LOG if needle in log]
+    assert not found, f"{found} in the server log:\n{server.log_tail(80)}"
+    deadline = time.monotonic() + 5
+    alive = {name: pid for name, pid in stubs.items() if _is_alive(pid)}
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = {name: pid for name, pid in alive.items() if _is_alive(pid)}
+    assert not alive, f"stubs outlived tritonserver: {alive}"
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_an_idle_server_unloads_every_model_at_once(tiny_dir, tmp_path):
+    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path / "server.log")
+    stubs = stub_pids(server)
+    assert len(stubs) >= 3, stubs
+    took = stop_server(server, timeout=60)
+    assert_clean_exit(server, took, stubs)
+
+
+def test_streams_in_flight_end_with_unavailable_and_every_model_unloads(tiny_dir, tmp_path):
+    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path / "server.log")
+    stubs = stub_pids(server)
+    outcomes: "queue.Queue[tuple[int, str]]" = queue.Queue()
+    started = threading.Barrier(7)
+
+    def stream(i: int) -> None:
+        events: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        client.async_stream_infer("moss_tts", build_inputs("A long one.", max_frames=3000, ignore_stop=True, seed=i),
+                                  enable_empty_final_response=True)
+        chunks, first = 0, True
+        try:
+            while True:
+                result, error = events.get(timeout=60)
+                if first:
+                    first = False
+                    started.wait(timeout=60)
+                if error is not None:
+                    outcomes.put((chunks, error_code(error) + " " + (error.message() or "")))
+                    return
+                chunks += 1
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    outcomes.put((chunks, "finished"))
+                    return
+        except queue.Empty:
+            outcomes.put((chunks, "no response for 60 s"))
+        finally:
+            client.stop_stream(cancel_requests=False)
+            client.close()
+
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(6)]
+    for t in threads:
+        t.start()
+    started.wait(timeout=120)  # every stream has its first chunk: all six are mid-utterance
+    took = stop_server(server, timeout=60)
+    for t in threads:
+        t.join(70)
+    results = [outcomes.get_nowait() for _ in range(outcomes.qsize())]
+    assert len(results) == 6, results
+    for chunks, outcome in results:
+        assert chunks >= 1 and outcome.startswith("UNAVAILABLE") and "shutting down" in outcome, results
+    assert_clean_exit(server, took, stubs)
