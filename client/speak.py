@@ -15,6 +15,7 @@ from pathlib import Path
 import soundfile as sf
 
 from .tts_client import SAMPLE_RATE, InferenceServerException, TTSClient, build_inputs
+from .voices import VoiceStore
 
 
 def parse_args(argv):
@@ -24,6 +25,8 @@ def parse_args(argv):
     p.add_argument("--url", default="localhost:8001", help="tritonserver gRPC address")
     p.add_argument("--reference", type=Path, help="reference audio to clone (wav/flac/ogg, <= 100 s)")
     p.add_argument("--reference-text", help="transcript of the reference (continuation mode)")
+    p.add_argument("--voice", help="a saved voice (name or id) from --voices-dir, instead of --reference")
+    p.add_argument("--voices-dir", type=Path, help="the saved voices directory (the shim's --voices-dir)")
     p.add_argument("--mode", choices=["clone", "continuation"])
     p.add_argument("--language")
     p.add_argument("--instructions")
@@ -40,13 +43,23 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    reference = None
+    reference, codes, reference_text = None, None, args.reference_text
+    if args.voice is not None:
+        if args.reference is not None or args.voices_dir is None:
+            print("error: --voice needs --voices-dir and no --reference", file=sys.stderr)
+            return 2
+        store = VoiceStore(args.voices_dir)
+        voice = store.get(args.voice)
+        if voice is None:
+            print(f"error: no saved voice {args.voice!r} in {args.voices_dir}", file=sys.stderr)
+            return 2
+        codes, reference_text = store.codes(voice), reference_text or voice.transcript
     if args.reference is not None:
         if not args.reference.is_file():
             print(f"error: {args.reference}: file not found", file=sys.stderr)
             return 2
         reference = args.reference.read_bytes()
-    inputs = build_inputs(args.text, reference, reference_text=args.reference_text, mode=args.mode,
+    inputs = build_inputs(args.text, reference, reference_codes=codes, reference_text=reference_text, mode=args.mode,
                           language=args.language, instructions=args.instructions, tokens=args.tokens,
                           stream=args.stream, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames)

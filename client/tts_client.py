@@ -28,10 +28,16 @@ def option_input(name: str, value, shape=(1,)) -> grpcclient.InferInput:
 
 
 def build_inputs(text: str, reference_audio: Optional[bytes] = None, ensemble: bool = False,
-                 **options) -> list[grpcclient.InferInput]:
+                 reference_codes: Optional[np.ndarray] = None, **options) -> list[grpcclient.InferInput]:
     """Inputs for moss_tts (or the moss_tts_codes ensemble); options use lower-case input names
-    (top_p=0.9, stop_top_k=20, ...: every shape-[1] input of moss_tts.contract)."""
+    (top_p=0.9, stop_top_k=20, ...: every shape-[1] input of moss_tts.contract).
+    `reference_codes` [frames, 12] (a saved voice, client/voices.py) replaces reference audio."""
     inputs = [option_input("TEXT", text)]
+    if reference_codes is not None:
+        array = np.ascontiguousarray(reference_codes, dtype=np.int32).reshape(1, -1, contract.N_VQ)
+        tensor = grpcclient.InferInput("REFERENCE_CODES", list(array.shape), "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
     if ensemble:  # the ensemble always takes REFERENCE_AUDIO, shaped [1, 1]; empty = none
         inputs.append(option_input("REFERENCE_AUDIO", reference_audio or b"", (1, 1)))
     elif reference_audio:

@@ -34,12 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.server_health import check as heartbeats_move, fetch  # noqa: E402
+from moss_tts import contract  # noqa: E402
 
-SPF = 3840  # samples per codec frame per channel
-TYPES = {"TEXT": "BYTES", "REFERENCE_AUDIO": "BYTES", "REFERENCE_TEXT": "BYTES", "MODE": "BYTES", "TOP_P": "FP32",
-         "TOP_K": "INT32", "SEED": "INT64", "MAX_FRAMES": "INT32", "IGNORE_STOP": "BOOL", "STREAM": "BOOL",
-         "FIRST_CHUNK_FRAMES": "INT32", "CHUNK_FRAMES": "INT32"}
-NP = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
+SPF = contract.SAMPLES_PER_FRAME
 BAD_INPUTS = [({"TEXT": ""}, "TEXT is empty"), ({"TOP_P": 5.0}, "top_p must be in"),
               ({"MAX_FRAMES": 0}, "max_frames must be in"), ({"MODE": "sing"}, "MODE must be one of"),
               ({"MODE": "continuation"}, "continuation needs"),
@@ -98,11 +95,12 @@ def make_inputs(values: dict, ensemble: bool = False):
 
     inputs = []
     for name, value in values.items():
-        dtype = TYPES[name]
+        shape = [1, 1] if ensemble and name == "REFERENCE_AUDIO" else [1]
         if isinstance(value, tuple):  # (forced dtype, value): a deliberately wrong type
             dtype, value = value
-        shape = [1, 1] if ensemble and name == "REFERENCE_AUDIO" else [1]
-        array = np.array([value.encode() if isinstance(value, str) else value], dtype=NP[dtype]).reshape(shape)
+            array = np.array([value], dtype=contract.NUMPY_DTYPES[dtype])
+        else:
+            dtype, array = contract.INPUTS[name].dtype, contract.input_array(name, value, shape)
         tensor = grpcclient.InferInput(name, shape, dtype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

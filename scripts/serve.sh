@@ -6,7 +6,8 @@
 #   MOSS_TTS_CODEC_DIR  MOSS-Audio-Tokenizer-v2 directory (default: from the model config)
 #   HTTP_PORT / GRPC_PORT / METRICS_PORT (default 8000 / 8001 / 8002)
 #   SHIM_PORT           OpenAI-compatible API port (default 8080; 0 = tritonserver only)
-#   SHIM_ARGS           extra shim flags, e.g. "--reference-dir /data/voices --allow-url-references"
+#   VOICES_DIR          the shim's saved voices (default: voices/ in the checkout)
+#   SHIM_ARGS           extra shim flags, e.g. "--reference-dir /data/refs --allow-url-references"
 #   MODEL_REPOSITORY    another model repository (default: model_repository/), e.g. a copy with
 #                       other capacities
 #   PYTHON              the interpreter (default .venv/bin/python); with TRITONSERVER and
@@ -29,7 +30,7 @@ if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
   echo "!!!                  MOSS_TTS_MODEL_DIR=M MOSS_TTS_CODEC_DIR=C make serve"
 fi
 shim=("$py" -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.0.0.1:${GRPC_PORT:-8001}"
-  --metrics-url "http://127.0.0.1:${METRICS_PORT:-8002}/metrics")
+  --metrics-url "http://127.0.0.1:${METRICS_PORT:-8002}/metrics" --voices-dir "${VOICES_DIR:-$PWD/voices}")
 [ -n "${TRITONSERVER:-}" ] && [ -n "${TRITON_BACKENDS:-}" ] || source scripts/triton_env.sh
 # The pipeline's own requests carry this key (python_backends/moss_tts/serving/internal_key.py);
 # a new one per start, shared by every model of this server through the environment.

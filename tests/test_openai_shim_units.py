@@ -66,6 +66,9 @@ def test_aliases_and_defaults_that_send_nothing():
     assert sent(parse(audio_temperature=1.2, audio_top_k=5))["TEMPERATURE"] == 1.2
     assert sent(parse(temperature=1.2, audio_temperature=1.2))["TEMPERATURE"] == 1.2  # equal values agree
     assert parse(speaker="Nova").voice == "Nova"  # SGLang-Omni's alias, OpenAI names in any case
+    assert parse(voice="Nova").saved_voice is None  # OpenAI's names mean "no reference"
+    assert parse(voice="narrator").saved_voice == "narrator"  # a saved voice, resolved by the app
+    assert parse(voice={"id": "voice_1234"}).saved_voice == "voice_1234"
     request = parse(references=[{"audio_path": "v.wav", "text": "words"}])
     assert request.reference == ("references.0.audio_path", "v.wav") and sent(request)["REFERENCE_TEXT"] == "words"
 
@@ -88,8 +91,8 @@ def test_streaming_switches():
     (dict(top_k=-2), "top_k", "greater than or equal to -1"),
     (dict(initial_codec_chunk_frames=251), "initial_codec_chunk_frames", "less than or equal to 250"),
     (dict(speed=1.25), "speed", "no speed control"),
-    (dict(voice="vivian"), "voice", "no preset voices"),
-    (dict(voice={"id": "voice_1234"}), "voice", "valid string"),
+    (dict(voice={"name": "x"}), "voice", 'or {"id": "voice_..."}'),
+    (dict(voice="vivian", ref_audio="data:,x"), "voice", "a saved voice is a reference already"),
     (dict(response_format="aac"), "response_format", "no encoder here"),
     (dict(response_format="ogg"), "response_format", "is unknown"),
     (dict(stream_format="websocket"), "stream_format", "'audio' or 'sse'"),

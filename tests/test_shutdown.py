@@ -7,16 +7,14 @@ served and with streams in flight; an in-flight stream ends with one final [UNAV
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-import time
 
 import pytest
 import tritonclient.grpc as grpcclient
 
 from client.tts_client import build_inputs, error_code
-from triton_server import MODELS, start_server, stop_server, stub_pids
+from triton_server import MODELS, live_stubs, start_server, stop_server, stub_pids
 
 pytestmark = pytest.mark.triton
 EXIT_S = 25.0  # under Triton's 30 s exit timeout, with room
@@ -30,21 +28,8 @@ def assert_clean_exit(server, took: float, stubs: dict[str, int]) -> None:
         assert f"successfully unloaded '{model}'" in log, f"{model} never unloaded\n{server.log_tail()}"
     found = [needle for needle in NOT_IN_LOG if needle in log]
     assert not found, f"{found} in the server log:\n{server.log_tail(80)}"
-    deadline = time.monotonic() + 5
-    alive = {name: pid for name, pid in stubs.items() if _is_alive(pid)}
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = {name: pid for name, pid in alive.items() if _is_alive(pid)}
+    alive = live_stubs(stubs)
     assert not alive, f"stubs outlived tritonserver: {alive}"
-
-
-def _is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def test_an_idle_server_unloads_every_model_at_once(tiny_dir, tmp_path):

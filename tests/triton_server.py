@@ -143,3 +143,22 @@ def stub_pids(server: TritonServer) -> dict[str, int]:
         if args and args[0].endswith(b"triton_python_backend_stub"):
             stubs[args[-3].decode()] = int(pid)  # [..., instance name, "DEFAULT", ""]
     return stubs
+
+
+def live_stubs(stubs: dict[str, int], wait_s: float = 5.0) -> dict[str, int]:
+    """Those of `stubs` ({name: pid}, from stub_pids) still running after up to `wait_s` seconds:
+    a stub whose tritonserver is gone ends itself within a second (triton_io.exit_when_orphaned)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = {name: pid for name, pid in stubs.items() if _is_running(pid)}
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False

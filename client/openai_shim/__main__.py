@@ -28,6 +28,9 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--max-input-chars", type=int, default=defaults.max_input_chars)
     p.add_argument("--max-reference-bytes", type=int, default=defaults.max_reference_bytes)
     p.add_argument("--reference-dir", type=Path, help="allow `audio_path` references to files inside this directory")
+    p.add_argument("--voices-dir", type=Path,
+                   help="saved voices (POST/GET/DELETE /v1/audio/voices) live here; shared by several shims and "
+                        "by `client.speak --voices-dir`; without it the voices API answers 404")
     p.add_argument("--allow-url-references", action="store_true", help="allow http(s) URL references")
     p.add_argument("--allow-private-url-hosts", action="store_true",
                    help="let URL references reach loopback/private/link-local addresses (off: SSRF guard)")
@@ -50,7 +53,7 @@ def main(argv=None) -> int:
             triton_url=args.triton_url, triton_model=args.triton_model,
             model_names=tuple(args.model_names or DEFAULT_MODEL_NAMES), host=args.host, port=args.port,
             max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
-            max_reference_bytes=args.max_reference_bytes, reference_dir=args.reference_dir,
+            max_reference_bytes=args.max_reference_bytes, reference_dir=args.reference_dir, voices_dir=args.voices_dir,
             allow_url_references=args.allow_url_references, allow_private_url_hosts=args.allow_private_url_hosts,
             url_timeout_s=args.url_timeout, response_timeout_s=args.response_timeout,
             metrics_url=args.metrics_url, heartbeat_stale_s=args.heartbeat_stale)

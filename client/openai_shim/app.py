@@ -1,4 +1,4 @@
-"""The FastAPI app: POST /v1/audio/speech, GET /v1/models, GET /health.
+"""The FastAPI app: POST /v1/audio/speech, GET /v1/models, GET /health (+ /v1/audio/voices: voice_api.py).
 
 It holds no model: each speech request becomes one gRPC stream to tritonserver's `moss_tts`
 entry (triton_stream.py). A background task reads the models' heartbeats every second
@@ -33,6 +33,7 @@ from .errors import ApiError
 from .references import load_reference
 from .schema import SpeechRequest, triton_options
 from .triton_stream import AudioStream, TritonSpeech
+from .voice_api import add_voice_routes, saved_voice_inputs
 
 log = logging.getLogger("openai_shim")
 T = TypeVar("T")
@@ -79,6 +80,7 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
 
     app = FastAPI(title="moss-tts-triton OpenAI-compatible speech API", lifespan=lifespan)
     created = int(time.time())
+    add_voice_routes(app, config)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -113,7 +115,7 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
         require_json(request)
         speech = parse_speech(await read_body(request, config.max_body_bytes))
         check_limits(speech, config)
-        values = {"TEXT": speech.input, **triton_options(speech)}
+        values = {"TEXT": speech.input, **triton_options(speech), **await saved_voice_inputs(request.app, speech)}
         if speech.reference is not None:
             values["REFERENCE_AUDIO"] = await load_reference(*speech.reference, config)
         stream = request.app.state.triton.open(values)

@@ -26,6 +26,7 @@ class ShimConfig:
     max_input_chars: int = 20000  # the server's own limit on TEXT
     max_reference_bytes: int = 32 * MIB  # decoded reference audio, whatever its source
     reference_dir: Optional[Path] = None  # local `audio_path` references only inside it; None = off
+    voices_dir: Optional[Path] = None  # saved voices (client/voices.py); None = /v1/audio/voices off
     allow_url_references: bool = False
     allow_private_url_hosts: bool = False  # URL references to loopback/private/link-local hosts
     url_timeout_s: float = 10.0  # whole download of one URL reference
@@ -49,6 +50,12 @@ class ShimConfig:
                             ("--health-timeout", self.health_timeout_s), ("--heartbeat-stale", self.heartbeat_stale_s)):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{flag} must be a positive number of seconds, got {value}")
+        if self.voices_dir is not None:
+            try:
+                Path(self.voices_dir).expanduser().mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"--voices-dir {self.voices_dir}: {exc.strerror}") from None
+            object.__setattr__(self, "voices_dir", Path(self.voices_dir).expanduser().resolve())
         if self.reference_dir is not None:
             resolved = Path(self.reference_dir).expanduser().resolve()
             if not resolved.is_dir():

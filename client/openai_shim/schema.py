@@ -8,7 +8,7 @@ so that the error names the JSON field; the server still validates everything ag
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -59,13 +59,22 @@ class Reference(BaseModel):
         return next(name for name in ("audio_path", "ref_audio", "audio") if getattr(self, name) is not None)
 
 
+class VoiceRef(BaseModel):
+    """OpenAI's custom-voice form: `"voice": {"id": "voice_..."}`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str = Field(min_length=1)
+
+
 class SpeechRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     # OpenAI
     model: Optional[str] = None
     input: str = Field(min_length=1, max_length=contract.MAX_TEXT_CHARS)
-    voice: str = Field("default", validation_alias=AliasChoices("voice", "speaker"))
+    # A preset name (no reference), a saved voice's name or id, or OpenAI's {"id": "voice_..."}.
+    voice: Union[str, VoiceRef] = Field("default", validation_alias=AliasChoices("voice", "speaker"),
+                                        union_mode="left_to_right")
     response_format: str = "wav"
     speed: float = 1.0
     instructions: Optional[str] = None
@@ -97,14 +106,20 @@ class SpeechRequest(BaseModel):
     # Extension: keep generating to max_new_tokens even when the model would stop (benchmarks, tests).
     ignore_stop: bool = False
 
-    @field_validator("voice")
+    @field_validator("voice", mode="wrap")
     @classmethod
-    def _known_voice(cls, voice: str) -> str:
-        if voice.strip().lower() not in VOICES:
-            raise ValueError(f"{voice!r} is not a voice of this server: MOSS-TTS has no preset voices. Use "
-                             f"'default' (or an OpenAI name, same meaning), or clone a voice with ref_audio / "
-                             f"references")
-        return voice
+    def _voice_form(cls, value, handler):
+        """One clear message (not one per union member) for a voice of neither form."""
+        if isinstance(value, str) or (isinstance(value, dict) and set(value) == {"id"} and isinstance(value["id"], str)):
+            return handler(value)
+        raise ValueError('must be a voice name (a string) or {"id": "voice_..."} (a saved voice)')
+
+    @property
+    def saved_voice(self) -> Optional[str]:
+        """The saved voice's id or name this request names, or None for a preset name."""
+        if isinstance(self.voice, VoiceRef):
+            return self.voice.id
+        return None if self.voice.strip().lower() in VOICES else self.voice.strip()
 
     @field_validator("response_format")
     @classmethod
@@ -131,9 +146,12 @@ class SpeechRequest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "SpeechRequest":
+        if self.saved_voice is not None and (self.references is not None or self.ref_audio is not None):
+            raise _conflict("voice", "a saved voice is a reference already: drop ref_audio / references, or use "
+                            "voice 'default'")
         if self.references is not None and (self.ref_audio is not None or self.ref_text is not None):
             raise _conflict("ref_audio", "give either references or ref_audio/ref_text, not both")
-        if self.ref_text is not None and self.ref_audio is None:
+        if self.ref_text is not None and self.ref_audio is None and self.saved_voice is None:
             raise _conflict("ref_text", "ref_text is the transcript of the reference audio: give ref_audio too")
         _agree(self, ("token_count", "duration_tokens", "tokens"))
         for name in ("temperature", "top_p", "top_k", "repetition_penalty"):
@@ -144,7 +162,7 @@ class SpeechRequest(BaseModel):
         if self.is_streaming and not FORMATS[self.response_format].can_stream:
             raise _conflict("response_format", f"streaming sends pcm or wav, not {self.response_format!r}; "
                             f"use stream=false for {self.response_format}")
-        if self.mode == "continuation" and self.reference is None:
+        if self.mode == "continuation" and self.reference is None and self.saved_voice is None:
             raise _conflict("task_type", "task_type 'continuation' needs the audio to continue: ref_audio "
                             "(+ ref_text, its transcript) or references[0]")
         return self

@@ -15,6 +15,7 @@ from typing import Optional
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from moss_tts import contract
 
@@ -35,8 +36,11 @@ def build_inputs(values: dict[str, object]) -> list[grpcclient.InferInput]:
     for name, value in values.items():
         if value is None:
             continue
-        array = contract.input_array(name, value)
-        tensor = grpcclient.InferInput(name, [1], contract.INPUTS[name].dtype)
+        if name == "REFERENCE_CODES":  # a saved voice: [frames, 12] -> [1, frames, 12]
+            array = np.ascontiguousarray(value, dtype=np.int32).reshape(1, -1, contract.N_VQ)
+        else:
+            array = contract.input_array(name, value)
+        tensor = grpcclient.InferInput(name, list(array.shape), contract.INPUTS[name].dtype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
@@ -112,6 +116,17 @@ class TritonSpeech:
 
     def open(self, values: dict[str, object]) -> AudioStream:
         return AudioStream(self._client, self.model, build_inputs(values), self.response_timeout_s)
+
+    async def encode_reference(self, audio: bytes) -> np.ndarray:
+        """Reference file bytes -> codes [frames, 12] by the server's ref_encoder (one non-streaming
+        call); its refusals become ApiError like a speech request's."""
+        tensor = grpcclient.InferInput("REFERENCE_AUDIO", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([audio], dtype=np.object_).reshape(1, 1))
+        try:
+            result = await self._client.infer("ref_encoder", [tensor], client_timeout=self.response_timeout_s)
+        except InferenceServerException as exc:
+            raise errors.from_triton_message(exc.message() or str(exc)) from None
+        return result.as_numpy("REFERENCE_CODES")[0]
 
     async def problem(self, timeout_s: float) -> Optional[str]:
         """None when tritonserver is ready and serves the model, else what is wrong."""

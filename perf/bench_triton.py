@@ -1,0 +1,210 @@
+"""End-to-end load on a running server: concurrent gRPC streams against `moss_tts`, per stream
+time to first audio (TTFA), real-time factor (RTF) and underruns, and aggregate audio-s/s.
+
+  .venv/bin/python -m perf.bench_triton --url localhost:8001 --concurrency 1,16,64,128,256 \
+      --frames 112 --mode stream,offline --out results.json
+
+Each level runs `concurrency` workers; each worker sends one utterance after another (112
+frames = 8.96 s with IGNORE_STOP, the same text for every request, a different seed) until
+`--requests` per worker are done. A stream's underruns: playback starts when its first audio
+arrives; a chunk that arrives after the audio received before it has finished playing is one
+underrun (the listener hears a gap), and the gap is added to the stall time. STREAM=false
+requests (mode "offline") report TTFA = time to the whole utterance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from moss_tts import contract
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest."
+
+
+@dataclass
+class StreamResult:
+    ttfa_s: float
+    total_s: float
+    audio_s: float
+    underruns: int
+    stall_s: float
+    error: Optional[str] = None
+
+    @property
+    def rtf(self) -> float:
+        return self.total_s / self.audio_s if self.audio_s else float("inf")
+
+
+def playback_gaps(arrivals: list[tuple[float, float]]) -> tuple[int, float]:
+    """[(arrival time, audio seconds in that chunk)] in order -> (underruns, stalled seconds).
+    Playback starts at the first arrival and plays continuously while audio is buffered."""
+    if not arrivals:
+        return 0, 0.0
+    play_until = arrivals[0][0] + arrivals[0][1]
+    underruns, stall = 0, 0.0
+    for at, seconds in arrivals[1:]:
+        if at > play_until + 1e-9:
+            underruns += 1
+            stall += at - play_until
+            play_until = at
+        play_until += seconds
+    return underruns, stall
+
+
+@dataclass
+class LevelReport:
+    mode: str
+    concurrency: int
+    requests: int
+    failures: int
+    wall_s: float
+    audio_s: float
+    ttfa_ms: dict = field(default_factory=dict)  # p50 / p95 / p99 / max
+    rtf: dict = field(default_factory=dict)  # p50 / p95 / max
+    underruns: int = 0
+    streams_with_underruns: int = 0
+    stall_s: float = 0.0
+    errors: list = field(default_factory=list)
+
+    @property
+    def audio_s_per_s(self) -> float:
+        return self.audio_s / self.wall_s if self.wall_s else 0.0
+
+
+def percentiles(values: list[float], which=(50, 95, 99)) -> dict:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    out = {f"p{p}": ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] for p in which}
+    out["max"] = ordered[-1]
+    return out
+
+
+async def one_stream(client, model: str, frames: int, seed: int, stream: bool, timeout_s: float) -> StreamResult:
+    import tritonclient.grpc.aio as grpcclient
+
+    values = {"TEXT": TEXT, "MAX_FRAMES": frames, "IGNORE_STOP": True, "SEED": seed, "STREAM": stream}
+    inputs = []
+    for name, value in values.items():
+        tensor = grpcclient.InferInput(name, [1], contract.INPUTS[name].dtype)
+        tensor.set_data_from_numpy(contract.input_array(name, value))
+        inputs.append(tensor)
+    closed = asyncio.Event()
+
+    async def requests():
+        yield {"model_name": model, "inputs": inputs, "outputs": [grpcclient.InferRequestedOutput("AUDIO")],
+               "parameters": {"triton_enable_empty_final_response": True}}
+        await closed.wait()
+
+    start = time.perf_counter()
+    arrivals: list[tuple[float, float]] = []
+    call = client.stream_infer(requests())
+    try:
+        while True:
+            result, error = await asyncio.wait_for(call.__anext__(), timeout_s)
+            now = time.perf_counter() - start
+            if error is not None:
+                return StreamResult(now, now, 0.0, 0, 0.0, error.message())
+            audio = result.as_numpy("AUDIO")
+            if audio is not None and audio.size:
+                arrivals.append((now, audio.shape[1] / contract.SAMPLE_RATE))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    except asyncio.TimeoutError:
+        call.cancel()
+        now = time.perf_counter() - start
+        return StreamResult(now, now, 0.0, 0, 0.0, f"no response for {timeout_s:g} s")
+    finally:
+        closed.set()
+    total = time.perf_counter() - start
+    audio_s = sum(seconds for _, seconds in arrivals)
+    if not arrivals:
+        return StreamResult(total, total, 0.0, 0, 0.0, "no audio")
+    if abs(audio_s - frames / contract.FRAME_RATE) > 1e-6:
+        return StreamResult(arrivals[0][0], total, audio_s, 0, 0.0, f"{audio_s:.3f} s of audio, want {frames / contract.FRAME_RATE:.3f}")
+    underruns, stall = playback_gaps(arrivals)
+    return StreamResult(arrivals[0][0], total, audio_s, underruns, stall)
+
+
+async def run_level(url: str, model: str, mode: str, concurrency: int, requests_per_worker: int, frames: int,
+                    timeout_s: float) -> LevelReport:
+    import tritonclient.grpc.aio as grpcclient
+
+    # One channel per 32 streams: a single HTTP/2 connection caps concurrent streams at ~100.
+    clients = [grpcclient.InferenceServerClient(url) for _ in range(max(1, -(-concurrency // 32)))]
+    results: list[StreamResult] = []
+
+    async def worker(index: int) -> None:
+        client = clients[index % len(clients)]
+        for k in range(requests_per_worker):
+            results.append(await one_stream(client, model, frames, index * 100003 + k, mode == "stream", timeout_s))
+
+    start = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    finally:
+        for client in clients:
+            await client.close()
+    wall = time.perf_counter() - start
+    good = [r for r in results if r.error is None]
+    report = LevelReport(mode, concurrency, len(results), len(results) - len(good), wall, sum(r.audio_s for r in good))
+    report.ttfa_ms = {k: round(v * 1000, 1) for k, v in percentiles([r.ttfa_s for r in good]).items()}
+    report.rtf = {k: round(v, 4) for k, v in percentiles([r.rtf for r in good], (50, 95)).items()}
+    report.underruns = sum(r.underruns for r in good)
+    report.streams_with_underruns = sum(1 for r in good if r.underruns)
+    report.stall_s = round(sum(r.stall_s for r in good), 3)
+    report.errors = sorted({r.error for r in results if r.error})[:5]
+    return report
+
+
+def markdown(reports: list[LevelReport]) -> str:
+    lines = ["| mode | conc. | requests | failed | audio-s/s | TTFA p50 / p95 / max ms | RTF p50 / p95 / max | underruns (streams) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        t, f = r.ttfa_ms, r.rtf
+        lines.append(f"| {r.mode} | {r.concurrency} | {r.requests} | {r.failures} | {r.audio_s_per_s:.1f} | "
+                     f"{t.get('p50', '-')} / {t.get('p95', '-')} / {t.get('max', '-')} | "
+                     f"{f.get('p50', '-')} / {f.get('p95', '-')} / {f.get('max', '-')} | "
+                     f"{r.underruns} ({r.streams_with_underruns}) |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="localhost:8001")
+    p.add_argument("--model", default="moss_tts")
+    p.add_argument("--concurrency", default="1,16,64,128,256", help="comma-separated levels")
+    p.add_argument("--mode", default="stream,offline", help="stream, offline or both (comma-separated)")
+    p.add_argument("--frames", type=int, default=112, help="frames per utterance (12.5 per second)")
+    p.add_argument("--requests", type=int, default=4, help="utterances per worker per level")
+    p.add_argument("--warmup", type=int, default=2, help="utterances sent once before the levels")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds without a response = failure")
+    p.add_argument("--out", type=Path, help="write every level's report as JSON")
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    if not levels or any(c < 1 for c in levels) or not set(modes) <= {"stream", "offline"} or args.frames < 1:
+        p.error("--concurrency takes positive integers, --mode stream and/or offline, --frames >= 1")
+    if args.warmup:
+        asyncio.run(run_level(args.url, args.model, "stream", 1, args.warmup, args.frames, args.timeout))
+    reports = []
+    for mode in modes:
+        for concurrency in levels:
+            report = asyncio.run(run_level(args.url, args.model, mode, concurrency, args.requests, args.frames,
+                                           args.timeout))
+            reports.append(report)
+            print(markdown([report]).splitlines()[-1], flush=True)
+    print(markdown(reports))
+    if args.out:
+        args.out.write_text(json.dumps([{**asdict(r), "audio_s_per_s": r.audio_s_per_s} for r in reports], indent=2))
+    return 1 if any(r.failures for r in reports) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

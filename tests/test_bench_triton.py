@@ -1,0 +1,40 @@
+"""perf/bench_triton.py: the playback model that counts underruns, and one short real run (the
+H200 numbers come from the same script; perf/RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from perf.bench_triton import main, playback_gaps, percentiles
+
+
+def test_a_chunk_that_arrives_before_the_buffer_runs_dry_is_no_underrun():
+    # first chunk 0.16 s of audio at t=0.1; the next (0.8 s) at 0.2: playback never stops
+    assert playback_gaps([(0.1, 0.16), (0.2, 0.8), (0.9, 0.8)]) == (0, 0.0)
+
+
+def test_a_late_chunk_is_one_underrun_and_its_gap_is_the_stall():
+    # playing until 0.26; the next chunk comes at 0.5 -> 0.24 s of silence; then until 1.3, next at 1.4
+    underruns, stall = playback_gaps([(0.1, 0.16), (0.5, 0.8), (1.4, 0.8)])
+    assert underruns == 2 and stall == pytest.approx(0.24 + 0.1)
+
+
+def test_percentiles_of_nothing_are_empty():
+    assert percentiles([]) == {}
+    assert percentiles([3.0, 1.0, 2.0]) == {"p50": 2.0, "p95": 3.0, "p99": 3.0, "max": 3.0}
+
+
+@pytest.mark.triton
+def test_a_short_run_against_the_server_reports_every_level(triton, tmp_path):
+    out = tmp_path / "bench.json"
+    code = main(["--url", triton.grpc_url, "--concurrency", "1,3", "--mode", "stream,offline", "--frames", "8",
+                 "--requests", "2", "--warmup", "1", "--out", str(out)])
+    assert code == 0
+    reports = json.loads(out.read_text())
+    assert [(r["mode"], r["concurrency"]) for r in reports] == [("stream", 1), ("stream", 3), ("offline", 1), ("offline", 3)]
+    for r in reports:
+        assert r["failures"] == 0 and r["requests"] == 2 * r["concurrency"]
+        assert r["audio_s"] == pytest.approx(r["requests"] * 8 / 12.5)
+        assert 0 < r["ttfa_ms"]["p50"] <= r["ttfa_ms"]["max"] and r["audio_s_per_s"] > 0
