@@ -14,6 +14,7 @@ from pathlib import Path
 
 import soundfile as sf
 
+from . import model_stats
 from .tts_client import SAMPLE_RATE, InferenceServerException, TTSClient, build_inputs
 from .voices import VoiceStore
 
@@ -38,6 +39,8 @@ def parse_args(argv):
     p.add_argument("--top-k", type=int)
     p.add_argument("--repetition-penalty", type=float)
     p.add_argument("--max-frames", type=int)
+    p.add_argument("--stats", action="store_true",
+                   help="print what each Triton model did for this request (requests, batches, queue/compute ms)")
     return p.parse_args(argv)
 
 
@@ -64,6 +67,7 @@ def main(argv=None) -> int:
                           stream=args.stream, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames)
     try:
+        before = model_stats.snapshot(args.url) if args.stats else None
         utterance = TTSClient(args.url).synthesize(inputs)
     except InferenceServerException as exc:
         print(f"error: {exc.status() or 'server'}: {exc.message()}", file=sys.stderr)
@@ -76,6 +80,8 @@ def main(argv=None) -> int:
     print(f"wrote {args.output}: {seconds:.2f} s of 48 kHz stereo audio in {len(utterance.chunks)} chunk(s)")
     print(f"time to first audio: {first * 1000:.0f} ms" if first is not None else "time to first audio: n/a")
     print(f"total time: {utterance.total_seconds * 1000:.0f} ms, real-time factor: {rtf:.3f}")
+    if before is not None:
+        print(model_stats.table(model_stats.deltas(before, model_stats.snapshot(args.url))))
     return 0
 
 

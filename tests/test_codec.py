@@ -252,3 +252,22 @@ def test_reset_slot_then_reuse(codec, codes50):
         rest_b.append(audio[1])
     assert_close_to_peak(torch.cat(out_c, -1), codec.decode(c[None, :12])[0])
     assert_close_to_peak(torch.cat(first_b + rest_b, -1), codec.decode(b[None])[0])
+
+
+def test_each_model_loads_only_the_half_it_needs(ckpt, codec, codes50):
+    """ref_encoder: encoder + quantizer; vocoder: quantizer + decoder. Each half computes exactly
+    what the whole codec computes, and the missing half says so instead of failing obscurely."""
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    encoder_only = load_codec(ckpt, parts=("encoder", "quantizer"))
+    decoder_only = load_codec(ckpt, parts=("quantizer", "decoder"))
+    assert count(encoder_only) + count(decoder_only) == count(codec) + count(codec.quantizer)
+    torch.manual_seed(3)
+    audio = 0.3 * torch.randn(1, 2, 7 * SPF)
+    assert torch.equal(encoder_only.encode(audio)[0], codec.encode(audio)[0])
+    assert torch.equal(decoder_only.decode(codes50[:1]), codec.decode(codes50[:1]))
+    with pytest.raises(RuntimeError, match="loaded without that half"):
+        encoder_only.decode(codes50[:1])
+    with pytest.raises(RuntimeError, match="loaded without that half"):
+        decoder_only.encode(audio)
+    with pytest.raises(ValueError, match="must include 'quantizer'"):
+        load_codec(ckpt, parts=("encoder",))

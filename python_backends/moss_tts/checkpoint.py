@@ -17,12 +17,15 @@ class CheckpointError(ValueError):
     """The checkpoint on disk does not match the architecture its config describes."""
 
 
-def read_safetensors(paths: list[Path]) -> dict[str, torch.Tensor]:
-    """Read every tensor of one or more .safetensors shards into CPU memory."""
+def read_safetensors(paths: list[Path], keep=lambda name: True) -> dict[str, torch.Tensor]:
+    """Read the tensors of one or more .safetensors shards whose name `keep` accepts into CPU memory
+    (the others are never read)."""
     tensors: dict[str, torch.Tensor] = {}
     for path in paths:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             for name in handle.keys():
+                if not keep(name):
+                    continue
                 if name in tensors:
                     raise CheckpointError(f"{path}: tensor {name!r} appears in more than one shard")
                 tensors[name] = handle.get_tensor(name)

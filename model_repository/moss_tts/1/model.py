@@ -11,6 +11,7 @@ docs/structure.md).
 """
 
 import logging
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -24,6 +25,7 @@ from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.engine_codes import EngineCodes
 from moss_tts.serving.engine_streams import EngineStreams
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
+from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.speech_pipeline import ChildError, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stream_pool import StreamPool
@@ -130,7 +132,9 @@ class TritonPythonModel:
         self.pool = StreamPool(int(params.get("max_streams", "320")), name=f"{args['model_instance_name']}-stream")
         self.watch = StallWatch()  # the streams' BLS calls and sends
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds()))
-        self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats)
+        self.metrics = io.RequestMetrics()  # flushed by the gauge thread: one thread does this model's metric IPC
+        self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
+                                after=self.metrics.flush)
 
     def execute(self, requests):
         for request in requests:
@@ -139,13 +143,16 @@ class TritonPythonModel:
                 stream = self._prepare(request, sender)
             except InvalidRequest as exc:
                 sender.send(io.error_response(str(exc)), flags=FINAL)
+                self.metrics.count("invalid")
                 continue
             if not self.pool.try_start(stream.run):
+                self.metrics.count("busy" if not self.pool.is_stopping() else "unavailable")
                 reason = "is shutting down" if self.pool.is_stopping() else f"is busy: {self.pool.max_streams} streams"
                 sender.send(io.error_response(f"server {reason}; retry later", ErrorKind.UNAVAILABLE), flags=FINAL)
         return None
 
     def _prepare(self, request, sender):
+        started = time.monotonic()
         get = io.getter(request)
         synthesis = parse_synthesis_request(get, "")
         # Client request ids repeat across clients ("1", ...): the engine id is made unique.
@@ -164,7 +171,7 @@ class TritonPythonModel:
         reference = (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
         codes = EngineCodes(self.streams, self.builder, synthesis, reference)
         children = TritonChildren(codes, self.key, self.watch)
-        client = TritonClient(sender, requested, self.watch)
+        client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
         return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
 
     def _stats(self):

@@ -29,7 +29,7 @@ class TritonPythonModel:
         device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
         # The encoder runs in fp32: reference codes are discrete, and bf16 rounding flips them.
         codec_dir = checkpoint_dirs()[1]
-        codec = load_codec(codec_dir, device).eval()
+        codec = load_codec(codec_dir, device, parts=("encoder", "quantizer")).eval()  # no decoder: ~half the weights
         config = ReferenceCacheConfig(max_entries=int(params.get("cache_max_entries", 8192)),
                                       max_bytes=int(params.get("cache_max_bytes", 64 << 20)))
         self.encoder = ReferenceEncoder(codec, config, encoder_id=str(codec_dir.resolve()))

@@ -31,7 +31,7 @@ class TritonPythonModel:
         config, params = io.model_config(args), io.model_parameters(args)
         device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
         dtype = resolve_dtype(params.get("dtype"), device)
-        codec = load_codec(checkpoint_dirs()[1], device, dtype).eval()
+        codec = load_codec(checkpoint_dirs()[1], device, dtype, parts=("quantizer", "decoder")).eval()  # no encoder
         self.sessions = VocoderSessions(codec, VocoderConfig(
             max_slots=config["max_batch_size"], device=str(device), max_public_sessions=int(
                 params.get("max_public_sessions", "16")), dtype="bfloat16" if dtype == torch.bfloat16 else "float32"))

@@ -14,17 +14,28 @@ from typing import Any, Mapping
 
 import torch
 from safetensors.torch import save_file
+from torch import nn
 
 from ..checkpoint import find_safetensors, load_state_strict, read_safetensors
 from .config import CodecConfig, real_codec_config_dict
 from .model import MossAudioCodec
 
+PARTS = ("encoder", "quantizer", "decoder")
+
 
 def build_codec(config: CodecConfig, device: torch.device | str = "meta",
-                dtype: torch.dtype = torch.float32) -> MossAudioCodec:
-    """An uninitialised codec (parameters hold garbage unless device is 'meta')."""
+                dtype: torch.dtype = torch.float32, parts: tuple[str, ...] = PARTS) -> MossAudioCodec:
+    """An uninitialised codec (parameters hold garbage unless device is 'meta'), with only `parts`:
+    the encoder and decoder are each ~half of the 2 B parameters, and ref_encoder needs only
+    encoder + quantizer, the vocoder only quantizer + decoder."""
+    unknown = set(parts) - set(PARTS)
+    if unknown or "quantizer" not in parts:
+        raise ValueError(f"codec parts must include 'quantizer' and come from {PARTS}, got {parts}")
     with torch.device("meta"):
         model = MossAudioCodec(config)
+    for name in ("encoder", "decoder"):
+        if name not in parts:
+            setattr(model, name, nn.ModuleList())  # encode() / decode() then say it was not loaded
     model.to(dtype=dtype)
     model.quantizer.float()
     if torch.device(device).type != "meta":
@@ -33,12 +44,15 @@ def build_codec(config: CodecConfig, device: torch.device | str = "meta",
 
 
 def load_codec(directory: str | Path, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32) -> MossAudioCodec:
-    """Load config.json + *.safetensors from `directory`; any mismatch raises CheckpointError."""
+               dtype: torch.dtype = torch.float32, parts: tuple[str, ...] = PARTS) -> MossAudioCodec:
+    """Load config.json + *.safetensors from `directory` (only the tensors of `parts`); any
+    mismatch raises CheckpointError."""
     directory = Path(directory)
-    model = build_codec(CodecConfig.from_pretrained(directory), device, dtype)
+    model = build_codec(CodecConfig.from_pretrained(directory), device, dtype, parts)
     paths = find_safetensors(directory)
-    load_state_strict(model, read_safetensors(paths), ", ".join(str(p) for p in paths))
+    skipped = set(PARTS) - set(parts)  # anything else, unknown names too, still meets the strict check
+    tensors = read_safetensors(paths, keep=lambda name: name.split(".", 1)[0] not in skipped)
+    load_state_strict(model, tensors, ", ".join(str(p) for p in paths))
     return model
 
 

@@ -65,7 +65,10 @@ class MossAudioCodec(nn.Module):
         return self.config.quantizer.codebook_size
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:
-        return next(stack.parameters())
+        for param in stack.parameters():
+            return param
+        raise RuntimeError("this codec was loaded without that half (load_codec parts=...): the encoder "
+                           "encodes, the decoder decodes")
 
     # ---------------------------------------------------------------- encode
     @torch.no_grad()

@@ -130,12 +130,13 @@ class Gauges:
     every `interval_s` on a thread of its own: each set is an IPC round trip, kept off the hot path."""
 
     def __init__(self, name: str, description: str, stats: tuple[str, ...], read: Callable[[], dict],
-                 interval_s: float = 0.25, label: str = "stat") -> None:
+                 interval_s: float = 0.25, label: str = "stat", after: Callable[[], None] = lambda: None) -> None:
         # The family must outlive its metrics, so both are kept here.
         self.family = pb_utils.MetricFamily(name, description, pb_utils.MetricFamily.GAUGE)
         self.family_name = name
         self.metrics = {stat: self.family.Metric(labels={label: stat}) for stat in stats}
         self.read = read
+        self.after = after  # more metric IPC that must leave from this one thread (RequestMetrics.flush)
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name=f"{name}-gauges", daemon=True)
@@ -148,6 +149,7 @@ class Gauges:
                 values = self.read()
                 for stat, metric in self.metrics.items():
                     metric.set(values[stat])
+                self.after()
             except Exception:  # a gauge thread that dies would freeze the gauges at stale values
                 failures += 1
                 if failures == 1 or failures % 1000 == 0:
@@ -156,3 +158,59 @@ class Gauges:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(2 * self.interval_s)
+
+
+class RequestMetrics:
+    """The per-request series of `moss_tts` (README, Metrics): requests by outcome, time to first
+    audio and real-time factor histograms, audio seconds out.
+
+    Stream threads only queue their records (`count`, `observe`); `flush` makes the IPC calls and
+    runs on the gauge thread (Gauges(after=...)). Metric IPC from many threads at once crashed the
+    24.10 parent (SIGSEGV in libtriton_python, then a boost lock_exception) when eight streams
+    ended together, so every metric update of this model leaves from one thread."""
+
+    def __init__(self) -> None:
+        from .request_record import OUTCOMES, RTF_BUCKETS, TTFA_BUCKETS
+
+        # Families must outlive their metrics, so both are kept here.
+        self.families = [
+            pb_utils.MetricFamily("moss_tts_requests_total", "moss_tts requests by how they ended",
+                                  pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily("moss_tts_time_to_first_audio_seconds",
+                                  "request start to its first audio (or codes) response", pb_utils.MetricFamily.HISTOGRAM),
+            pb_utils.MetricFamily("moss_tts_rtf", "wall time per second of audio, per finished request",
+                                  pb_utils.MetricFamily.HISTOGRAM),
+            pb_utils.MetricFamily("moss_tts_audio_seconds_total", "audio sent, in seconds (12.5 frames per second)",
+                                  pb_utils.MetricFamily.COUNTER),
+        ]
+        requests, ttfa, rtf, audio = self.families
+        self.requests = {outcome: requests.Metric(labels={"outcome": outcome}) for outcome in OUTCOMES}
+        self.ttfa = ttfa.Metric(labels={}, buckets=list(TTFA_BUCKETS))
+        self.rtf = rtf.Metric(labels={}, buckets=list(RTF_BUCKETS))
+        self.audio = audio.Metric(labels={})
+        self._pending: list = []
+        self._lock = threading.Lock()
+
+    def count(self, outcome: str) -> None:
+        """A request refused before any stream ran (invalid input, busy)."""
+        with self._lock:
+            self._pending.append(outcome)
+
+    def observe(self, record) -> None:
+        with self._lock:
+            self._pending.append(record)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for item in pending:
+            if isinstance(item, str):
+                self.requests[item].increment(1)
+                continue
+            self.requests[item.outcome].increment(1)
+            if item.first_output_s is not None:
+                self.ttfa.observe(item.first_output_s)
+            if item.outcome == "ok" and item.rtf is not None:
+                self.rtf.observe(item.rtf)
+            if item.audio_s:
+                self.audio.increment(item.audio_s)

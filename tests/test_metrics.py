@@ -1,0 +1,77 @@
+"""The operator's numbers: per-request series of moss_tts on the real server, and the Grafana
+dashboard (deploy/grafana) reading only series the server really exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from client.tts_client import InferenceServerException, TTSClient, build_inputs
+
+pytestmark = pytest.mark.triton
+DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "moss-tts-triton.json"
+
+
+def scrape(triton) -> str:
+    return urllib.request.urlopen(triton.metrics_url, timeout=10).read().decode()
+
+
+def value(text: str, series: str) -> float:
+    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_a_request_shows_in_the_request_series(triton):
+    before = scrape(triton)
+    TTSClient(triton.grpc_url).synthesize(build_inputs("Hello.", seed=1, max_frames=5, ignore_stop=True))
+    with pytest.raises(InferenceServerException):
+        TTSClient(triton.grpc_url).synthesize(build_inputs("Hello.", top_p=5.0))
+    # Observed right after each final response is sent: poll until both requests show.
+    deadline = time.monotonic() + 10
+    while True:
+        after = scrape(triton)
+        delta = lambda series: value(after, series) - value(before, series)  # noqa: E731
+        if delta("moss_tts_rtf_count") >= 1 and delta('moss_tts_requests_total{outcome="invalid"}') >= 1:
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert delta('moss_tts_requests_total{outcome="ok"}') == 1
+    assert delta('moss_tts_requests_total{outcome="invalid"}') == 1
+    assert delta("moss_tts_audio_seconds_total") == pytest.approx(5 / 12.5)
+    assert delta("moss_tts_time_to_first_audio_seconds_count") == 1
+    assert delta("moss_tts_rtf_count") == 1 and delta("moss_tts_rtf_sum") > 0
+
+
+def test_every_series_the_dashboard_reads_exists(triton):
+    TTSClient(triton.grpc_url).synthesize(build_inputs("Hello.", seed=2, max_frames=2, ignore_stop=True))
+    exported = scrape(triton)
+    names = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )", exported, re.M))
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs = [target["expr"] for panel in panels for target in panel["targets"]]
+    assert len(exprs) >= 8
+    for expr in exprs:
+        for name in re.findall(r"\b((?:moss|nv)_[a-z_]+)\b", expr):
+            assert name in names, f"{name} (in {expr!r}) is not exported"
+        for name, label, wanted in re.findall(r"\b((?:moss|nv)_[a-z_]+)\{(\w+)=\"([^\"]+)\"\}", expr):
+            assert f'{name}{{{label}="{wanted}"}}' in exported, f"{name}{{{label}={wanted!r}}} is not exported"
+
+
+def test_speak_stats_prints_what_each_model_did(triton, tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "client.speak", "Hello.", "-o", str(tmp_path / "a.wav"), "--url",
+                          triton.grpc_url, "--seed", "1", "--max-frames", "4", "--stats"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("model"))
+    rows = {line.split()[0]: line.split() for line in lines[header + 1:]}
+    assert "moss_tts" in rows and int(rows["moss_tts"][1]) == 1  # one request
+    assert "vocoder" in rows and int(rows["vocoder"][1]) >= 2  # START chunk + chunks + END
