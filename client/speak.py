@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import soundfile as sf
+
+from moss_tts.text_segments import split_text
 
 from . import model_stats
 from .tts_client import SAMPLE_RATE, InferenceServerException, TTSClient, build_inputs
@@ -39,6 +42,8 @@ def parse_args(argv):
     p.add_argument("--top-k", type=int)
     p.add_argument("--repetition-penalty", type=float)
     p.add_argument("--max-frames", type=int)
+    p.add_argument("--progress", action="store_true", help="show the progress line even when stderr is not a terminal")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--stats", action="store_true",
                    help="print what each Triton model did for this request (requests, batches, queue/compute ms)")
     return p.parse_args(argv)
@@ -66,23 +71,55 @@ def main(argv=None) -> int:
                           language=args.language, instructions=args.instructions, tokens=args.tokens,
                           stream=args.stream, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames)
+    before = model_stats.snapshot(args.url) if args.stats else None
+    progress = Progress(len(split_text(args.text)), enabled=not args.quiet and sys.stderr.isatty() or args.progress)
+    start = time.perf_counter()
+    first, chunks, samples = None, 0, 0
     try:
-        before = model_stats.snapshot(args.url) if args.stats else None
-        utterance = TTSClient(args.url).synthesize(inputs)
+        # The file grows as chunks arrive: a long text is on disk (and playable) while it is spoken.
+        with sf.SoundFile(str(args.output), "w", SAMPLE_RATE, 2, subtype="FLOAT") as out:
+            for chunk in TTSClient(args.url).stream(inputs):
+                first = time.perf_counter() - start if first is None else first
+                out.write(chunk.T)
+                chunks, samples = chunks + 1, samples + chunk.shape[1]
+                progress.update(samples / SAMPLE_RATE, time.perf_counter() - start)
     except InferenceServerException as exc:
+        progress.done()
         print(f"error: {exc.status() or 'server'}: {exc.message()}", file=sys.stderr)
         return 1
-    audio = utterance.audio
-    sf.write(str(args.output), audio.T, SAMPLE_RATE, subtype="FLOAT")
-    seconds = audio.shape[1] / SAMPLE_RATE
-    rtf = utterance.total_seconds / seconds if seconds else float("nan")
-    first = utterance.first_chunk_seconds
-    print(f"wrote {args.output}: {seconds:.2f} s of 48 kHz stereo audio in {len(utterance.chunks)} chunk(s)")
+    progress.done()
+    total = time.perf_counter() - start
+    seconds = samples / SAMPLE_RATE
+    rtf = total / seconds if seconds else float("nan")
+    print(f"wrote {args.output}: {seconds:.2f} s of 48 kHz stereo audio in {chunks} chunk(s)")
     print(f"time to first audio: {first * 1000:.0f} ms" if first is not None else "time to first audio: n/a")
-    print(f"total time: {utterance.total_seconds * 1000:.0f} ms, real-time factor: {rtf:.3f}")
+    print(f"total time: {total * 1000:.0f} ms, real-time factor: {rtf:.3f}")
     if before is not None:
         print(model_stats.table(model_stats.deltas(before, model_stats.snapshot(args.url))))
     return 0
+
+
+class Progress:
+    """One status line on stderr, rewritten per chunk: audio so far, elapsed time, and (for a long
+    text) the segments the server will speak."""
+
+    def __init__(self, segments: int, enabled: bool) -> None:
+        self.segments = segments
+        self.enabled = enabled
+        self._shown = False
+
+    def update(self, audio_s: float, elapsed_s: float) -> None:
+        if not self.enabled:
+            return
+        parts = f" of a {self.segments}-segment text" if self.segments > 1 else ""
+        sys.stderr.write(f"\r{audio_s:7.1f} s of audio{parts} received in {elapsed_s:6.1f} s")
+        sys.stderr.flush()
+        self._shown = True
+
+    def done(self) -> None:
+        if self._shown:
+            sys.stderr.write("\n")
+            self._shown = False
 
 
 if __name__ == "__main__":

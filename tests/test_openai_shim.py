@@ -280,6 +280,16 @@ def test_bad_request_gets_documented_4xx(openai_shim, body, status, param, fragm
     assert openai_shim.is_alive()
 
 
+def test_long_form_text_through_the_sdk_is_every_segment_in_one_response(openai_shim):
+    from moss_tts.text_segments import split_text
+
+    text = " ".join(f"Line {i} of a text long enough to be spoken in several segments." for i in range(14))
+    assert len(text) <= 1000 and len(split_text(text)) >= 2  # the fixture's --max-input-chars is 1000
+    pcm = sdk(openai_shim.url).audio.speech.create(model=MODEL, voice="default", input=text, response_format="pcm",
+                                                   extra_body=fixed(3)).content
+    assert len(pcm) == 3 * len(split_text(text)) * FRAME_BYTES  # max_new_tokens caps each segment
+
+
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
 def test_a_body_not_sent_as_json_is_415(openai_shim, content_type):
     headers = {} if content_type is None else {"Content-Type": content_type}

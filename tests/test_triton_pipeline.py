@@ -247,3 +247,64 @@ def test_a_long_reference_is_served_with_the_default_length(triton):
     message = info.value.message()
     assert error_code(info.value) == "INVALID_ARGUMENT" and "MAX_FRAMES 5000 does not fit" in message
     assert "5120" in message and "ask for at most" in message
+
+
+def test_long_form_text_is_one_continuous_stream_and_a_cancel_frees_everything(triton):
+    """A text longer than one segment is generated segment by segment in the same voice and
+    arrives as one stream (one vocoder session); cancelling it mid-way frees every row and slot."""
+    from moss_tts.text_segments import split_text
+
+    text = " ".join(f"This is sentence number {i} of a rather long text, spoken in one voice." for i in range(20))
+    segments = split_text(text)
+    assert len(segments) >= 3
+    audio = speak(triton, text=text, max_frames=4, ignore_stop=True, seed=5).audio
+    assert audio.shape == (2, 4 * len(segments) * SPF)  # MAX_FRAMES applies per segment
+    before = triton.metrics()['moss_engine{stat="requests_finished"}']
+    chunks = TTSClient(triton.grpc_url).stream(build_inputs(text, max_frames=200, ignore_stop=True, seed=6))
+    next(chunks)
+    chunks.close()
+    after = triton.wait_for_metrics(triton.is_idle)
+    assert triton.is_idle(after), after
+    assert after['moss_engine{stat="requests_finished"}'] - before < len(segments)  # later segments never ran
+
+
+def test_speak_shows_progress_for_long_text_and_writes_the_whole_file(triton, tmp_path):
+    import subprocess
+    import sys
+
+    text = " ".join(f"Sentence {i} is one of many in this long text, all of them spoken." for i in range(20))
+    out = tmp_path / "long.wav"
+    run = subprocess.run([sys.executable, "-m", "client.speak", text, "-o", str(out), "--url", triton.grpc_url,
+                          "--seed", "2", "--max-frames", "3", "--stream", "--progress"],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    assert "-segment text received" in run.stderr
+    data, rate = sf.read(str(out))
+    # No --ignore-stop in speak: the random-weight model may stop any segment early.
+    assert rate == 48000 and data.shape[1] == 2 and data.shape[0] % SPF == 0 and data.shape[0] >= SPF
+
+
+def test_ten_minutes_of_speech_in_one_stream_with_bounded_state(triton):
+    """Long-form at length: 26 segments x 289 frames >= 7,500 frames = 10 minutes of 48 kHz stereo
+    in one stream, while the engine holds at most one row and the vocoder one session for it, and
+    the entry's memory does not grow with the text."""
+    from moss_tts.text_segments import split_text
+
+    from triton_server import stub_pids
+
+    text = "The quick brown fox jumps over the lazy dog, again and again, all day long. " * 130
+    segments = split_text(text)
+    frames = -(-7500 // len(segments))  # per segment, so that the whole is at least 10 minutes
+    pid = stub_pids(triton)["moss_tts_0_0"]
+    rss = lambda: int(open(f"/proc/{pid}/status").read().split("VmRSS:")[1].split()[0]) * 1024  # noqa: E731
+    rss_before, peak_rows, peak_sessions, samples = rss(), 0, 0, 0
+    for i, chunk in enumerate(TTSClient(triton.grpc_url).stream(
+            build_inputs(text, max_frames=frames, ignore_stop=True, seed=9, chunk_frames=100), timeout=300)):
+        samples += chunk.shape[1]
+        if i % 10 == 0:
+            m = triton.metrics()
+            peak_rows = max(peak_rows, m['moss_engine{stat="running"}'])
+            peak_sessions = max(peak_sessions, m['moss_vocoder_sessions{state="active"}'])
+    assert samples == len(segments) * frames * SPF and samples >= 600 * 48000
+    assert peak_rows <= 1 and peak_sessions <= 1
+    assert rss() - rss_before < 200 * 2**20, "the entry's memory grew with the text"

@@ -26,6 +26,7 @@ from moss_tts.serving.engine_codes import EngineCodes
 from moss_tts.serving.engine_streams import EngineStreams
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
 from moss_tts.serving.request_record import RecordingClient
+from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
 from moss_tts.serving.speech_pipeline import ChildError, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stream_pool import StreamPool
@@ -64,7 +65,7 @@ class TritonChildren:
     """One stream's engine chunks and its vocoder sequence (BLS, with the pipeline's key so it
     never meets the direct callers' quota). Every blocking call is watched for stalls."""
 
-    def __init__(self, codes: EngineCodes, key: str, watch: StallWatch):
+    def __init__(self, codes: "EngineCodes | SegmentedCodes", key: str, watch: StallWatch):
         self.codes = codes
         self.parameters = internal_key.parameters(key)
         self.watch = watch
@@ -169,7 +170,7 @@ class TritonPythonModel:
             raise InvalidRequest("MODE=continuation needs REFERENCE_AUDIO (or REFERENCE_CODES): the audio to continue")
         requested = set(request.requested_output_names()) or set(OUTPUTS)
         reference = (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
-        codes = EngineCodes(self.streams, self.builder, synthesis, reference)
+        codes = codes_for(self.streams, self.builder, synthesis, reference)  # long text: one request per segment
         children = TritonChildren(codes, self.key, self.watch)
         client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
         return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
