@@ -262,3 +262,12 @@ def test_scheduler_admits_fifo_within_slots_and_prefill_budget(prompts):
     assert [s.request_id for s in plan.cancelled] == ["s2"] and admitted(plan) == ["s3"]
     assert [s.request_id for s in plan.running] == ["s1", "s3"]
     assert not scheduler.abort("s2") and scheduler.num_waiting == 0
+
+
+def test_the_step_histograms_count_every_step():
+    from moss_tts.engine.stats import Histogram
+
+    h = Histogram((1, 2, 4))
+    for v in (0.5, 1, 3, 9):
+        h.observe(v)
+    assert h.cumulative() == ([2, 2, 3, 4], 13.5, 4)  # le=1: 0.5 and 1; le=+Inf: all four

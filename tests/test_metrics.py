@@ -46,6 +46,14 @@ def test_a_request_shows_in_the_request_series(triton):
     assert delta("moss_tts_audio_seconds_total") == pytest.approx(5 / 12.5)
     assert delta("moss_tts_time_to_first_audio_seconds_count") == 1
     assert delta("moss_tts_rtf_count") == 1 and delta("moss_tts_rtf_sum") > 0
+    # the engine's and the vocoder's in-process histograms, published by their gauge threads
+    for name in ("moss_engine_batch_size", "moss_engine_step_ms", "moss_vocoder_batch_size"):
+        deadline = time.monotonic() + 5
+        while value(after, f"{name}_count") <= value(before, f"{name}_count") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            after = scrape(triton)
+        assert value(after, f"{name}_count") > value(before, f"{name}_count"), name
+        assert value(after, f'{name}_bucket{{le="+Inf"}}') == value(after, f"{name}_count"), name
 
 
 def test_every_series_the_dashboard_reads_exists(triton):

@@ -19,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 from moss_tts.contract import MOSS_TTS_OUTPUTS, N_VQ, ErrorKind, InvalidRequest
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
+from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS
 from moss_tts.loading import load_model, load_tokenizer
 from moss_tts.processor import PromptBuilder
 from moss_tts.serving import internal_key, triton_io as io
@@ -133,9 +134,13 @@ class TritonPythonModel:
         self.pool = StreamPool(int(params.get("max_streams", "320")), name=f"{args['model_instance_name']}-stream")
         self.watch = StallWatch()  # the streams' BLS calls and sends
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds()))
-        self.metrics = io.RequestMetrics()  # flushed by the gauge thread: one thread does this model's metric IPC
+        # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
+        self.metrics = io.RequestMetrics()
+        self.histograms = {name: io.HistogramGauges(f"moss_engine_{name}", description, bounds) for name, description, bounds
+                           in (("batch_size", "rows per engine step", BATCH_SIZE_BUCKETS),
+                               ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
         self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
-                                after=self.metrics.flush)
+                                after=self._flush_metrics)
 
     def execute(self, requests):
         for request in requests:
@@ -178,6 +183,11 @@ class TritonPythonModel:
     def _stats(self):
         stats = self.streams.engine.stats()
         return {name: self.pool.num_active if name == "streams" else getattr(stats, name) for name in STATS}
+
+    def _flush_metrics(self):
+        self.metrics.flush()
+        for name, values in self.streams.engine.histograms().items():
+            self.histograms[name].set(values)
 
     def finalize(self):
         # Running streams see is_stopping at their next chunk (or within a second while they

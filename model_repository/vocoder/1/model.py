@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
 from moss_tts.contract import CODEBOOK_SIZE, N_VQ, ErrorKind
+from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, Histogram
 from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
 from moss_tts.serving.stall_watch import StallWatch
@@ -46,7 +47,11 @@ class TritonPythonModel:
         self.execute_ms = 0.0
         # requests / executes is the batch the sequence batcher formed, execute_ms / executes the
         # time one batch took, frames_decoded / decode_calls the rows per codec call.
-        self.gauges = io.Gauges("moss_vocoder", "vocoder work counters", WORK_STATS, self._work, interval_s=0.5)
+        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)  # requests per execute, published below
+        self.batch_gauges = io.HistogramGauges("moss_vocoder_batch_size", "requests per vocoder execute",
+                                               BATCH_SIZE_BUCKETS)
+        self.gauges = io.Gauges("moss_vocoder", "vocoder work counters", WORK_STATS, self._work, interval_s=0.5,
+                                after=lambda: self.batch_gauges.set(self.batch_sizes.cumulative()))
         self._lock = threading.Lock()  # the janitor never expires a sequence in the middle of an execute
         self._stop = threading.Event()
         self._janitor = threading.Thread(target=self._expire_idle, name="vocoder-janitor", daemon=True)
@@ -63,6 +68,7 @@ class TritonPythonModel:
             responses = self._execute(requests)
             self.executes += 1
             self.requests += len(requests)
+            self.batch_sizes.observe(len(requests))
             self.execute_ms += (time.perf_counter() - start) * 1e3
             return responses
 

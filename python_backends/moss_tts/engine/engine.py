@@ -99,6 +99,11 @@ class Engine:
             return self._counters.snapshot(self._scheduler.num_running, self._scheduler.num_waiting,
                                            cache.num_free_slots, cache.prefix_stats())
 
+    def histograms(self) -> dict:
+        """{"batch_size": ..., "step_ms": ...}: each (cumulative bucket counts, sum, count)."""
+        with self._cond:
+            return {"batch_size": self._counters.batch_sizes.cumulative(), "step_ms": self._counters.step_ms.cumulative()}
+
     def stalled_seconds(self) -> float:
         """How long the step now running has taken (0 between steps): a step that never ends
         (a hung device call) shows here, and the model's heartbeat stops."""

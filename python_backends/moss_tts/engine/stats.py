@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -58,6 +61,34 @@ class GraphUse:
         self.prefill_fallbacks += graphs_on and not is_graphed
 
 
+# Bucket upper bounds of the engine's histograms (README, Metrics; deploy/grafana).
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+STEP_MS_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 50, 100, 200, 500, 1000)
+
+
+@dataclass
+class Histogram:
+    """Counts per bucket (upper bounds `bounds`, then +Inf), their sum and number: a Prometheus
+    histogram kept in process (a list increment per step) and published by the gauge thread."""
+
+    bounds: tuple
+    counts: list = field(default_factory=list)
+    total: float = 0.0
+    num: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.num += 1
+
+    def cumulative(self) -> tuple[list[int], float, int]:
+        """(count of values <= each bound, then all), sum, count: Prometheus' _bucket/_sum/_count."""
+        return list(itertools.accumulate(self.counts)), self.total, self.num
+
+
 @dataclass
 class StatsCounters:
     requests_admitted: int = 0
@@ -70,14 +101,18 @@ class StatsCounters:
     graphs: GraphUse = field(default_factory=GraphUse)
     host_s: float = 0.0
     wait_s: float = 0.0
+    batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
+    step_ms: Histogram = field(default_factory=lambda: Histogram(STEP_MS_BUCKETS))
 
     def record_time(self, host_s: float, wait_s: float) -> None:
         self.host_s += host_s
         self.wait_s += wait_s
+        self.step_ms.observe((host_s + wait_s) * 1000)  # one engine loop: host work + wait for the device
 
     def record_step(self, batch_size: int, use: GraphUse) -> None:
         self.steps += 1
         self.max_batch_size_seen = max(self.max_batch_size_seen, batch_size)
+        self.batch_sizes.observe(batch_size)
         g = self.graphs
         g.decode_hits += use.decode_hits
         g.decode_fallbacks += use.decode_fallbacks

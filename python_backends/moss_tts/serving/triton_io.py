@@ -160,6 +160,27 @@ class Gauges:
         self._thread.join(2 * self.interval_s)
 
 
+class HistogramGauges:
+    """A histogram kept in process (engine.stats.Histogram) published as Prometheus' three series,
+    `<name>_bucket{le=...}`, `<name>_sum`, `<name>_count` (gauge families: the 24.10 API can only
+    observe one value per IPC call, too costly per engine step). histogram_quantile() reads them
+    as any histogram. `set` runs on the gauge thread."""
+
+    def __init__(self, name: str, description: str, bounds: tuple) -> None:
+        self.families = [pb_utils.MetricFamily(f"{name}_{part}", f"{description} ({part})", pb_utils.MetricFamily.GAUGE)
+                         for part in ("bucket", "sum", "count")]
+        buckets, total, num = self.families
+        self.buckets = [buckets.Metric(labels={"le": f"{b:g}"}) for b in bounds] + [buckets.Metric(labels={"le": "+Inf"})]
+        self.total, self.num = total.Metric(labels={}), num.Metric(labels={})
+
+    def set(self, cumulative: tuple) -> None:
+        counts, total, num = cumulative
+        for metric, count in zip(self.buckets, counts):
+            metric.set(count)
+        self.total.set(total)
+        self.num.set(num)
+
+
 class RequestMetrics:
     """The per-request series of `moss_tts` (README, Metrics): requests by outcome, time to first
     audio and real-time factor histograms, audio seconds out.
