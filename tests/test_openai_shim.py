@@ -144,12 +144,16 @@ def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, 
             model=MODEL, voice="default", input=TEXT, response_format="pcm", stream_format=stream_format,
             extra_body=fixed(3000, stream=True, initial_codec_chunk_frames=1)) as response:
         if stream_format == "sse":
-            event = next(iter_sse(response))
+            events = iter_sse(response)  # kept referenced, as `chunks` below
+            event = next(events)
             assert event["type"] == "speech.audio.delta"
             first = base64.b64decode(event["audio"])
         else:
             first = b""
-            for data in response.iter_bytes():
+            # Kept referenced: a dropped generator is closed at once, and closing it closed the HTTP
+            # response, which cancelled the stream before the metrics below could see it (a CI flake).
+            chunks = response.iter_bytes()
+            for data in chunks:
                 first += data
                 if len(first) >= FRAME_BYTES:
                     break

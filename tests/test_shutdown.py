@@ -17,13 +17,16 @@ from client.tts_client import build_inputs, error_code
 from triton_server import MODELS, live_stubs, start_server, stop_server, stub_pids
 
 pytestmark = pytest.mark.triton
-EXIT_S = 25.0  # under Triton's 30 s exit timeout, with room
+EXIT_S = 25.0  # idle server: under Triton's 30 s exit timeout, with room
+# Streams open at SIGTERM: their vocoder sequences count as in flight until the vocoder's 20 s idle
+# timeout (Triton refuses END once shutdown has begun), so up to ~21 s; still inside the 30 s.
+EXIT_IN_FLIGHT_S = 28.0
 NOT_IN_LOG = ("Exit timeout expired", "Non-graceful termination", "Traceback", "is not healthy")
 
 
-def assert_clean_exit(server, took: float, stubs: dict[str, int]) -> None:
+def assert_clean_exit(server, took: float, stubs: dict[str, int], limit_s: float = EXIT_S) -> None:
     log = server.log_path.read_text(errors="replace")
-    assert took < EXIT_S, f"shutdown took {took:.1f} s\n{server.log_tail()}"
+    assert took < limit_s, f"shutdown took {took:.1f} s\n{server.log_tail()}"
     for model in MODELS:
         assert f"successfully unloaded '{model}'" in log, f"{model} never unloaded\n{server.log_tail()}"
     found = [needle for needle in NOT_IN_LOG if needle in log]
@@ -83,4 +86,4 @@ def test_streams_in_flight_end_with_unavailable_and_every_model_unloads(tiny_dir
     assert len(results) == 6, results
     for chunks, outcome in results:
         assert chunks >= 1 and outcome.startswith("UNAVAILABLE") and "shutting down" in outcome, results
-    assert_clean_exit(server, took, stubs)
+    assert_clean_exit(server, took, stubs, EXIT_IN_FLIGHT_S)
