@@ -5,7 +5,7 @@
 # On the device machine:  tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
 # (carry ".device" in the device run). The GPU box has Python 3.12, torch, transformers, grpcio,
 # protobuf, safetensors, xxhash; it lacks numpy<2 (the 24.10 stub crashes on BYTES with numpy 2),
-# soundfile, tritonclient + python-rapidjson, fastapi/uvicorn/pydantic/httpx, tritonserver; and its
+# soundfile, tritonclient + python-rapidjson, fastapi/uvicorn/pydantic/httpx/python-multipart, tritonserver; and its
 # transformers 5.17 cannot import AutoTokenizer next to numpy<2 (its scipy/sklearn need numpy 2), so the
 # pack brings the project's transformers 5.24 + tokenizers, which import neither.
 set -euo pipefail
@@ -28,7 +28,7 @@ cp "$site/nvidia/cuda_runtime/lib/libcudart.so.12" "$p/lib/"
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   --implementation cp -d "$work/whl" \
   numpy==1.26.4 soundfile==0.14.0 "tritonclient[grpc]==2.51.0" python-rapidjson==1.25 xxhash==4.1.0 \
-  safetensors==0.8.0 fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 httpx==0.28.1 \
+  safetensors==0.8.0 fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 httpx==0.28.1 python-multipart==0.0.20 \
   transformers==5.24.0 tokenizers==0.23.3 2>&1 | grep -v "^WARNING: Location" || true
 # The box has these (and they are large): use its grpcio/protobuf, never a second torch.
 rm -f "$work"/whl/grpcio-* "$work"/whl/protobuf-* "$work"/whl/torch-* "$work"/whl/nvidia_* "$work"/whl/triton-* "$work"/whl/hf_xet-*
