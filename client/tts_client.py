@@ -34,10 +34,7 @@ def build_inputs(text: str, reference_audio: Optional[bytes] = None, ensemble: b
     `reference_codes` [frames, 12] (a saved voice, client/voices.py) replaces reference audio."""
     inputs = [option_input("TEXT", text)]
     if reference_codes is not None:
-        array = np.ascontiguousarray(reference_codes, dtype=np.int32).reshape(1, -1, contract.N_VQ)
-        tensor = grpcclient.InferInput("REFERENCE_CODES", list(array.shape), "INT32")
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+        inputs.append(option_input("REFERENCE_CODES", reference_codes))
     if ensemble:  # the ensemble always takes REFERENCE_AUDIO, shaped [1, 1]; empty = none
         inputs.append(option_input("REFERENCE_AUDIO", reference_audio or b"", (1, 1)))
     elif reference_audio:

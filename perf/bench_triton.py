@@ -89,12 +89,9 @@ def percentiles(values: list[float], which=(50, 95, 99)) -> dict:
 async def one_stream(client, model: str, frames: int, seed: int, stream: bool, timeout_s: float) -> StreamResult:
     import tritonclient.grpc.aio as grpcclient
 
-    values = {"TEXT": TEXT, "MAX_FRAMES": frames, "IGNORE_STOP": True, "SEED": seed, "STREAM": stream}
-    inputs = []
-    for name, value in values.items():
-        tensor = grpcclient.InferInput(name, [1], contract.INPUTS[name].dtype)
-        tensor.set_data_from_numpy(contract.input_array(name, value))
-        inputs.append(tensor)
+    from client.openai_shim.triton_stream import build_inputs
+
+    inputs = build_inputs({"TEXT": TEXT, "MAX_FRAMES": frames, "IGNORE_STOP": True, "SEED": seed, "STREAM": stream})
     closed = asyncio.Event()
 
     async def requests():

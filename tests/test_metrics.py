@@ -5,60 +5,43 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from client.server_health import fetch
 from client.tts_client import InferenceServerException, TTSClient, build_inputs
 
 pytestmark = pytest.mark.triton
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "moss-tts-triton.json"
 
 
-def scrape(triton) -> str:
-    return urllib.request.urlopen(triton.metrics_url, timeout=10).read().decode()
-
-
-def value(text: str, series: str) -> float:
-    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
+HISTOGRAMS = ("moss_engine_batch_size", "moss_engine_step_ms", "moss_vocoder_batch_size")
 
 
 def test_a_request_shows_in_the_request_series(triton):
-    before = scrape(triton)
+    before = triton.metrics()
     TTSClient(triton.grpc_url).synthesize(build_inputs("Hello.", seed=1, max_frames=5, ignore_stop=True))
     with pytest.raises(InferenceServerException):
         TTSClient(triton.grpc_url).synthesize(build_inputs("Hello.", top_p=5.0))
-    # Observed right after each final response is sent: poll until both requests show.
-    deadline = time.monotonic() + 10
-    while True:
-        after = scrape(triton)
-        delta = lambda series: value(after, series) - value(before, series)  # noqa: E731
-        if delta("moss_tts_rtf_count") >= 1 and delta('moss_tts_requests_total{outcome="invalid"}') >= 1:
-            break
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert delta('moss_tts_requests_total{outcome="ok"}') == 1
-    assert delta('moss_tts_requests_total{outcome="invalid"}') == 1
-    assert delta("moss_tts_audio_seconds_total") == pytest.approx(5 / 12.5)
-    assert delta("moss_tts_time_to_first_audio_seconds_count") == 1
-    assert delta("moss_tts_rtf_count") == 1 and delta("moss_tts_rtf_sum") > 0
+    delta = lambda m, series: m.get(series, 0.0) - before.get(series, 0.0)  # noqa: E731
+    # Observed after each final response is sent, published by the gauge threads: wait for them.
+    moved = ["moss_tts_rtf_count", 'moss_tts_requests_total{outcome="invalid"}'] + [f"{h}_count" for h in HISTOGRAMS]
+    after = triton.wait_for_metrics(lambda m: all(delta(m, series) > 0 for series in moved), timeout=10)
+    assert delta(after, 'moss_tts_requests_total{outcome="ok"}') == 1
+    assert delta(after, 'moss_tts_requests_total{outcome="invalid"}') == 1
+    assert delta(after, "moss_tts_audio_seconds_total") == pytest.approx(5 / 12.5)
+    assert delta(after, "moss_tts_time_to_first_audio_seconds_count") == 1
+    assert delta(after, "moss_tts_rtf_count") == 1 and delta(after, "moss_tts_rtf_sum") > 0
     # the engine's and the vocoder's in-process histograms, published by their gauge threads
-    for name in ("moss_engine_batch_size", "moss_engine_step_ms", "moss_vocoder_batch_size"):
-        deadline = time.monotonic() + 5
-        while value(after, f"{name}_count") <= value(before, f"{name}_count") and time.monotonic() < deadline:
-            time.sleep(0.2)
-            after = scrape(triton)
-        assert value(after, f"{name}_count") > value(before, f"{name}_count"), name
-        assert value(after, f'{name}_bucket{{le="+Inf"}}') == value(after, f"{name}_count"), name
+    for name in HISTOGRAMS:
+        assert delta(after, f"{name}_count") > 0, name
+        assert after[f'{name}_bucket{{le="+Inf"}}'] == after[f"{name}_count"], name
 
 
 def test_every_series_the_dashboard_reads_exists(triton):
     TTSClient(triton.grpc_url).synthesize(build_inputs("Hello.", seed=2, max_frames=2, ignore_stop=True))
-    exported = scrape(triton)
+    exported = fetch(triton.metrics_url, 10.0)
     names = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )", exported, re.M))
     panels = json.loads(DASHBOARD.read_text())["panels"]
     exprs = [target["expr"] for panel in panels for target in panel["targets"]]

@@ -11,9 +11,8 @@ import queue
 import threading
 
 import pytest
-import tritonclient.grpc as grpcclient
 
-from client.tts_client import build_inputs, error_code
+from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
 from triton_server import MODELS, live_stubs, start_server, stop_server, stub_pids
 
 pytestmark = pytest.mark.triton
@@ -50,30 +49,21 @@ def test_streams_in_flight_end_with_unavailable_and_every_model_unloads(tiny_dir
     started = threading.Barrier(7)
 
     def stream(i: int) -> None:
-        events: queue.Queue = queue.Queue()
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        client.start_stream(callback=lambda result, error: events.put((result, error)))
-        client.async_stream_infer("moss_tts", build_inputs("A long one.", max_frames=3000, ignore_stop=True, seed=i),
-                                  enable_empty_final_response=True)
-        chunks, first = 0, True
+        chunks = 0
         try:
-            while True:
-                result, error = events.get(timeout=60)
-                if first:
-                    first = False
-                    started.wait(timeout=60)
-                if error is not None:
-                    outcomes.put((chunks, error_code(error) + " " + (error.message() or "")))
-                    return
+            for _ in TTSClient(server.grpc_url).stream(
+                    build_inputs("A long one.", max_frames=3000, ignore_stop=True, seed=i), timeout=60):
                 chunks += 1
-                if result.get_response().parameters["triton_final_response"].bool_param:
-                    outcomes.put((chunks, "finished"))
-                    return
+                if chunks == 1:
+                    started.wait(timeout=60)
+            outcome = "finished"
+        except InferenceServerException as exc:
+            outcome = f"{error_code(exc)} {exc.message() or ''}"
         except queue.Empty:
-            outcomes.put((chunks, "no response for 60 s"))
-        finally:
-            client.stop_stream(cancel_requests=False)
-            client.close()
+            outcome = "no response for 60 s"
+        if chunks == 0:
+            started.wait(timeout=60)  # release the main thread whatever came first
+        outcomes.put((chunks, outcome))
 
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(6)]
     for t in threads:

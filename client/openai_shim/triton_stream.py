@@ -30,16 +30,13 @@ CHANNEL_ARGS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_
 
 
 def build_inputs(values: dict[str, object]) -> list[grpcclient.InferInput]:
-    """{"TEXT": "...", "SEED": 1, ...} -> shape-[1] inputs typed by moss_tts.contract; None values
-    are left out."""
+    """{"TEXT": "...", "SEED": 1, ...} -> inputs typed and shaped by moss_tts.contract.input_array
+    ([1], REFERENCE_CODES [1, frames, 12]); None values are left out."""
     inputs = []
     for name, value in values.items():
         if value is None:
             continue
-        if name == "REFERENCE_CODES":  # a saved voice: [frames, 12] -> [1, frames, 12]
-            array = np.ascontiguousarray(value, dtype=np.int32).reshape(1, -1, contract.N_VQ)
-        else:
-            array = contract.input_array(name, value)
+        array = contract.input_array(name, value)
         tensor = grpcclient.InferInput(name, list(array.shape), contract.INPUTS[name].dtype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

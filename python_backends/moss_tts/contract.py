@@ -120,10 +120,13 @@ INPUTS = {t.name: t for t in MOSS_TTS_INPUTS}
 
 def input_array(name: str, value, shape=(1,)) -> np.ndarray:
     """A moss_tts input value as the array its declared dtype needs. Integers outside the dtype's
-    range raise ValueError (numpy < 2 would wrap them silently: 2**32 + 5 -> 5)."""
+    range raise ValueError (numpy < 2 would wrap them silently: 2**32 + 5 -> 5). REFERENCE_CODES
+    takes codes [frames, 12] (a saved voice) and gets its [1, frames, 12]."""
     spec = INPUTS.get(name)
     if spec is None:
         raise ValueError(f"unknown input {name!r}; moss_tts takes {', '.join(INPUTS)}")
+    if name == "REFERENCE_CODES":
+        return np.ascontiguousarray(value, dtype=spec.numpy_dtype).reshape(1, -1, N_VQ)
     if spec.dtype == "BYTES":
         value = value.encode("utf-8") if isinstance(value, str) else value
     elif spec.dtype.startswith(("INT", "UINT")):

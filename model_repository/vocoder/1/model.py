@@ -43,11 +43,11 @@ class TritonPythonModel:
         self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds)
         self.slots = io.Gauges("moss_vocoder_sessions", "vocoder codec state slots", ("active", "free"),
                                self._slots, label="state")
-        self.executes = self.requests = 0
         self.execute_ms = 0.0
+        # Requests per execute: its count is the executes, its sum the requests (WORK_STATS).
         # requests / executes is the batch the sequence batcher formed, execute_ms / executes the
         # time one batch took, frames_decoded / decode_calls the rows per codec call.
-        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)  # requests per execute, published below
+        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)
         self.batch_gauges = io.HistogramGauges("moss_vocoder_batch_size", "requests per vocoder execute",
                                                BATCH_SIZE_BUCKETS)
         self.gauges = io.Gauges("moss_vocoder", "vocoder work counters", WORK_STATS, self._work, interval_s=0.5,
@@ -66,8 +66,6 @@ class TritonPythonModel:
         start = time.perf_counter()
         with self.watch.working(), self._lock:
             responses = self._execute(requests)
-            self.executes += 1
-            self.requests += len(requests)
             self.batch_sizes.observe(len(requests))
             self.execute_ms += (time.perf_counter() - start) * 1e3
             return responses
@@ -121,7 +119,8 @@ class TritonPythonModel:
 
     def _work(self):
         stats = self.sessions.stats()
-        return {"executes": self.executes, "requests": self.requests, "execute_ms": int(self.execute_ms),
+        return {"executes": self.batch_sizes.num, "requests": int(self.batch_sizes.total),
+                "execute_ms": int(self.execute_ms),
                 **{name: getattr(stats, name) for name in WORK_STATS[3:]}}
 
     def finalize(self):

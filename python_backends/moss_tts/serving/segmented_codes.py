@@ -21,6 +21,7 @@ import numpy as np
 
 from ..contract import N_VQ, InvalidRequest
 from ..text_segments import MAX_SEGMENT_CHARS, split_text
+from .engine_codes import EngineCodes
 from .speech_pipeline import CodesChunk
 from .synthesis_request import SynthesisRequest
 
@@ -69,8 +70,6 @@ def codes_for(streams, builder, synthesis: SynthesisRequest, reference: Callable
               max_segment_chars: int = MAX_SEGMENT_CHARS):
     """The codes source of one request: EngineCodes, or SegmentedCodes for a text longer than one
     segment (InvalidRequest for a duration that cannot apply to several segments)."""
-    from .engine_codes import EngineCodes
-
     segments = split_text(synthesis.text, max_segment_chars)
     if len(segments) < 2:
         return EngineCodes(streams, builder, synthesis, reference)
