@@ -2,7 +2,7 @@
 
 Triton 24.10 keeps /v2/health/ready at 200 when a Python stub has died and never restarts it
 (python_backend: "TODO: Implement restart on decoupled"). So every model instance of ours counts
-`moss_heartbeat_total{model, instance}` up every 0.5 s while its work is not stuck (a step, a
+`moss_heartbeat_total{model, model_instance}` up every 0.5 s while its work is not stuck (a step, a
 BLS call or a send running longer than its limit stops it, and so does a process that can no
 longer run Python). A counter that has not moved for `stale_after_s` means a dead or wedged
 stub: not ready. The cure is a restart of tritonserver (Kubernetes does it from the probes).
@@ -36,7 +36,7 @@ def parse_heartbeats(text: str) -> dict[tuple[str, str], float]:
     beats = {}
     for labels, value in _SERIES.findall(text):
         named = dict(_LABEL.findall(labels))
-        beats[(named.get("model", "?"), named.get("instance", "?"))] = float(value)
+        beats[(named.get("model", "?"), named.get("model_instance", "?"))] = float(value)
     return beats
 
 

@@ -251,10 +251,20 @@ async def run_load(config: SoakConfig) -> SoakReport:
 
 
 def read_metrics(metrics_url: str) -> dict[str, float]:
-    """Our custom series, e.g. {'moss_engine{stat="running"}': 0.0}."""
+    """Our custom series summed over model instances, e.g. {'moss_engine{stat="running"}': 0.0}."""
+    return sum_instances(fetch(metrics_url, 10.0))
+
+
+def sum_instances(text: str) -> dict[str, float]:
+    """Prometheus text -> {series without its `model_instance` label: sum over instances} for moss_*
+    series (a multi-GPU layout runs one engine and one vocoder per GPU)."""
     import re
 
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(moss_\S+) (\S+)$", fetch(metrics_url, 10.0), re.M)}
+    totals: dict[str, float] = {}
+    for m in re.finditer(r"^(moss_\S+) (\S+)$", text, re.M):
+        key = re.sub(r'(?<=[{,])model_instance="[^"]*",?', "", m.group(1)).replace(",}", "}").replace("{}", "")
+        totals[key] = totals.get(key, 0.0) + float(m.group(2))
+    return totals
 
 
 def idle_problems(m: dict[str, float], max_running: int) -> list[str]:

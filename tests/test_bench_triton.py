@@ -38,3 +38,13 @@ def test_a_short_run_against_the_server_reports_every_level(triton, tmp_path):
         assert r["failures"] == 0 and r["requests"] == 2 * r["concurrency"]
         assert r["audio_s"] == pytest.approx(r["requests"] * 8 / 12.5)
         assert 0 < r["ttfa_ms"]["p50"] <= r["ttfa_ms"]["max"] and r["audio_s_per_s"] > 0
+
+
+@pytest.mark.triton
+def test_client_processes_split_the_workers_and_merge_their_results(triton, tmp_path):
+    out = tmp_path / "bench.json"
+    code = main(["--url", triton.grpc_url, "--concurrency", "3", "--mode", "stream", "--frames", "8",
+                 "--requests", "2", "--warmup", "0", "--processes", "2", "--out", str(out)])
+    (report,) = json.loads(out.read_text())
+    assert code == 0 and report["failures"] == 0 and report["requests"] == 6
+    assert report["audio_s"] == pytest.approx(6 * 8 / 12.5) and report["wall_s"] > 0

@@ -18,7 +18,7 @@ INSTANCES = {("moss_tts", "moss_tts_0_0"): 1, ("ref_encoder", "ref_encoder_0_0")
 
 def exposition(beats: dict) -> str:
     lines = ["# TYPE moss_heartbeat_total counter"]
-    lines += [f'moss_heartbeat_total{{instance="{i}",model="{m}"}} {v}' for (m, i), v in beats.items()]
+    lines += [f'moss_heartbeat_total{{model="{m}",model_instance="{i}"}} {v}' for (m, i), v in beats.items()]
     return "\n".join(lines + ['moss_engine{stat="running"} 0', "nv_inference_count 5"]) + "\n"
 
 

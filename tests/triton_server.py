@@ -45,6 +45,20 @@ class TritonServer:
                 return values
             time.sleep(0.1)
 
+    def settled_metrics(self, timeout: float = 10.0) -> dict[str, float]:
+        """The series once two reads 0.6 s apart agree: the gauge threads publish what earlier
+        requests (another test's) recorded up to ~0.5 s after their final responses."""
+        def work(values):  # the heartbeats count up all the time
+            return {k: v for k, v in values.items() if not k.startswith("moss_heartbeat")}
+
+        previous, deadline = self.metrics(), time.monotonic() + timeout
+        while True:
+            time.sleep(0.6)
+            values = self.metrics()
+            if work(values) == work(previous) or time.monotonic() > deadline:
+                return values
+            previous = values
+
     def model_config(self, model: str) -> dict:
         url = f"http://{self.http_url}/v2/models/{model}/config"
         return json.loads(urllib.request.urlopen(url, timeout=10).read())

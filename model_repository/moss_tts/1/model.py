@@ -25,7 +25,7 @@ from moss_tts.processor import PromptBuilder
 from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.engine_codes import EngineCodes
 from moss_tts.serving.engine_streams import EngineStreams
-from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
+from moss_tts.serving.placement import checkpoint_dirs, resolve_device, use_device, resolve_dtype
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
 from moss_tts.serving.speech_pipeline import ChildError, SpeechStream, new_sequence_id
@@ -123,7 +123,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, params = io.model_config(args), io.model_parameters(args)
         io.require_decoupled(config)
-        device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
+        device = use_device(resolve_device(params.get("device"), int(args["model_instance_device_id"])))
         model_dir, _ = checkpoint_dirs()
         model = load_model(model_dir, device, resolve_dtype(params.get("dtype"), device))
         self.builder = PromptBuilder(load_tokenizer(model_dir), model.cfg)
@@ -136,11 +136,13 @@ class TritonPythonModel:
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds()))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
         self.metrics = io.RequestMetrics()
-        self.histograms = {name: io.HistogramGauges(f"moss_engine_{name}", description, bounds) for name, description, bounds
+        instance = args["model_instance_name"]
+        self.histograms = {name: io.HistogramGauges(f"moss_engine_{name}", description, bounds, instance)
+                           for name, description, bounds
                            in (("batch_size", "rows per engine step", BATCH_SIZE_BUCKETS),
                                ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
         self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
-                                after=self._flush_metrics)
+                                after=self._flush_metrics, instance=instance)
 
     def execute(self, requests):
         for request in requests:

@@ -14,7 +14,7 @@ from moss_tts.audio import AudioError
 from moss_tts.contract import N_VQ
 from moss_tts.codec.checkpoint import load_codec
 from moss_tts.serving import triton_io as io
-from moss_tts.serving.placement import checkpoint_dirs, resolve_device
+from moss_tts.serving.placement import checkpoint_dirs, resolve_device, use_device
 from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder
 from moss_tts.serving.stall_watch import StallWatch
 
@@ -26,7 +26,7 @@ COUNTERS = ("hits", "misses", "coalesced_waits", "encodes", "items_encoded", "ev
 class TritonPythonModel:
     def initialize(self, args):
         params = io.model_parameters(args)
-        device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
+        device = use_device(resolve_device(params.get("device"), int(args["model_instance_device_id"])))
         # The encoder runs in fp32: reference codes are discrete, and bf16 rounding flips them.
         codec_dir = checkpoint_dirs()[1]
         codec = load_codec(codec_dir, device, parts=("encoder", "quantizer")).eval()  # no decoder: ~half the weights

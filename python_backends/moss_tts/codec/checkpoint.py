@@ -95,12 +95,14 @@ def build_real_size_codec(device: torch.device | str = "cuda", dtype: torch.dtyp
     return model if torch.device(device).type == "meta" else init_random_(model, seed)
 
 
-def write_codec_checkpoint(directory: str | Path, config_dict: Mapping[str, Any], seed: int) -> Path:
-    """Write config.json and model.safetensors (seeded random weights, real names and layout)."""
+def write_codec_checkpoint(directory: str | Path, config_dict: Mapping[str, Any], seed: int,
+                           device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Path:
+    """Write config.json and model.safetensors (seeded random weights, real names and layout);
+    the weights are drawn on `device` and stored in `dtype` (a real-size codec: cuda, bf16)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = CodecConfig.from_dict(config_dict, f"{directory}/config.json")
     (directory / "config.json").write_text(json.dumps(dict(config_dict), indent=2), encoding="utf-8")
-    model = init_random_(build_codec(config, "cpu"), seed)
+    model = init_random_(build_codec(config, device, dtype), seed)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
     return directory

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import torch
+
 from ..model import MossTTSLocalModel
 from .config import EngineConfig
 from .events import EngineEvent, Finished, FinishReason
@@ -128,6 +130,10 @@ class Engine:
     def _loop(self) -> None:
         # No inference_mode here: the runner enters it, and chunks built out here are plain
         # tensors that a consumer may modify in place.
+        if self._runner.device.type == "cuda":
+            # The current CUDA device is per thread and a new thread starts on cuda:0; graph
+            # replay and the Triton kernels launch on the current one (engine on cuda:1).
+            torch.cuda.set_device(self._runner.device)
         while self._wait_for_work():
             self._step_started = time.monotonic()
             try:

@@ -23,6 +23,17 @@ def resolve_device(setting: str, instance_device_id: int) -> torch.device:
     return torch.device(f"cuda:{instance_device_id}" if setting == "cuda" else setting)
 
 
+def use_device(device: torch.device) -> torch.device:
+    """Make `device` the process's current CUDA device and return it.
+
+    A stub serving an instance on cuda:1 still starts with cuda:0 current, and CUDA graph
+    capture, Triton kernels and `torch.cuda.Stream()` all use the current device, not the
+    tensors' one. Each stub runs one instance, so setting it once in initialize is enough."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
 def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
     """"auto" = bfloat16 on GPU, float32 on CPU."""
     setting = (setting or "auto").strip().lower()

@@ -60,7 +60,7 @@ def bytes_tensor(name: str, values: list[bytes | str], shape) -> "pb_utils.Tenso
 
 
 class Heartbeat:
-    """`moss_heartbeat_total{model, instance}` counts up every 0.5 s while `stalled_seconds()`
+    """`moss_heartbeat_total{model, model_instance}` counts up every 0.5 s while `stalled_seconds()`
     stays under `stall_limit_s`. It stops when the stub dies, when its work is stuck (a send or
     step that never returns) and when the process can no longer run Python (a GIL deadlock):
     client/server_health.py reads a counter that stops as "not ready"."""
@@ -74,7 +74,7 @@ class Heartbeat:
         # The family must outlive its metric, so both are kept here.
         self.family = pb_utils.MetricFamily(HEARTBEAT_FAMILY, "moss-tts model liveness: +1 every 0.5 s while not stalled",
                                             pb_utils.MetricFamily.COUNTER)
-        self.metric = self.family.Metric(labels={"model": args["model_name"], "instance": args["model_instance_name"]})
+        self.metric = self.family.Metric(labels={"model": args["model_name"], "model_instance": args["model_instance_name"]})
         self._stop = threading.Event()
         self._was_stalled = False
         self._thread = threading.Thread(target=self._beat, name="moss-heartbeat", daemon=True)
@@ -125,16 +125,25 @@ def exit_when_orphaned(interval_s: float = 1.0) -> None:
 _orphan_watch: Optional[threading.Thread] = None
 
 
+def instance_label(instance: Optional[str]) -> dict[str, str]:
+    """{"model_instance": name} for a model's gauges. Each instance (one stub per GPU in a
+    multi-GPU layout) keeps its own values, and two stubs setting one unlabelled gauge would
+    overwrite each other; `sum without (model_instance)` adds them up. Not `instance`: Prometheus
+    sets that label to the scrape target and would rename ours `exported_instance`."""
+    return {"model_instance": instance} if instance else {}
+
+
 class Gauges:
     """A gauge family `name{<label>=...}` refreshed from `read() -> {value of the label: value}`
     every `interval_s` on a thread of its own: each set is an IPC round trip, kept off the hot path."""
 
     def __init__(self, name: str, description: str, stats: tuple[str, ...], read: Callable[[], dict],
-                 interval_s: float = 0.25, label: str = "stat", after: Callable[[], None] = lambda: None) -> None:
+                 interval_s: float = 0.25, label: str = "stat", after: Callable[[], None] = lambda: None,
+                 instance: Optional[str] = None) -> None:
         # The family must outlive its metrics, so both are kept here.
         self.family = pb_utils.MetricFamily(name, description, pb_utils.MetricFamily.GAUGE)
         self.family_name = name
-        self.metrics = {stat: self.family.Metric(labels={label: stat}) for stat in stats}
+        self.metrics = {stat: self.family.Metric(labels={label: stat, **instance_label(instance)}) for stat in stats}
         self.read = read
         self.after = after  # more metric IPC that must leave from this one thread (RequestMetrics.flush)
         self.interval_s = interval_s
@@ -166,12 +175,13 @@ class HistogramGauges:
     observe one value per IPC call, too costly per engine step). histogram_quantile() reads them
     as any histogram. `set` runs on the gauge thread."""
 
-    def __init__(self, name: str, description: str, bounds: tuple) -> None:
+    def __init__(self, name: str, description: str, bounds: tuple, instance: Optional[str] = None) -> None:
         self.families = [pb_utils.MetricFamily(f"{name}_{part}", f"{description} ({part})", pb_utils.MetricFamily.GAUGE)
                          for part in ("bucket", "sum", "count")]
         buckets, total, num = self.families
-        self.buckets = [buckets.Metric(labels={"le": f"{b:g}"}) for b in bounds] + [buckets.Metric(labels={"le": "+Inf"})]
-        self.total, self.num = total.Metric(labels={}), num.Metric(labels={})
+        own = instance_label(instance)
+        self.buckets = [buckets.Metric(labels={"le": le, **own}) for le in [f"{b:g}" for b in bounds] + ["+Inf"]]
+        self.total, self.num = total.Metric(labels=own), num.Metric(labels=own)
 
     def set(self, cumulative: tuple) -> None:
         counts, total, num = cumulative

@@ -36,7 +36,8 @@ def tiny_model_config_dict() -> dict:
     return cfg
 
 
-def write_model_dir(directory: Path, config: dict, seed: int) -> None:
+def write_model_dir(directory: Path, config: dict, seed: int, device: str = "cpu",
+                    dtype: torch.dtype = torch.float32, std: float = 0.15) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (directory / "processor_config.json").write_text(json.dumps({
@@ -46,7 +47,7 @@ def write_model_dir(directory: Path, config: dict, seed: int) -> None:
     cfg = MossTTSConfig.from_dict(config, str(directory / "config.json"))
     # A wide init (vs 0.02 at 4B scale) so that, at width 64, the context visibly changes
     # the output: tests of batching and seeding would pass vacuously otherwise.
-    model = build_random_model(cfg, "cpu", torch.float32, seed, std=0.15)
+    model = build_random_model(cfg, device, dtype, seed, std=std)
     tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
     # Published checkpoints store the tied heads as separate tensors: write them the same way.
     tensors["text_lm_head.weight"] = tensors["transformer.embed_tokens.weight"].clone()
@@ -62,13 +63,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--real-size", action="store_true",
+                        help="the published sizes (Qwen3-4B backbone, 2B codec) in bf16, drawn on a GPU: "
+                             "~12 GB on disk, for benchmarks of the served pipeline")
     args = parser.parse_args(argv)
     from ..codec.checkpoint import write_codec_checkpoint
-    from ..codec.config import tiny_codec_config_dict
+    from ..codec.config import real_codec_config_dict, tiny_codec_config_dict
 
-    write_model_dir(args.out_dir / "model", tiny_model_config_dict(), args.seed)
-    write_codec_checkpoint(args.out_dir / "codec", tiny_codec_config_dict(), args.seed)
-    (args.out_dir / "VERSION").write_text(TINY_CHECKPOINT_VERSION + "\n")
+    if args.real_size:
+        # The real init scale (0.02): the tiny one's 0.15 is only there to make width 64 visible.
+        config = dict(real_model_config_dict(), audio_tokenizer_name_or_path="../codec")
+        write_model_dir(args.out_dir / "model", config, args.seed, "cuda", torch.bfloat16, std=0.02)
+        write_codec_checkpoint(args.out_dir / "codec", real_codec_config_dict(), args.seed, "cuda", torch.bfloat16)
+    else:
+        write_model_dir(args.out_dir / "model", tiny_model_config_dict(), args.seed)
+        write_codec_checkpoint(args.out_dir / "codec", tiny_codec_config_dict(), args.seed)
+        (args.out_dir / "VERSION").write_text(TINY_CHECKPOINT_VERSION + "\n")
     print(f"wrote {args.out_dir}/model and {args.out_dir}/codec (random weights: output audio is noise)")
 
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Multi-GPU scaling of the served pipeline (issue 12) on the device tool's nvidia-h200-x2 machine:
+# the same model repository under three placements, each measured with perf/bench_triton.py on
+# the real-size random checkpoint (bf16), all five models in tritonserver.
+#   perf/h200_scaling.sh setup                 # unpack the pack (carry .device), write the
+#                                              # real-size checkpoint (~12 GB) to /tmp
+#   perf/h200_scaling.sh vocoder               # perf/bench_vocoder.py: eager vs graphed codec
+#   perf/h200_scaling.sh layout NAME [NAME..]  # single | replicas_2gpu | split_2gpu: serve,
+#                                              # bench, kill; bench_NAME.json + logs in results.tgz
+#   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
+# single = config.pbtxt with only GPU 0 visible; the others = --model-config-name=NAME
+# (model_repository/*/configs/NAME.pbtxt). Knobs: LEVELS (1,128,256,512), REQUESTS (2 per
+# worker), PROCESSES (8 client processes), FRAMES (112), MODE (stream).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+W=/tmp/moss-scale
+R=$W/results  # kept across the calls of one machine; each call returns it whole as results.tgz
+OUT=${OUT:-$W/out}
+mkdir -p "$W" "$R" "$OUT"
+# The device returns at most 8 files: one archive and the running log.
+trap 'tar -czf "$OUT/results.tgz" -C "$W" results; cp "$R/scaling.log" "$OUT/" 2>/dev/null' EXIT
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$R/scaling.log"; }
+
+env_pack() {
+  [ -f /opt/moss-pack/env.sh ] || tar -xJf .device/triton-pack.tar.xz -C /opt
+  source /opt/moss-pack/env.sh
+}
+
+setup() {
+  local t0=$SECONDS
+  env_pack
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv | tee "$R/gpu.txt"
+  python3 -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" | tee -a "$R/gpu.txt"
+  if [ ! -f "$W/ckpt/codec/model.safetensors" ]; then
+    rm -rf "$W/ckpt"
+    PYTHONPATH=python_backends python3 -m moss_tts.tools.make_tiny_checkpoint --real-size "$W/ckpt" || { log "checkpoint failed"; exit 1; }
+  fi
+  du -sh "$W/ckpt/model" "$W/ckpt/codec" | tee -a "$R/gpu.txt"
+  # A clean copy of the repository: only models with a config.
+  rm -rf "$W/repo"; mkdir -p "$W/repo"
+  for d in model_repository/*/; do [ -f "$d/config.pbtxt" ] && cp -r "$d" "$W/repo/"; done
+  log "setup took $((SECONDS - t0)) s"
+}
+
+vocoder() {
+  env_pack
+  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 python3 perf/bench_vocoder.py --out "$R/vocoder.json" 2>&1 | tee "$R/vocoder.txt"
+}
+
+stop_server() {
+  local pid; pid=$(cat "$W/server.pid" 2>/dev/null) || return 0
+  kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  # The numbers are taken; the drain of a loaded server is tests/test_shutdown.py's business.
+  pkill -9 -f tritonserver; pkill -9 -f triton_python_backend_stub; sleep 2
+}
+
+layout() {
+  env_pack
+  for name in "$@"; do
+    local t0=$SECONDS extra=() visible=0,1
+    case "$name" in
+      single) visible=0 ;;
+      *) extra=(--model-config-name="$name") ;;
+    esac
+    log "layout $name: starting tritonserver (CUDA_VISIBLE_DEVICES=$visible ${extra[*]:-})"
+    CUDA_VISIBLE_DEVICES=$visible MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
+      MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh "${extra[@]}" > "$W/server_$name.log" 2>&1 < /dev/null &
+    echo $! > "$W/server.pid"
+    local ready=0
+    for _ in $(seq 480); do
+      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)" 2>/dev/null && { ready=1; break; }
+      kill -0 "$(cat "$W/server.pid")" 2>/dev/null || break
+      sleep 1
+    done
+    cp "$W/server_$name.log" "$R/"
+    if [ $ready = 0 ]; then log "layout $name: server not ready"; tail -40 "$W/server_$name.log"; stop_server; continue; fi
+    log "layout $name: ready after $((SECONDS - t0)) s"
+    grep -E "memory plan|captured|vocoder graphs|device" "$W/server_$name.log" | head -20 | tee -a "$R/scaling.log"
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$R/scaling.log"
+    PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "${LEVELS:-1,128,256,512}" \
+      --mode "${MODE:-stream}" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
+      --warmup 2 --timeout 120 --out "$R/bench_$name.json" 2>&1 | tee -a "$R/scaling.log"
+    python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
+      > "$W/metrics_$name.txt" 2>/dev/null
+    grep -E '^moss_(engine|vocoder)\{|^nv_inference_(count|queue_duration_us|compute_infer_duration_us)\{' "$W/metrics_$name.txt" \
+      > "$R/metrics_$name.txt"
+    stop_server
+    cp "$W/server_$name.log" "$R/"
+    log "layout $name: done after $((SECONDS - t0)) s"
+  done
+}
+
+all() {
+  setup && vocoder
+  layout single replicas_2gpu split_2gpu
+}
+
+"$@"
