@@ -8,6 +8,23 @@
 #     -v /path/to/MOSS-Audio-Tokenizer-v2:/models/moss-codec:ro moss-tts-triton
 # The OpenAI-compatible shim is a separate process (make serve runs both); in containers run it
 # beside this one: python -m client.openai_shim --port 8080 --triton-url <this-container>:8001
+# Its image is the `shim` stage below (the last stage, tritonserver's, is the default target).
+
+# The shim alone, for deploy/k8s/shim.yaml: no torch, no tritonserver. Its pins are those of
+# requirements.txt (tests/test_k8s_manifests.py checks); FastAPI needs Python >= 3.11, which the
+# Triton image (3.10) lacks.
+#   docker build --target shim -t moss-tts-shim .
+FROM python:3.11-slim AS shim
+RUN pip install --no-cache-dir "numpy==1.26.4" "soundfile==0.14.0" "tritonclient[grpc]==2.51.0" \
+    "fastapi==0.165.0" "python-multipart==0.0.20" "uvicorn==0.54.0" "pydantic==2.14.4" "httpx==0.28.1"
+WORKDIR /opt/moss-tts-triton
+# The client imports moss_tts.contract (torch-free); the rest of the package is never imported.
+COPY python_backends/moss_tts/ python_backends/moss_tts/
+COPY client/ client/
+ENV PYTHONPATH=/opt/moss-tts-triton/python_backends
+EXPOSE 8080
+CMD ["python", "-m", "client.openai_shim", "--port", "8080"]
+
 FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 # The image's Python (3.10) runs our Python-backend models. torch: a CUDA 12.4 build, which the

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.triton
 
 
 def long_stream(server):
-    return TTSClient(server.grpc_url).stream(build_inputs("Hold the line.", seed=1, max_frames=4000, ignore_stop=True,
+    return TTSClient(server.grpc_url).stream(build_inputs("Hold the line.", seed=1, max_frames=1900, ignore_stop=True,
                                                           first_chunk_frames=1, chunk_frames=2))
 
 

@@ -136,13 +136,13 @@ def test_sse_deltas_come_chunk_by_chunk_then_done(openai_shim, pcm_40):
 
 @pytest.mark.parametrize("stream_format", ["audio", "sse"])
 def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, triton, stream_format):
-    """A 3000-frame utterance: one whole frame arrives, the engine is still generating; leaving the
+    """A 1900-frame utterance: one whole frame arrives, the engine is still generating; leaving the
     `with` block closes the connection, and the engine row and vocoder session are freed early."""
     before = triton.wait_for_metrics(triton.is_idle)
     assert triton.is_idle(before), before
     with sdk(openai_shim.url).audio.speech.with_streaming_response.create(
             model=MODEL, voice="default", input=TEXT, response_format="pcm", stream_format=stream_format,
-            extra_body=fixed(3000, stream=True, initial_codec_chunk_frames=1)) as response:
+            extra_body=fixed(1900, stream=True, initial_codec_chunk_frames=1)) as response:
         if stream_format == "sse":
             events = iter_sse(response)  # kept referenced, as `chunks` below
             event = next(events)
@@ -166,13 +166,13 @@ def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, 
         lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
     assert triton.is_idle(after)
     assert after['moss_engine{stat="requests_cancelled"}'] == before['moss_engine{stat="requests_cancelled"}'] + 1
-    assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 3000
+    assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 1900
 
 
 def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
     """A non-streamed request whose client leaves while the server is still generating."""
     before = triton.wait_for_metrics(triton.is_idle)
-    body = json.dumps({"input": TEXT, **fixed(3000)}).encode()
+    body = json.dumps({"input": TEXT, **fixed(1900)}).encode()
     port = int(openai_shim.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -182,7 +182,7 @@ def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
     after = triton.wait_for_metrics(
         lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
     assert triton.is_idle(after)
-    assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 3000
+    assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 1900
 
 
 def test_models_and_health(openai_shim):
@@ -361,7 +361,7 @@ def test_no_triton_response_in_time_is_504_and_cancels(triton, tmp_path):
     shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--metrics-url", triton.metrics_url,
                       "--response-timeout", "0.5")
     try:  # the first chunk needs 250 frames, far more than 0.5 s of work here
-        response = httpx.post(f"{shim.url}/v1/audio/speech", json={"input": TEXT, **fixed(3000, stream=True,
+        response = httpx.post(f"{shim.url}/v1/audio/speech", json={"input": TEXT, **fixed(1900, stream=True,
                               response_format="pcm", initial_codec_chunk_frames=250)}, timeout=60)
     finally:
         stop_shim(shim)

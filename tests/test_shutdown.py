@@ -52,7 +52,7 @@ def test_streams_in_flight_end_with_unavailable_and_every_model_unloads(tiny_dir
         chunks = 0
         try:
             for _ in TTSClient(server.grpc_url).stream(
-                    build_inputs("A long one.", max_frames=3000, ignore_stop=True, seed=i), timeout=60):
+                    build_inputs("A long one.", max_frames=1900, ignore_stop=True, seed=i), timeout=60):
                 chunks += 1
                 if chunks == 1:
                     started.wait(timeout=60)

@@ -65,10 +65,25 @@ def run(chunks, stream=True, wants_audio=True, client=None, **kwargs):
     return children, client
 
 
+def test_the_vocoder_sequence_is_ended_before_the_final_response():
+    # A client sending its next request on the final response must find the slot already free.
+    children = FakeChildren([CodesChunk(codes(2), EMPTY)])
+    client = FakeClient()
+    client.send_final = lambda: client.sent.append(("final", list(children.vocoder_calls)))
+    SpeechStream(children, client, stream=True, wants_audio=True).run()
+    assert client.sent[-1] == ("final", [(2, True, False), (0, False, True)])
+
+
+def test_offline_vocodes_in_one_call_that_starts_and_ends_the_sequence():
+    children, client = run([CodesChunk(codes(2), EMPTY), CodesChunk(codes(3, 2), EMPTY)], stream=False)
+    assert children.vocoder_calls == [(5, True, True)] and client.sent == [(5, 5, 0)] and client.finals == 1
+
+
 def test_streaming_sends_each_chunk_then_one_final():
     children, client = run([CodesChunk(codes(2), EMPTY), CodesChunk(codes(5, 2), EMPTY)])
     assert client.sent == [(2, 2, 0), (5, 5, 0)] and client.finals == 1 and not client.errors
-    assert children.vocoder_calls == [(0, True, False), (2, False, False), (5, False, False), (0, False, True)]
+    # START rides on the first chunk; END goes before the final response.
+    assert children.vocoder_calls == [(2, True, False), (5, False, False), (0, False, True)]
 
 
 def test_codes_only_never_calls_the_vocoder():

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .config import DEFAULT_MODEL_NAMES, ConfigError, ShimConfig
+from .triton_stream import RESOLVER_SCHEMES
 
 GRACEFUL_SHUTDOWN_S = 10  # open streams get this long on SIGTERM, then they are cut (and cancelled)
 
@@ -20,7 +21,9 @@ def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m client.openai_shim", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default=defaults.host)
     p.add_argument("--port", type=int, default=defaults.port)
-    p.add_argument("--triton-url", default=defaults.triton_url, help="tritonserver gRPC address")
+    p.add_argument("--triton-url", default=defaults.triton_url,
+                   help="tritonserver gRPC address; dns:///NAME:PORT balances streams over every address of NAME "
+                        "(e.g. a Kubernetes headless Service), one pick per stream")
     p.add_argument("--triton-model", default=defaults.triton_model)
     p.add_argument("--served-model-name", action="append", dest="model_names",
                    help=f"a model id clients may send (repeatable; default: {', '.join(DEFAULT_MODEL_NAMES)})")
@@ -48,6 +51,10 @@ def parse_args(argv) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.metrics_url is None and args.triton_url.startswith(RESOLVER_SCHEMES):
+        print("error: --triton-url names several servers: give --metrics-url (one server's, or '' for no "
+              "heartbeat check)", file=sys.stderr)
+        return 2
     try:
         config = ShimConfig(
             triton_url=args.triton_url, triton_model=args.triton_model,

@@ -27,6 +27,18 @@ from . import errors
 CHANNEL_ARGS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1),
                 ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                 ("grpc.max_reconnect_backoff_ms", 1000)]
+# A url that names a resolver (dns:///name:port, e.g. a Kubernetes headless Service) may give many
+# servers: every RPC, so every stream, goes to the next ready one (gRPC's default, pick_first, would
+# send them all down one connection). The resolver runs again when a server closes a connection
+# (tritonserver --grpc-max-connection-age), at most every 5 s instead of gRPC's 30 s, so new pods
+# are found and draining ones dropped soon after (docs/kubernetes.md).
+RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:")
+BALANCED_CHANNEL_ARGS = [("grpc.lb_policy_name", "round_robin"), ("grpc.dns_min_time_between_resolutions_ms", 5000)]
+
+
+def channel_args(url: str) -> list[tuple[str, object]]:
+    """The shim's gRPC channel options for `url`: per-RPC round robin when it names a resolver."""
+    return CHANNEL_ARGS + (BALANCED_CHANNEL_ARGS if url.startswith(RESOLVER_SCHEMES) else [])
 
 
 def build_inputs(values: dict[str, object]) -> list[grpcclient.InferInput]:
@@ -109,7 +121,7 @@ class TritonSpeech:
     def __init__(self, url: str, model: str, response_timeout_s: float):
         self.model = model
         self.response_timeout_s = response_timeout_s
-        self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+        self._client = grpcclient.InferenceServerClient(url, channel_args=channel_args(url))
 
     def open(self, values: dict[str, object]) -> AudioStream:
         return AudioStream(self._client, self.model, build_inputs(values), self.response_timeout_s)

@@ -18,40 +18,44 @@ from moss_tts.codec.checkpoint import load_codec
 from moss_tts.contract import CODEBOOK_SIZE, N_VQ, ErrorKind
 from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, Histogram
 from moss_tts.serving import internal_key, triton_io as io
-from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype
+from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.stall_watch import StallWatch
-from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
+from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions, parse_flag
 
 
 WORK_STATS = ("executes", "requests", "execute_ms", "decode_calls", "frames_decoded", "sessions_started",
-              "sessions_ended", "sessions_cancelled", "sessions_expired", "sessions_failed")
+              "sessions_ended", "sessions_cancelled", "sessions_expired", "sessions_failed", "graph_calls")
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config, params = io.model_config(args), io.model_parameters(args)
-        device = resolve_device(params.get("device"), int(args["model_instance_device_id"]))
+        device = use_device(resolve_device(params.get("device"), int(args["model_instance_device_id"])))
         dtype = resolve_dtype(params.get("dtype"), device)
         codec = load_codec(checkpoint_dirs()[1], device, dtype, parts=("quantizer", "decoder")).eval()  # no encoder
+        # CUDA graph warm-up and capture happen here, inside VocoderSessions (~50 s on the H200).
         self.sessions = VocoderSessions(codec, VocoderConfig(
             max_slots=config["max_batch_size"], device=str(device), max_public_sessions=int(
-                params.get("max_public_sessions", "16")), dtype="bfloat16" if dtype == torch.bfloat16 else "float32"))
+                params.get("max_public_sessions", "16")), dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
+            cuda_graphs=parse_flag("cuda_graphs", params.get("cuda_graphs", "true")),
+            max_step_rows=int(params.get("max_step_rows", "64"))))
         idle_us = int(config["sequence_batching"].get("max_sequence_idle_microseconds", 1_000_000))
         self.idle_seconds = idle_us / 1e6
         self.key = internal_key.internal_key()
         self.watch = StallWatch()
         self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds)
+        instance = args["model_instance_name"]
         self.slots = io.Gauges("moss_vocoder_sessions", "vocoder codec state slots", ("active", "free"),
-                               self._slots, label="state")
+                               self._slots, label="state", instance=instance)
         self.execute_ms = 0.0
         # Requests per execute: its count is the executes, its sum the requests (WORK_STATS).
         # requests / executes is the batch the sequence batcher formed, execute_ms / executes the
         # time one batch took, frames_decoded / decode_calls the rows per codec call.
         self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)
         self.batch_gauges = io.HistogramGauges("moss_vocoder_batch_size", "requests per vocoder execute",
-                                               BATCH_SIZE_BUCKETS)
+                                               BATCH_SIZE_BUCKETS, instance)
         self.gauges = io.Gauges("moss_vocoder", "vocoder work counters", WORK_STATS, self._work, interval_s=0.5,
-                                after=lambda: self.batch_gauges.set(self.batch_sizes.cumulative()))
+                                after=lambda: self.batch_gauges.set(self.batch_sizes.cumulative()), instance=instance)
         self._lock = threading.Lock()  # the janitor never expires a sequence in the middle of an execute
         self._stop = threading.Event()
         self._janitor = threading.Thread(target=self._expire_idle, name="vocoder-janitor", daemon=True)

@@ -41,13 +41,16 @@ class CodecDecodeState:
 
         Zeroing the frame counter already invalidates every cached key; the caches are zeroed
         too so that non-finite values from a previous stream can never leak through 0 * NaN.
+        Only the chosen rows are written: a masked rewrite of every row moved the whole state
+        (24 GiB at 289 slots of the real codec) per new stream, ~25+ ms each on the H200.
         """
-        mask = mask.to(device=self.frames.device, dtype=torch.bool)
         if mask.shape != self.frames.shape:
             raise ValueError(f"reset mask must have shape {tuple(self.frames.shape)}, got {tuple(mask.shape)}")
-        self.frames.copy_(torch.where(mask, torch.zeros_like(self.frames), self.frames))
+        # The row list is made on the host (a host mask costs no device sync).
+        rows = mask.to(device="cpu", dtype=torch.bool).nonzero().flatten().to(self.frames.device)
+        self.frames.index_fill_(0, rows, 0)
         for cache in self.caches:
-            cache.copy_(torch.where(mask.view(1, -1, 1, 1, 1), torch.zeros_like(cache), cache))
+            cache.index_fill_(1, rows, 0)
 
     def gather(self, rows: torch.Tensor) -> "CodecDecodeState":
         """A compact copy of the slots `rows` (1-D long, on this state's device), to decode only

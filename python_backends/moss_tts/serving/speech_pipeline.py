@@ -139,9 +139,15 @@ class SpeechStream:
             return
         audio = None
         if self.wants_audio:
-            if not self._is_vocoder_open:
-                self._open_vocoder()
-            audio = self.children.vocode(codes, start=False, end=False)
+            if not self._is_vocoder_open and self._context is None:
+                # START rides on the first chunk: a round trip through the vocoder's queue less
+                # before the first audio (a continuation primes its context first, below).
+                audio = self.children.vocode(codes, start=True, end=False)
+                self._is_vocoder_open = True
+            else:
+                if not self._is_vocoder_open:
+                    self._open_vocoder()
+                audio = self.children.vocode(codes, start=False, end=False)
         self.client.send(audio, codes, self._take_context(), final=False)
 
     def _finish(self) -> None:
@@ -150,14 +156,21 @@ class SpeechStream:
                 # A continuation that stopped at once still owes the client its context codes.
                 self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
                                  self._take_context(), final=False)
+            # END before the final response: once the client has it, this stream holds nothing
+            # (no vocoder slot, no max_streams place), so a client that sends its next request
+            # at once is never refused for a stream it already finished.
+            self._close_vocoder()
             self.client.send_final()
             return
         codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
         audio = None
         if self.wants_audio:
-            self._open_vocoder()
-            audio = self.children.vocode(codes, start=False, end=True)
-            self._is_vocoder_open = False
+            if self._context is None:  # one call: START, decode everything, END
+                audio = self.children.vocode(codes, start=True, end=True)
+            else:
+                self._open_vocoder()
+                audio = self.children.vocode(codes, start=False, end=True)
+                self._is_vocoder_open = False
         self.client.send(audio, codes, self._take_context(), final=True)
 
     def _close_vocoder(self) -> None:

@@ -7,6 +7,10 @@ frame count and runs one `decode_step` per distinct count on a compact copy of t
 rows (gather, decode, scatter back): the other rows' ring buffers and frame counters stay
 untouched, and the cost follows the streams with work, not `max_slots`.
 
+With `cuda_graphs` on a GPU that step replays a CUDA graph (VocoderGraphs) for up to
+`max_graph_frames` frames; longer chunks (a primed reference) run eagerly. The state has one row
+more than `max_slots`: the graphs' padding rows point at it, and it is never handed out.
+
 Sessions started without the pipeline's key (`is_public`: direct gRPC clients) share
 `max_public_sessions` slots, so they can never take the slots the public entry needs.
 """
@@ -14,12 +18,17 @@ Sessions started without the pipeline's key (`is_public`: direct gRPC clients) s
 from __future__ import annotations
 
 import heapq
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
 import torch
+
+from .vocoder_graphs import VocoderGraphs, decode_rows
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
@@ -36,9 +45,18 @@ class VocoderConfig:
     device: str = "cpu"
     dtype: str = "float32"  # a key of DTYPES (a torch.dtype is accepted and stored by name)
     max_public_sessions: int = 16  # slots open to callers other than the moss_tts entry
+    cuda_graphs: bool = False  # replay CUDA graphs for chunks of up to max_graph_frames (GPU only)
+    max_graph_frames: int = 10  # codec frames; the pipeline's chunks are 2, 10, then the rest
+    # Rows per codec call: a larger group is decoded in pieces of this many. Each call gathers a
+    # compact copy of its rows' state (~85 MB a row on the real-size codec), and from ~64 rows on
+    # the H200 step is compute-bound, so bigger calls would only cost memory (the graph pool
+    # held 26 GiB at 256 rows; perf/bench_vocoder.py).
+    max_step_rows: int = 64
 
     def __post_init__(self):
-        for name in ("max_slots", "n_vq", "max_public_sessions"):
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"VocoderConfig.cuda_graphs must be a bool, got {self.cuda_graphs!r}")
+        for name in ("max_slots", "n_vq", "max_public_sessions", "max_graph_frames", "max_step_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"VocoderConfig.{name} must be a positive integer, got {value!r}")
@@ -71,6 +89,7 @@ class VocoderStats:
     sessions_failed: int  # ended by an error inside decode_step
     decode_calls: int  # decode_step calls (primes included)
     frames_decoded: int
+    graph_calls: int  # of decode_calls, those run by VocoderGraphs (the rest ran eagerly)
 
 
 @dataclass
@@ -80,6 +99,14 @@ class _Session:
     is_public: bool = False
 
 
+def parse_flag(name: str, text: str) -> bool:
+    """A pbtxt string parameter ("true"/"false"/"1"/"0") -> bool; anything else names the key."""
+    value = str(text).strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ValueError(f"parameter {name} must be true or false, got {text!r}")
+    return value in ("true", "1")
+
+
 def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
@@ -87,7 +114,10 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 class VocoderSessions:
     """Thread-safe; sequence ids are any hashable (Triton CORRID: uint64 or string)."""
 
-    def __init__(self, codec, config: VocoderConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, codec, config: VocoderConfig, clock: Callable[[], float] = time.monotonic,
+                 capture: bool = True):
+        """capture=False runs the graphs' padded static-buffer step without capturing it (when
+        config.cuda_graphs is on): CPU tests of the padding, or debugging a capture problem."""
         if config.n_vq > codec.num_quantizers:
             raise ValueError(f"VocoderConfig.n_vq={config.n_vq} exceeds the codec's {codec.num_quantizers} quantizers")
         p = next(codec.decoder.parameters())
@@ -97,12 +127,29 @@ class VocoderSessions:
         self.codec = codec
         self.config = config
         self._clock = clock
-        self.state = codec.new_decode_state(config.max_slots, config.torch_device, config.torch_dtype)
+        # Row max_slots is the graphs' scratch row (padding); it is never a free slot.
+        self.state = codec.new_decode_state(config.max_slots + 1, config.torch_device, config.torch_dtype)
+        self.step_rows = min(config.max_step_rows, config.max_slots)
+        self.graphs = self._graphs(capture)
         self._sessions: dict[Hashable, _Session] = {}
         self._free = list(range(config.max_slots))  # heap: the lowest free slot is handed out first
         self._lock = threading.Lock()
         self._started = self._ended = self._cancelled = self._expired = self._failed = 0
-        self._decode_calls = self._frames_decoded = 0
+        self._decode_calls = self._frames_decoded = self._graph_calls = 0
+
+    def _graphs(self, capture: bool) -> VocoderGraphs | None:
+        if not self.config.cuda_graphs:
+            return None
+        if capture and self.config.torch_device.type != "cuda":
+            # Ignored rather than refused, so the shipped config.pbtxt (cuda_graphs=true) also
+            # loads on CPU development machines.
+            log.info("vocoder cuda_graphs=true ignored: the vocoder runs on %s", self.config.device)
+            return None
+        graphs = VocoderGraphs(self.codec, self.state, self.step_rows, self.config.max_graph_frames,
+                               self.config.n_vq)
+        if capture:
+            graphs.capture()
+        return graphs
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, seq_id: Hashable, is_public: bool = False) -> int:
@@ -118,7 +165,7 @@ class VocoderSessions:
                 raise NoFreeSlot(f"{num_public} sequences of direct callers are active, the limit for callers "
                                  "other than the moss_tts entry (max_public_sessions); retry later")
             slot = heapq.heappop(self._free)
-            mask = torch.zeros(self.config.max_slots, dtype=torch.bool)
+            mask = torch.zeros(self.state.batch_size, dtype=torch.bool)
             mask[slot] = True
             self.state.reset(mask)
             self._sessions[seq_id] = _Session(slot, self._clock(), is_public)
@@ -165,7 +212,7 @@ class VocoderSessions:
             active = len(self._sessions)
             return VocoderStats(active, self.config.max_slots - active, self._started, self._ended,
                                 self._cancelled, self._expired, self._failed, self._decode_calls,
-                                self._frames_decoded)
+                                self._frames_decoded, self._graph_calls)
 
     # ---------------------------------------------------------------- internals
     def _session(self, seq_id: Hashable) -> _Session:
@@ -217,15 +264,23 @@ class VocoderSessions:
 
     def _step(self, frames: int, ids: list[Hashable], slots: dict[Hashable, int],
               codes: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
-        """One decode_step for the sequences in `ids`, which all bring `frames` frames."""
-        device = self.state.frames.device
-        rows = torch.tensor([slots[sid] for sid in ids], device=device)
-        batch = torch.stack([codes[sid].cpu().long() for sid in ids]).to(device)
-        part = self.state.gather(rows)
-        audio = self.codec.decode_step(batch, part)
-        self.state.scatter(rows, part)
-        self._decode_calls += 1
-        self._frames_decoded += frames * len(ids)
-        if not keep_audio:
-            return {}
-        return dict(zip(ids, audio.float().cpu().unbind(0)))  # the one device-to-host copy
+        """Decode the sequences in `ids`, which all bring `frames` frames, step_rows at a time."""
+        out = {}
+        for first in range(0, len(ids), self.step_rows):
+            piece = ids[first:first + self.step_rows]
+            rows = [slots[sid] for sid in piece]
+            host = [codes[sid].cpu().long() for sid in piece]
+            if self.graphs is not None and self.graphs.can_run(len(piece), frames):
+                audio = self.graphs.run(rows, host)
+                self._graph_calls += 1
+            else:
+                device = self.state.frames.device
+                audio = decode_rows(self.codec, self.state, torch.tensor(rows, device=device),
+                                    torch.stack(host).to(device))
+            self._decode_calls += 1
+            self._frames_decoded += frames * len(piece)
+            if keep_audio:
+                # The piece's one device-to-host copy, before the next replay overwrites a graph's
+                # static output. copy=True: on the CPU .float().cpu() would return that buffer.
+                out.update(zip(piece, audio.to("cpu", torch.float32, copy=True).unbind(0)))
+        return out

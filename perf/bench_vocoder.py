@@ -1,0 +1,247 @@
+"""Vocoder benchmark: one streaming codec step, eager vs CUDA-graphed (VocoderGraphs), in-process.
+
+    PYTHONPATH=python_backends python3 perf/bench_vocoder.py --out vocoder.json   # GPU, real-size codec, ~3 min
+    PYTHONPATH=python_backends python3 perf/bench_vocoder.py --device cpu --tiny  # CPU smoke of the script
+
+The real-size MOSS-Audio-Tokenizer-v2 decoder with seeded random weights (bf16), one decode
+state of max(rows) + 1 slots as VocoderSessions allocates it, random codes. A step is what
+VocoderSessions._step does for one group: host codes in, gather -> decode_step -> scatter, host
+fp32 audio out (the one device-to-host copy included). Sections, each also in the JSON:
+  capture      graphs for row buckets up to max(rows) x frames 1..--max-graph-frames: count,
+               seconds, pool memory (CUDA only; on the CPU the graphs' padded step runs uncaptured)
+  equivalence  per shape, two chunks from fresh slots: graphed == uncaptured padded step (must
+               hold bit for bit: same kernels, same shapes) and graphed == eager step (holds too
+               when the rows are a bucket size, as in the default shapes)
+  step         ms per call (median of --iters after --warmup, synchronized), eager vs graphed,
+               and audio-s/s = rows x frames / 12.5 / seconds
+  offline      codec.decode of --offline ROWSxFRAMES codes already on the device (no host copy)
+Exit status 1 when a section failed or graphed != padded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from moss_tts.codec import CodecConfig, build_codec, build_real_size_codec, init_random_
+from moss_tts.codec.config import tiny_codec_config_dict
+from moss_tts.serving.vocoder_graphs import VocoderGraphs, decode_rows
+
+FRAME_RATE = 12.5  # codec frames per second of audio
+N_VQ = 12  # codebooks the pipeline sends
+GIB = 1024 ** 3
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """"1x2,16x10" -> [(1, 2), (16, 10)]: (rows, frames)."""
+    return [tuple(int(n) for n in item.split("x")) for item in text.split(",") if item]
+
+
+def build(args) -> tuple[torch.nn.Module, torch.device]:
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    if args.tiny:
+        config = CodecConfig.from_dict(tiny_codec_config_dict(), "tiny_codec_config_dict()")
+        return init_random_(build_codec(config, device, torch.float32), seed=0), device
+    return build_real_size_codec(device, torch.bfloat16), device
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn, device: torch.device, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+class Steps:
+    """The three ways to run one step on a shared state: eager, graphed, padded uncaptured."""
+
+    def __init__(self, codec, device: torch.device, max_rows: int, max_frames: int):
+        self.codec, self.device = codec, device
+        self.state = codec.new_decode_state(max_rows + 1, device)  # + the graphs' scratch row
+        self.graphs = VocoderGraphs(codec, self.state, max_rows, max_frames, N_VQ)
+        self.padded = VocoderGraphs(codec, self.state, max_rows, max_frames, N_VQ)  # never captured
+
+    def capture(self) -> dict:
+        if self.device.type != "cuda":
+            return {}
+        before = torch.cuda.memory_reserved()
+        start = time.perf_counter()
+        self.graphs.capture()
+        return {"graphs": self.graphs.num_graphs, "seconds": time.perf_counter() - start,
+                "pool_gib": (torch.cuda.memory_reserved() - before) / GIB,
+                "state_gib": sum(c.numel() * c.element_size() for c in self.state.caches) / GIB}
+
+    def eager(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
+        rows = torch.tensor(slots, device=self.device)
+        audio = decode_rows(self.codec, self.state, rows, torch.stack(codes).to(self.device))
+        return audio.to("cpu", torch.float32, copy=True)
+
+    def graphed(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
+        return self.graphs.run(slots, codes).to("cpu", torch.float32, copy=True)
+
+    def padded_eager(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
+        return self.padded.run(slots, codes).to("cpu", torch.float32, copy=True)
+
+    def reset(self, num_rows: int) -> None:
+        mask = torch.zeros(self.state.batch_size, dtype=torch.bool)
+        mask[:num_rows] = True
+        self.state.reset(mask)
+
+
+def random_codes(rows: int, frames: int, codebook_size: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return list(torch.randint(0, codebook_size, (rows, frames, N_VQ), generator=g).unbind(0))
+
+
+def equivalence(steps: Steps, shapes: list[tuple[int, int]], codebook_size: int) -> list[dict]:
+    rows_out = []
+    for rows, frames in shapes:
+        slots = list(range(rows))
+        chunks = [random_codes(rows, frames, codebook_size, seed) for seed in (1, 2)]
+        audio = {}
+        for name in ("graphed", "padded_eager", "eager"):
+            steps.reset(rows)
+            audio[name] = torch.cat([getattr(steps, name)(slots, c) for c in chunks], dim=-1)
+        diff = (audio["graphed"] - audio["eager"]).abs().max().item()
+        rows_out.append({"rows": rows, "frames": frames,
+                         "graphed_equals_padded": torch.equal(audio["graphed"], audio["padded_eager"]),
+                         "graphed_equals_eager": torch.equal(audio["graphed"], audio["eager"]),
+                         "max_abs_diff_vs_eager": diff, "finite": bool(torch.isfinite(audio["graphed"]).all())})
+    return rows_out
+
+
+def step_times(steps: Steps, shapes: list[tuple[int, int]], codebook_size: int, iters: int, warmup: int) -> list[dict]:
+    out = []
+    for rows, frames in shapes:
+        slots, codes = list(range(rows)), random_codes(rows, frames, codebook_size, 3)
+        row = {"rows": rows, "frames": frames}
+        for name in ("eager", "graphed"):
+            ms = median_ms(lambda: getattr(steps, name)(slots, codes), steps.device, iters, warmup)
+            row[f"{name}_ms"] = ms
+            row[f"{name}_audio_s_per_s"] = rows * frames / FRAME_RATE / (ms / 1e3)
+        row["speedup"] = row["eager_ms"] / row["graphed_ms"]
+        out.append(row)
+    return out
+
+
+def offline(codec, device: torch.device, shape: tuple[int, int], iters: int, warmup: int) -> dict:
+    rows, frames = shape
+    codes = torch.stack(random_codes(rows, frames, codec.codebook_size, 4)).to(device)
+    ms = median_ms(lambda: codec.decode(codes), device, iters, warmup)
+    return {"rows": rows, "frames": frames, "ms": ms, "audio_s_per_s": rows * frames / FRAME_RATE / (ms / 1e3)}
+
+
+def profile_step(steps: Steps, shape: tuple[int, int], codebook_size: int) -> dict:
+    """Where one eager step's time goes: the top ops by device time (self), as printed text."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows, frames = shape
+    codes = random_codes(rows, frames, codebook_size, seed=7)
+    steps.reset(rows)
+    steps.eager(list(range(rows)), codes)  # warm
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if steps.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        steps.eager(list(range(rows)), codes)
+    key = "self_cuda_time_total" if steps.device.type == "cuda" else "self_cpu_time_total"
+    text = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
+    print(text, flush=True)
+    return {"shape": f"{rows}x{frames}", "table": text}
+
+
+def table(results: dict) -> str:
+    lines = [f"vocoder on {results['meta']['device_name']} ({results['meta']['codec']})"]
+    if results.get("capture"):
+        c = results["capture"]
+        lines.append(f"capture: {c['graphs']} graphs in {c['seconds']:.1f} s, pool {c['pool_gib']:.2f} GiB "
+                     f"(state {c['state_gib']:.2f} GiB)")
+    lines.append(f"{'rows x frames':>14} {'eager ms':>9} {'graphed ms':>10} {'speedup':>7} "
+                 f"{'eager aud-s/s':>13} {'graphed aud-s/s':>15}")
+    for r in results.get("step", []):
+        lines.append(f"{r['rows']:>9} x {r['frames']:<2} {r['eager_ms']:>9.2f} {r['graphed_ms']:>10.2f} "
+                     f"{r['speedup']:>7.1f} {r['eager_audio_s_per_s']:>13.1f} {r['graphed_audio_s_per_s']:>15.1f}")
+    if results.get("offline"):
+        o = results["offline"]
+        lines.append(f"offline decode {o['rows']} x {o['frames']}: {o['ms']:.1f} ms, {o['audio_s_per_s']:.1f} audio-s/s")
+    for e in results.get("equivalence", []):
+        lines.append(f"equivalence {e['rows']} x {e['frames']}: graphed == padded {e['graphed_equals_padded']}, "
+                     f"graphed == eager {e['graphed_equals_eager']} (max diff {e['max_abs_diff_vs_eager']:.3g})")
+    for name, err in results.get("errors", {}).items():
+        lines.append(f"ERROR in {name}: {err.splitlines()[-1]}")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="JSON file to write the results to")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny random codec in fp32 (smoke runs, CPU)")
+    ap.add_argument("--shapes", default="1x2,16x10,256x10", help="rows x frames per step, comma-separated")
+    ap.add_argument("--offline", default="32x100", help="rows x frames of the offline decode")
+    ap.add_argument("--max-graph-frames", type=int, default=10)
+    ap.add_argument("--profile", default="", help="ROWSxFRAMES: also profile one eager step of that shape "
+                    "(torch.profiler; the top CUDA kernels and ops go to the results)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("moss_tts").setLevel(logging.INFO)  # the capture's one log line
+    shapes = parse_shapes(args.shapes)
+    start = time.perf_counter()
+    codec, device = build(args)
+    results = {"meta": {"device": str(device), "torch": torch.__version__, "codec": "tiny fp32" if args.tiny else
+                        "real-size bf16", "codec_build_s": time.perf_counter() - start,
+                        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},
+               "errors": {}}
+    steps = Steps(codec, device, max(r for r, _ in shapes), args.max_graph_frames)
+    size = codec.codebook_size
+    sections = [
+        ("capture", steps.capture),
+        ("equivalence", lambda: equivalence(steps, shapes, size)),
+        ("step", lambda: step_times(steps, shapes, size, args.iters, args.warmup)),
+        ("offline", lambda: offline(codec, device, parse_shapes(args.offline)[0], max(3, args.iters // 4),
+                                    args.warmup)),
+    ]
+    if args.profile:
+        sections.append(("profile", lambda: profile_step(steps, parse_shapes(args.profile)[0], size)))
+    for name, run in sections:
+        try:
+            results[name] = run()
+        except Exception:  # keep the other sections' numbers
+            results["errors"][name] = traceback.format_exc()
+            print(results["errors"][name], file=sys.stderr, flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+    print(table(results), flush=True)
+    exact = all(e["graphed_equals_padded"] for e in results.get("equivalence", []))
+    return 1 if results["errors"] or not exact else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

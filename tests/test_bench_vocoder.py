@@ -1,0 +1,19 @@
+"""perf/bench_vocoder.py runs end to end on the CPU (tiny codec, uncaptured padded step); the
+H200 numbers come from the same script on the real-size codec."""
+
+from __future__ import annotations
+
+import json
+
+from perf.bench_vocoder import main
+
+
+def test_a_tiny_cpu_run_reports_every_section(tmp_path):
+    out = tmp_path / "vocoder.json"
+    code = main(["--device", "cpu", "--tiny", "--shapes", "1x2,3x4", "--offline", "1x4", "--iters", "1",
+                 "--warmup", "0", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert code == 0 and results["errors"] == {}
+    assert [(r["rows"], r["frames"]) for r in results["step"]] == [(1, 2), (3, 4)]
+    assert all(e["graphed_equals_padded"] and e["finite"] for e in results["equivalence"])
+    assert results["offline"]["audio_s_per_s"] > 0
