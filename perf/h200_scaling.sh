@@ -55,11 +55,24 @@ stop_server() {
   pkill -9 -f tritonserver; pkill -9 -f triton_python_backend_stub; sleep 2
 }
 
+# py-spy dumps of the moss_tts and vocoder stubs at PYSPY seconds into the levels (comma-separated;
+# carry .whl with the py-spy wheel): where the stubs' threads are while the load runs.
+dump_stubs() {
+  [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl
+  local last=0
+  for at in ${PYSPY//,/ }; do
+    sleep $((at - last)); last=$at
+    for pid in $(pgrep -f "repo/(moss_tts|vocoder)/1/model.py"); do
+      /tmp/pyspy/bin/py-spy dump --pid "$pid" > "$R/dump_$1_${at}s_$pid.txt" 2>&1
+    done
+  done
+}
+
 layout() {
   env_pack
   for name in "$@"; do
     # BUDGET_S: seconds this call may still use; a layout needs ~4 min (load, levels, stop).
-    if [ $((SECONDS + 240)) -gt "${BUDGET_S:-100000}" ]; then log "layout $name: skipped (call budget)"; continue; fi
+    if [ $((SECONDS + ${LAYOUT_S:-240})) -gt "${BUDGET_S:-100000}" ]; then log "layout $name: skipped (call budget)"; continue; fi
     local t0=$SECONDS extra=() visible=0,1
     case "$name" in
       single) visible=0 ;;
@@ -80,6 +93,7 @@ layout() {
     log "layout $name: ready after $((SECONDS - t0)) s"
     grep -E "memory plan|captured|vocoder graphs|device" "$W/server_$name.log" | head -20 | tee -a "$R/scaling.log"
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$R/scaling.log"
+    [ -n "${PYSPY:-}" ] && dump_stubs "$name" &
     PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "${LEVELS:-1,128,256,512}" \
       --mode "${MODE:-stream}" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
       --warmup 2 --timeout 120 --out "$R/bench_$name.json" 2>&1 | tee -a "$R/scaling.log"
