@@ -29,26 +29,34 @@ def count_streams(text: str) -> int:
     return int(sum(float(value) for value in _STREAMS.findall(text)))
 
 
+UNREADABLE_POLLS = 5  # consecutive failed reads after --settle: the server is gone, stop waiting
+
+
 def read_streams(metrics_url: str) -> Optional[int]:
-    """Streams in flight, or None when the metrics cannot be read (nothing left to wait for)."""
+    """Streams in flight, or None when the metrics cannot be read this time."""
     try:
-        return count_streams(fetch(metrics_url))
+        return count_streams(fetch(metrics_url, timeout_s=5.0))
     except OSError:
         return None
 
 
 def wait_for_drain(streams: Callable[[], Optional[int]], settle_s: float, budget_s: float, poll_s: float = 1.0,
                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> str:
-    """Poll `streams()` until, after `settle_s`, none is left, or `budget_s` has passed; -> what happened."""
-    start = clock()
+    """Poll `streams()` until, after `settle_s`, none is left, or `budget_s` has passed; -> what happened.
+
+    A failed read is "unknown", not "drained": a pod full of streams is when /metrics is slowest.
+    Only UNREADABLE_POLLS failures in a row after `settle_s` end the wait early."""
+    start, failures = clock(), 0
     while True:
         elapsed, open_streams = clock() - start, streams()
-        if open_streams is None:
-            return f"metrics unreadable after {elapsed:.0f} s: nothing to wait for"
+        failures = failures + 1 if open_streams is None else 0
+        if failures >= UNREADABLE_POLLS and elapsed >= settle_s:
+            return f"metrics unreadable {failures} times in a row after {elapsed:.0f} s: nothing to wait for"
         if open_streams == 0 and elapsed >= settle_s:
             return f"drained after {elapsed:.0f} s"
         if elapsed >= budget_s:
-            return f"{open_streams} streams still open after {elapsed:.0f} s: SIGTERM ends them"
+            left = "an unknown number of" if open_streams is None else open_streams
+            return f"{left} streams still open after {elapsed:.0f} s: SIGTERM ends them"
         sleep(poll_s)
 
 

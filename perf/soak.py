@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     p.add_argument("--bad-fraction", type=float, default=0.1)
     p.add_argument("--min-frames", type=int, default=6)
     p.add_argument("--max-frames", type=int, default=30)
-    p.add_argument("--max-running", type=int, default=256, help="moss_tts max_running_requests (free slots when idle)")
+    p.add_argument("--max-running", type=int, default=256, help="moss_tts max_running_requests summed over its instances (free slots when idle; 512 on replicas_2gpu)")
     p.add_argument("--settle", type=float, default=30.0)
     p.add_argument("--processes", type=int, default=1, help="client processes sharing the concurrency")
     p.add_argument("--out", type=Path)

@@ -34,6 +34,8 @@ class FakeChildren:
 
     def vocode(self, c, start, end):
         self.vocoder_calls.append((c.shape[0], start, end))
+        if start and getattr(self, "fail_start", False):
+            raise ChildError("[UNAVAILABLE] all 288 vocoder slots hold active sequences", ErrorKind.UNAVAILABLE)
         return np.full((2, c.shape[0] * 4), float(c.shape[0]), np.float32)
 
 
@@ -72,6 +74,19 @@ def test_the_vocoder_sequence_is_ended_before_the_final_response():
     client.send_final = lambda: client.sent.append(("final", list(children.vocoder_calls)))
     SpeechStream(children, client, stream=True, wants_audio=True).run()
     assert client.sent[-1] == ("final", [(2, True, False), (0, False, True)])
+
+
+@pytest.mark.parametrize("context", [False, True])
+def test_a_failed_start_still_ends_the_sequence_and_the_client_gets_one_final_error(context):
+    # Triton's sequence batcher holds a slot from the START flag on, even when that call fails.
+    ctx = codes(3) if context else EMPTY
+    children = FakeChildren([CodesChunk(codes(2), ctx), CodesChunk(codes(5, 2), EMPTY)])
+    children.fail_start = True
+    client = FakeClient()
+    SpeechStream(children, client, stream=True, wants_audio=True).run()
+    assert client.finals == 1 and [code for code, _ in client.errors] == [ErrorKind.UNAVAILABLE]
+    start = (3, True, False) if context else (2, True, False)
+    assert children.vocoder_calls == [start, (0, False, True)]
 
 
 def test_offline_vocodes_in_one_call_that_starts_and_ends_the_sequence():

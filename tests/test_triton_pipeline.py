@@ -59,7 +59,7 @@ def test_clone_and_continuation(triton):
 
 
 def test_eight_concurrent_streams_are_batched(triton):
-    before = triton.metrics()['moss_engine{stat="requests_finished"}']
+    before = triton.settled_metrics()['moss_engine{stat="requests_finished"}']
     gate = threading.Barrier(8)
 
     def one(i):
@@ -261,7 +261,7 @@ def test_long_form_text_is_one_continuous_stream_and_a_cancel_frees_everything(t
     assert len(segments) >= 3
     audio = speak(triton, text=text, max_frames=4, ignore_stop=True, seed=5).audio
     assert audio.shape == (2, 4 * len(segments) * SPF)  # MAX_FRAMES applies per segment
-    before = triton.metrics()['moss_engine{stat="requests_finished"}']
+    before = triton.settled_metrics()['moss_engine{stat="requests_finished"}']  # the segments above counted
     chunks = TTSClient(triton.grpc_url).stream(build_inputs(text, max_frames=200, ignore_stop=True, seed=6))
     next(chunks)
     chunks.close()

@@ -38,6 +38,7 @@ class TritonPythonModel:
             max_slots=config["max_batch_size"], device=str(device), max_public_sessions=int(
                 params.get("max_public_sessions", "16")), dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
             cuda_graphs=parse_flag("cuda_graphs", params.get("cuda_graphs", "true")),
+            max_graph_frames=int(params.get("max_graph_frames", "10")),
             max_step_rows=int(params.get("max_step_rows", "64"))))
         idle_us = int(config["sequence_batching"].get("max_sequence_idle_microseconds", 1_000_000))
         self.idle_seconds = idle_us / 1e6
@@ -82,15 +83,16 @@ class TritonPythonModel:
             get = io.getter(request)
             seq = int(get("CORRID").reshape(-1)[0])
             try:
+                # Checked before START takes a slot: a refused first chunk must not hold one.
+                codes = torch.from_numpy(get("CODES")).reshape(-1, N_VQ)
+                if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= CODEBOOK_SIZE):
+                    raise ValueError(f"sequence {seq}: CODES must lie in [0, {CODEBOOK_SIZE})")
                 if bool(get("START").reshape(-1)[0]):
                     if seq in self.sessions:
                         self.sessions.end(seq)  # a restarted id starts from fresh state
                     self.sessions.start(seq, is_public=not internal_key.is_internal(request.parameters(), self.key))
                 elif seq not in self.sessions:
                     raise KeyError(f"sequence {seq} has no codec state (not started, ended or idle-expired)")
-                codes = torch.from_numpy(get("CODES")).reshape(-1, N_VQ)
-                if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= CODEBOOK_SIZE):
-                    raise ValueError(f"sequence {seq}: CODES must lie in [0, {CODEBOOK_SIZE})")
                 chunks[seq] = (i, codes)
             except NoFreeSlot as exc:
                 responses[i] = io.error_response(str(exc), ErrorKind.UNAVAILABLE)

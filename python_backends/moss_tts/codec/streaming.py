@@ -42,7 +42,7 @@ class CodecDecodeState:
         Zeroing the frame counter already invalidates every cached key; the caches are zeroed
         too so that non-finite values from a previous stream can never leak through 0 * NaN.
         Only the chosen rows are written: a masked rewrite of every row moved the whole state
-        (24 GiB at 289 slots of the real codec) per new stream, ~25+ ms each on the H200.
+        (~23 GiB at 289 slots of the real codec) per new stream, ~25+ ms each on the H200.
         """
         if mask.shape != self.frames.shape:
             raise ValueError(f"reset mask must have shape {tuple(self.frames.shape)}, got {tuple(mask.shape)}")

@@ -47,4 +47,5 @@ def check_memory_budget(config: EngineConfig, model: MossTTSLocalModel, kv_bytes
             f"{max(budget, 0) / GIB:.1f} GiB ({config.gpu_memory_utilization:.2f} x {total / GIB:.1f} GiB, "
             f"less {own / GIB:.1f} GiB this engine holds, {config.reserved_memory_gib:.1f} GiB reserved, "
             f"{ACTIVATION_RESERVE_GIB:.1f} GiB activations); lower max_running_requests, "
-            f"max_seq_len or prefix_cache_rows, or raise gpu_memory_utilization")
+            f"max_seq_len or prefix_cache_rows, or raise gpu_memory_utilization (or lower "
+            f"reserved_memory_gib when less shares the GPU)")

@@ -131,8 +131,10 @@ class SpeechStream:
     def _open_vocoder(self) -> None:
         """START the sequence; a continuation primes it with the reference frames first."""
         context = self._context if self._context is not None else NO_CODES
-        self.children.vocode(context, start=True, end=False)
+        # Open before the call: Triton's sequence batcher holds a slot from the START flag on,
+        # even when the call fails, and only END (or its idle timeout) gives it back.
         self._is_vocoder_open = True
+        self.children.vocode(context, start=True, end=False)
 
     def _stream_chunk(self, codes: np.ndarray) -> None:
         if not codes.shape[0]:
@@ -142,8 +144,9 @@ class SpeechStream:
             if not self._is_vocoder_open and self._context is None:
                 # START rides on the first chunk: a round trip through the vocoder's queue less
                 # before the first audio (a continuation primes its context first, below).
-                audio = self.children.vocode(codes, start=True, end=False)
+                # Open before the call, as in _open_vocoder.
                 self._is_vocoder_open = True
+                audio = self.children.vocode(codes, start=True, end=False)
             else:
                 if not self._is_vocoder_open:
                     self._open_vocoder()
@@ -156,9 +159,10 @@ class SpeechStream:
                 # A continuation that stopped at once still owes the client its context codes.
                 self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
                                  self._take_context(), final=False)
-            # END before the final response: once the client has it, this stream holds nothing
-            # (no vocoder slot, no max_streams place), so a client that sends its next request
-            # at once is never refused for a stream it already finished.
+            # END before the final response: by the time the client has it, the stream's vocoder
+            # slot is free (its max_streams place follows as this thread returns), so a client
+            # that sends its next request at once is not refused for one it already finished.
+            # The price: the final response waits one vocoder round trip.
             self._close_vocoder()
             self.client.send_final()
             return
@@ -169,8 +173,8 @@ class SpeechStream:
                 audio = self.children.vocode(codes, start=True, end=True)
             else:
                 self._open_vocoder()
+                self._is_vocoder_open = False  # this call carries END, whether or not it succeeds
                 audio = self.children.vocode(codes, start=False, end=True)
-                self._is_vocoder_open = False
         self.client.send(audio, codes, self._take_context(), final=True)
 
     def _close_vocoder(self) -> None:

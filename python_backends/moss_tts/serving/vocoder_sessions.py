@@ -1,10 +1,11 @@
 """VocoderSessions: streaming codec decode of many sequences through one batched decoder state.
 
-One `CodecDecodeState` of `max_slots` rows is allocated once. A sequence owns one row (slot)
+One `CodecDecodeState` of `max_slots` + 1 rows is allocated once (the last row is the graphs'
+padding scratch row, never a sequence's). A sequence owns one row (slot)
 from `start` until `end`, `cancel`, `expire` (the sequence batcher's idle timeout) or a failed
 decode; the row is reset when it is handed out again. `decode` groups the chunks of one call by
-frame count and runs one `decode_step` per distinct count on a compact copy of that group's
-rows (gather, decode, scatter back): the other rows' ring buffers and frame counters stay
+frame count and runs `decode_step` per distinct count, at most `max_step_rows` rows at a time,
+on a compact copy of those rows (gather, decode, scatter back): the other rows' ring buffers and frame counters stay
 untouched, and the cost follows the streams with work, not `max_slots`.
 
 With `cuda_graphs` on a GPU that step replays a CUDA graph (VocoderGraphs) for up to
