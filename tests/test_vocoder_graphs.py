@@ -15,7 +15,7 @@ import torch
 
 from moss_tts.codec import load_codec
 from moss_tts.serving.vocoder_graphs import VocoderGraphs, row_buckets
-from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions, parse_flag
+from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
 
 SPF = 3840  # samples per channel per codec frame
 SCHEDULE = [2, 10, 10, 8]  # the pipeline's chunking: 2 frames, then 10, then the rest
@@ -84,10 +84,16 @@ def test_config_rejects_bad_graph_settings(kwargs, field):
         VocoderConfig(**kwargs)
 
 
-def test_parse_flag_names_the_key():
-    assert parse_flag("cuda_graphs", " True ") is True and parse_flag("cuda_graphs", "0") is False
-    with pytest.raises(ValueError, match="cuda_graphs must be true or false"):
-        parse_flag("cuda_graphs", "yes")
+def test_pbtxt_parameters_override_the_adapters_defaults_and_a_bad_one_names_its_key():
+    adapter = dict(max_slots=8, device="cpu", dtype="float32", cuda_graphs=True)
+    assert VocoderConfig.from_parameters({"device": "auto"}, **adapter) == VocoderConfig(**adapter)
+    config = VocoderConfig.from_parameters({"cuda_graphs": " True ", "max_step_rows": "32", "max_public_sessions": "4",
+                                            "max_graph_frames": "6", "dtype": "auto"}, **adapter)
+    assert (config.cuda_graphs, config.max_step_rows, config.max_public_sessions, config.max_graph_frames) == \
+        (True, 32, 4, 6)
+    assert VocoderConfig.from_parameters({"cuda_graphs": "0"}, **adapter).cuda_graphs is False
+    with pytest.raises(ValueError, match="cuda_graphs='yes' is not a valid bool"):
+        VocoderConfig.from_parameters({"cuda_graphs": "yes"}, **adapter)
 
 
 def test_cuda_graphs_on_the_cpu_are_ignored_with_a_log_line(codec, caplog):

@@ -25,7 +25,7 @@ from moss_tts.processor import PromptBuilder
 from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.engine_codes import EngineCodes
 from moss_tts.serving.engine_streams import EngineStreams
-from moss_tts.serving.placement import checkpoint_dirs, resolve_device, use_device, resolve_dtype
+from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
 from moss_tts.serving.speech_pipeline import ChildError, SpeechStream, new_sequence_id

@@ -20,7 +20,7 @@ from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, Histogram
 from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.stall_watch import StallWatch
-from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions, parse_flag
+from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
 
 
 WORK_STATS = ("executes", "requests", "execute_ms", "decode_calls", "frames_decoded", "sessions_started",
@@ -34,12 +34,9 @@ class TritonPythonModel:
         dtype = resolve_dtype(params.get("dtype"), device)
         codec = load_codec(checkpoint_dirs()[1], device, dtype, parts=("quantizer", "decoder")).eval()  # no encoder
         # CUDA graph warm-up and capture happen here, inside VocoderSessions (~50 s on the H200).
-        self.sessions = VocoderSessions(codec, VocoderConfig(
-            max_slots=config["max_batch_size"], device=str(device), max_public_sessions=int(
-                params.get("max_public_sessions", "16")), dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
-            cuda_graphs=parse_flag("cuda_graphs", params.get("cuda_graphs", "true")),
-            max_graph_frames=int(params.get("max_graph_frames", "10")),
-            max_step_rows=int(params.get("max_step_rows", "64"))))
+        self.sessions = VocoderSessions(codec, VocoderConfig.from_parameters(
+            params, max_slots=config["max_batch_size"], device=str(device),
+            dtype="bfloat16" if dtype == torch.bfloat16 else "float32", cuda_graphs=True))
         idle_us = int(config["sequence_batching"].get("max_sequence_idle_microseconds", 1_000_000))
         self.idle_seconds = idle_us / 1e6
         self.key = internal_key.internal_key()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import torch
+
+from ..parameters import config_fields
 
 MAX_RUNNING_REQUESTS = 16
 MAX_QUEUE = 256
@@ -26,17 +28,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class EngineConfigError(ValueError):
     """An EngineConfig field is out of range; the message names the field."""
-
-
-def _parse(name: str, text: str, kind: str):
-    try:
-        if kind == "bool":
-            if text.strip().lower() not in ("true", "false", "1", "0"):
-                raise ValueError(text)
-            return text.strip().lower() in ("true", "1")
-        return float(text) if kind == "float" else int(text)
-    except ValueError:
-        raise EngineConfigError(f"parameter {name}={text!r} is not a valid {kind}") from None
 
 
 def _require_positive(name: str, value) -> None:
@@ -119,11 +110,10 @@ class EngineConfig:
     def from_parameters(cls, parameters: Mapping[str, str]) -> "EngineConfig":
         """Triton pbtxt `parameters` (all strings) -> config; keys that are no field are skipped
         (device and dtype are the adapter's), a value that does not parse names its key."""
-        kinds = {f.name: f.type for f in fields(cls) if f.name not in ("device", "dtype")}
-        values = {}
-        for name, text in parameters.items():
-            if name in kinds:
-                values[name] = _parse(name, str(text), kinds[name])
+        try:
+            values = config_fields(cls, parameters, skip=("device", "dtype"))
+        except ValueError as exc:
+            raise EngineConfigError(str(exc)) from None
         return cls(**values)
 
     @property

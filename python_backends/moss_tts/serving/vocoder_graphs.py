@@ -6,7 +6,7 @@ and graphs, and makes no policy decisions.
 
 Row buckets are the powers of two up to `max_rows` plus `max_rows` itself; frames run 1 ..
 `max_frames` (the pipeline sends 2 frames, then 10, then the rest). A call of n rows runs the
-smallest bucket b >= n: rows n..b-1 point at the state's scratch row (index `max_rows`, never a
+smallest bucket b >= n: rows n..b-1 point at the state's scratch row (its last row, never a
 sequence's slot) with code 0, so padding only ever advances that row. Every decoder op works row
 by row, so whatever the scratch row holds cannot reach a real row's audio.
 

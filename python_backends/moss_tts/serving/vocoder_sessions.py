@@ -1,12 +1,11 @@
 """VocoderSessions: streaming codec decode of many sequences through one batched decoder state.
 
-One `CodecDecodeState` of `max_slots` + 1 rows is allocated once (the last row is the graphs'
-padding scratch row, never a sequence's). A sequence owns one row (slot)
+One `CodecDecodeState` of `max_slots` + 1 rows is allocated once. A sequence owns one row (slot)
 from `start` until `end`, `cancel`, `expire` (the sequence batcher's idle timeout) or a failed
 decode; the row is reset when it is handed out again. `decode` groups the chunks of one call by
 frame count and runs `decode_step` per distinct count, at most `max_step_rows` rows at a time,
-on a compact copy of those rows (gather, decode, scatter back): the other rows' ring buffers and frame counters stay
-untouched, and the cost follows the streams with work, not `max_slots`.
+on a compact copy of those rows (gather, decode, scatter back): the other rows' ring buffers
+and frame counters stay untouched, and the cost follows the streams with work, not `max_slots`.
 
 With `cuda_graphs` on a GPU that step replays a CUDA graph (VocoderGraphs) for up to
 `max_graph_frames` frames; longer chunks (a primed reference) run eagerly. The state has one row
@@ -23,10 +22,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Mapping
 
 import torch
 
+from ..parameters import config_fields
 from .vocoder_graphs import VocoderGraphs, decode_rows
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,12 @@ class VocoderConfig:
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"VocoderConfig.device {self.device!r} is not a torch device ({exc})") from None
 
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str], **adapter) -> "VocoderConfig":
+        """Triton pbtxt `parameters` (all strings) -> config. `adapter` holds what the model sets
+        itself (max_slots from max_batch_size, device, dtype) and defaults a parameter overrides."""
+        return cls(**{**adapter, **config_fields(cls, parameters, skip=("max_slots", "n_vq", "device", "dtype"))})
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
@@ -98,14 +104,6 @@ class _Session:
     slot: int
     last_used: float  # clock() at start or at the last decode/prime
     is_public: bool = False
-
-
-def parse_flag(name: str, text: str) -> bool:
-    """A pbtxt string parameter ("true"/"false"/"1"/"0") -> bool; anything else names the key."""
-    value = str(text).strip().lower()
-    if value not in ("true", "false", "1", "0"):
-        raise ValueError(f"parameter {name} must be true or false, got {text!r}")
-    return value in ("true", "1")
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

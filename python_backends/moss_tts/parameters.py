@@ -1,0 +1,31 @@
+"""Triton pbtxt `parameters` (every value a string) -> the typed fields of a config dataclass.
+
+EngineConfig and VocoderConfig read their settings from their model's parameters the same way:
+a key that names a field is parsed by that field's type, and a value that does not parse names
+its key. Keys that name no field belong to the adapter (or to nobody) and are left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Iterable, Mapping
+
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def parse_parameter(name: str, text: str, kind: str) -> bool | int | float:
+    """`text` as `kind` ("bool", "int" or "float"); ValueError naming the key otherwise."""
+    value = str(text).strip()
+    try:
+        if kind == "bool":
+            return _BOOLS[value.lower()]
+        return float(value) if kind == "float" else int(value)
+    except (KeyError, ValueError):
+        raise ValueError(f"parameter {name}={text!r} is not a valid {kind}") from None
+
+
+def config_fields(cls, parameters: Mapping[str, str], skip: Iterable[str] = ()) -> dict:
+    """{field: parsed value} for the `parameters` that name a field of the dataclass `cls` (the
+    fields in `skip` are the adapter's to set). The types are the fields' annotations."""
+    kinds = {f.name: f.type for f in fields(cls) if f.name not in set(skip)}
+    return {name: parse_parameter(name, text, kinds[name]) for name, text in parameters.items() if name in kinds}
