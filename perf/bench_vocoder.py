@@ -5,13 +5,16 @@
 
 The real-size MOSS-Audio-Tokenizer-v2 decoder with seeded random weights (bf16), one decode
 state of max(rows) + 1 slots as VocoderSessions allocates it, random codes. A step is what
-VocoderSessions._step does for one group: host codes in, gather -> decode_step -> scatter, host
-fp32 audio out (the one device-to-host copy included). Sections, each also in the JSON:
+VocoderSessions._step does for one group: host codes in, decode_step on the rows in place, host
+fp32 audio out (the one device-to-host copy included, into pinned memory). Sections, each also in
+the JSON:
   capture      graphs for row buckets up to max(rows) x frames 1..--max-graph-frames: count,
                seconds, pool memory (CUDA only; on the CPU the graphs' padded step runs uncaptured)
   equivalence  per shape, two chunks from fresh slots: graphed == uncaptured padded step (must
                hold bit for bit: same kernels, same shapes) and graphed == eager step (holds too
                when the rows are a bucket size, as in the default shapes)
+  streaming    --stream-rows rows streamed through the graphs in the pipeline's chunks (2, 10, 10,
+               8) against codec.decode of the same codes: max |diff| / peak per row
   step         ms per call (median of --iters after --warmup, synchronized), eager vs graphed,
                and audio-s/s = rows x frames / 12.5 / seconds
   offline      codec.decode of --offline ROWSxFRAMES codes already on the device (no host copy)
@@ -33,7 +36,7 @@ import torch
 
 from moss_tts.codec import CodecConfig, build_codec, build_real_size_codec, init_random_
 from moss_tts.codec.config import tiny_codec_config_dict
-from moss_tts.serving.vocoder_graphs import VocoderGraphs, decode_rows
+from moss_tts.serving.vocoder_graphs import VocoderGraphs, to_host
 
 FRAME_RATE = 12.5  # codec frames per second of audio
 N_VQ = 12  # codebooks the pipeline sends
@@ -89,20 +92,21 @@ class Steps:
         before = torch.cuda.memory_reserved()
         start = time.perf_counter()
         self.graphs.capture()
-        return {"graphs": self.graphs.num_graphs, "seconds": time.perf_counter() - start,
+        return {"graphs": self.graphs.num_graphs, "buckets": list(self.graphs.buckets),
+                "seconds": time.perf_counter() - start,
                 "pool_gib": (torch.cuda.memory_reserved() - before) / GIB,
-                "state_gib": sum(c.numel() * c.element_size() for c in self.state.caches) / GIB}
+                "state_gib": sum(c.numel() * c.element_size() for c in self.state.caches) / GIB,
+                "reserved_gib": torch.cuda.memory_reserved() / GIB}
 
     def eager(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
         rows = torch.tensor(slots, device=self.device)
-        audio = decode_rows(self.codec, self.state, rows, torch.stack(codes).to(self.device))
-        return audio.to("cpu", torch.float32, copy=True)
+        return to_host(self.codec.decode_step(torch.stack(codes).to(self.device), self.state, rows))
 
     def graphed(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
-        return self.graphs.run(slots, codes).to("cpu", torch.float32, copy=True)
+        return to_host(self.graphs.run(slots, codes))
 
     def padded_eager(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
-        return self.padded.run(slots, codes).to("cpu", torch.float32, copy=True)
+        return to_host(self.padded.run(slots, codes))
 
     def reset(self, num_rows: int) -> None:
         mask = torch.zeros(self.state.batch_size, dtype=torch.bool)
@@ -130,6 +134,21 @@ def equivalence(steps: Steps, shapes: list[tuple[int, int]], codebook_size: int)
                          "graphed_equals_eager": torch.equal(audio["graphed"], audio["eager"]),
                          "max_abs_diff_vs_eager": diff, "finite": bool(torch.isfinite(audio["graphed"]).all())})
     return rows_out
+
+
+def streaming(steps: Steps, rows: int, codebook_size: int, chunks=(2, 10, 10, 8)) -> dict:
+    """The pipeline's chunks through the graphs against offline codec.decode of the same codes."""
+    codes = torch.stack(random_codes(rows, sum(chunks), codebook_size, seed=5))
+    steps.reset(rows)
+    slots, start, parts = list(range(rows)), 0, []
+    for size in chunks:
+        parts.append(steps.graphed(slots, list(codes[:, start:start + size].unbind(0))))
+        start += size
+    streamed = torch.cat(parts, dim=-1)
+    offline = steps.codec.decode(codes.to(steps.device)).float().cpu()
+    diffs = [((streamed[i] - offline[i]).abs().max() / offline[i].abs().max()).item() for i in range(rows)]
+    return {"rows": rows, "chunks": list(chunks), "max_rel_diff": max(diffs), "rel_diff_per_row": diffs,
+            "finite": bool(torch.isfinite(streamed).all())}
 
 
 def step_times(steps: Steps, shapes: list[tuple[int, int]], codebook_size: int, iters: int, warmup: int) -> list[dict]:
@@ -181,6 +200,10 @@ def table(results: dict) -> str:
     for r in results.get("step", []):
         lines.append(f"{r['rows']:>9} x {r['frames']:<2} {r['eager_ms']:>9.2f} {r['graphed_ms']:>10.2f} "
                      f"{r['speedup']:>7.1f} {r['eager_audio_s_per_s']:>13.1f} {r['graphed_audio_s_per_s']:>15.1f}")
+    if results.get("streaming"):
+        st = results["streaming"]
+        lines.append(f"streaming {st['rows']} rows in chunks {st['chunks']} vs offline decode: max |diff| / peak "
+                     f"{st['max_rel_diff']:.3g}, finite {st['finite']}")
     if results.get("offline"):
         o = results["offline"]
         lines.append(f"offline decode {o['rows']} x {o['frames']}: {o['ms']:.1f} ms, {o['audio_s_per_s']:.1f} audio-s/s")
@@ -197,7 +220,8 @@ def parse_args(argv):
     ap.add_argument("--out", type=Path, default=None, help="JSON file to write the results to")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny random codec in fp32 (smoke runs, CPU)")
-    ap.add_argument("--shapes", default="1x2,16x10,256x10", help="rows x frames per step, comma-separated")
+    ap.add_argument("--shapes", default="1x2,16x10,64x10,256x10", help="rows x frames per step, comma-separated")
+    ap.add_argument("--stream-rows", type=int, default=4, help="rows of the streaming == offline check")
     ap.add_argument("--offline", default="32x100", help="rows x frames of the offline decode")
     ap.add_argument("--max-graph-frames", type=int, default=10)
     ap.add_argument("--profile", default="", help="ROWSxFRAMES: also profile one eager step of that shape "
@@ -223,6 +247,7 @@ def main(argv=None) -> int:
     sections = [
         ("capture", steps.capture),
         ("equivalence", lambda: equivalence(steps, shapes, size)),
+        ("streaming", lambda: streaming(steps, min(args.stream_rows, steps.graphs.max_rows), size)),
         ("step", lambda: step_times(steps, shapes, size, args.iters, args.warmup)),
         ("offline", lambda: offline(codec, device, parse_shapes(args.offline)[0], max(3, args.iters // 4),
                                     args.warmup)),

@@ -4,7 +4,7 @@
 # the real-size random checkpoint (bf16), all five models in tritonserver.
 #   perf/h200_scaling.sh setup                 # unpack the pack (carry .device), write the
 #                                              # real-size checkpoint (~12 GB) to /tmp
-#   perf/h200_scaling.sh vocoder               # perf/bench_vocoder.py: eager vs graphed codec
+#   perf/h200_scaling.sh vocoder               # codec GPU tests + perf/bench_vocoder.py
 #   perf/h200_scaling.sh layout NAME [NAME..]  # single | replicas_2gpu | split_2gpu: serve,
 #                                              # bench, kill; bench_NAME.json + logs in results.tgz
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
@@ -42,9 +42,16 @@ setup() {
   log "setup took $((SECONDS - t0)) s"
 }
 
+# The codec's GPU tests (kernels vs reference, graphs == eager, streaming == offline), then
+# perf/bench_vocoder.py (VOCODER_ARGS, default: its default shapes, offline 32x100, and a profile
+# of one eager 256x10 step). vocoder.json also lands in $OUT by itself.
 vocoder() {
   env_pack
-  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 python3 perf/bench_vocoder.py --shapes 1x2,16x10,64x10 --profile 64x10 --out "$R/vocoder.json" 2>&1 | tee "$R/vocoder.txt"
+  PYTHONPATH=python_backends:tests:. python3 -m pytest -q -m gpu tests/test_window_attention.py tests/test_vocoder_graphs.py \
+    tests/test_codec.py tests/test_vocoder_sessions.py 2>&1 | tee "$R/gpu_tests.txt" | tail -15
+  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 python3 perf/bench_vocoder.py ${VOCODER_ARGS:---profile 256x10} \
+    --out "$R/vocoder.json" 2>&1 | tee "$R/vocoder.txt"
+  cp "$R/vocoder.json" "$OUT/" 2>/dev/null
 }
 
 stop_server() {

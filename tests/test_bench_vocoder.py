@@ -17,3 +17,5 @@ def test_a_tiny_cpu_run_reports_every_section(tmp_path):
     assert [(r["rows"], r["frames"]) for r in results["step"]] == [(1, 2), (3, 4)]
     assert all(e["graphed_equals_padded"] and e["finite"] for e in results["equivalence"])
     assert results["offline"]["audio_s_per_s"] > 0
+    streamed = results["streaming"]  # 3 rows (the largest bucket), fp32: rounding only
+    assert streamed["rows"] == 3 and streamed["finite"] and streamed["max_rel_diff"] < 1e-5

@@ -17,7 +17,7 @@ from moss_tts.checkpoint import CheckpointError
 from moss_tts.codec import (CodecConfig, CodecConfigError, MossAudioCodec, build_real_size_codec, load_codec,
                             real_codec_config_dict, tiny_codec_config_dict, write_codec_checkpoint)
 from moss_tts.codec.patch import Patch, deinterleave, interleave
-from moss_tts.codec.transformer import apply_rope, local_causal_attention
+from moss_tts.codec.kernels.window_attention import apply_rope, local_causal_attention
 
 SPF = 3840
 
@@ -213,30 +213,37 @@ def test_streaming_equals_offline(codec, codes50, chunks):
     assert_close_to_peak(torch.cat(out, dim=-1), offline)
 
 
-def _run_schedule(codec, streams, schedule, chunk=3):
-    """Feed each stream chunk by chunk into one batched state; schedule lists exec masks."""
-    state = codec.new_decode_state(len(streams))
+def _run_schedule(codec, streams, schedule, chunk=3, num_slots=4, slots=(3, 1)):
+    """Feed each stream chunk by chunk into one state of `num_slots` rows, stream i in slot
+    slots[i]; schedule lists which streams have a chunk in each step (only those rows decode)."""
+    state = codec.new_decode_state(num_slots)
     cursors, outs = [0] * len(streams), [[] for _ in streams]
     for mask in schedule:
-        batch = torch.randint(0, 1024, (len(streams), chunk, 12))  # garbage for idle rows
-        for row, active in enumerate(mask):
-            if active:
-                batch[row] = streams[row][cursors[row]:cursors[row] + chunk]
-        audio = codec.decode_step(batch, state, torch.tensor(mask))
-        for row, active in enumerate(mask):
-            if active:
-                outs[row].append(audio[row])
-                cursors[row] += chunk
+        active = [i for i, on in enumerate(mask) if on]
+        batch = torch.stack([streams[i][cursors[i]:cursors[i] + chunk] for i in active])
+        audio = codec.decode_step(batch, state, torch.tensor([slots[i] for i in active]))
+        for row, i in enumerate(active):
+            outs[i].append(audio[row])
+            cursors[i] += chunk
     return state, [torch.cat(o, dim=-1) for o in outs]
 
 
-def test_batched_streams_with_exec_mask(codec, codes50):
+def test_batched_streams_decode_only_their_rows(codec, codes50):
     a, b = codes50[0, :36], codes50[1, :36]
     schedule = [(1, 0), (1, 0), (1, 1), (0, 1), (1, 1), (0, 1), (0, 1), (1, 1), (1, 0)] + [(1, 1)] * 6
     state, (out_a, out_b) = _run_schedule(codec, [a, b], schedule)
-    assert state.frames.tolist() == [36, 36]
+    assert state.frames.tolist() == [0, 36, 0, 36]
+    assert all(not c[:, [0, 2]].any() for c in state.caches)  # rows never decoded: still zero
     assert_close_to_peak(out_a, codec.decode(a[None])[0])
     assert_close_to_peak(out_b, codec.decode(b[None])[0])
+
+
+def test_decode_step_rows_must_match_codes(codec, codes50):
+    state = codec.new_decode_state(3)
+    with pytest.raises(ValueError, match="pass rows"):
+        codec.decode_step(codes50[:, :2], state)
+    with pytest.raises(ValueError, match=r"rows must have shape \[2\]"):
+        codec.decode_step(codes50[:, :2], state, torch.tensor([0]))
 
 
 def test_reset_slot_then_reuse(codec, codes50):

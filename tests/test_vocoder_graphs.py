@@ -1,6 +1,6 @@
 """VocoderGraphs: the padded static-buffer step equals the plain eager step; padding only ever
-touches the scratch row; long chunks fall back to eager. On a GPU: captured replay equals the
-uncaptured padded step bit for bit, and streaming through graphs equals offline decode.
+touches the scratch row; long chunks are decoded in graphed pieces. On a GPU: captured replay
+equals the uncaptured padded step bit for bit, and streaming through graphs equals offline decode.
 
 CPU tests run the graphs' step uncaptured (VocoderSessions(capture=False)); the GPU tests at the
 bottom are skipped without CUDA (conftest's `gpu` marker).
@@ -71,10 +71,15 @@ def state_rows(sessions: VocoderSessions, rows: list[int]) -> list[torch.Tensor]
 
 
 # ------------------------------------------------------------------ config and buckets
-def test_buckets_are_powers_of_two_and_max_rows():
+def test_buckets_are_powers_of_two_then_halves_and_max_rows():
     assert row_buckets(1) == (1,)
     assert row_buckets(4) == (1, 2, 4)
-    assert row_buckets(288) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 288)
+    assert row_buckets(40) == (1, 2, 4, 8, 16, 32, 40)
+    assert row_buckets(256) == (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+    assert row_buckets(288) == (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 288)
+    for max_rows in (33, 100, 256, 288):  # from 32 rows on, padding adds less than half
+        buckets = row_buckets(max_rows)
+        assert all(b / n < 1.5 for n in range(33, max_rows + 1) for b in [min(x for x in buckets if x >= n)])
 
 
 @pytest.mark.parametrize("kwargs, field", [({"max_graph_frames": 0}, "max_graph_frames"),
@@ -164,23 +169,37 @@ def test_a_group_larger_than_max_step_rows_is_decoded_in_pieces(codec, streams, 
         assert sessions.graphs.buckets == (1, 2) and sessions.graphs.scratch_row == 5
 
 
-def test_longer_chunks_fall_back_to_the_eager_step(codec, streams):
+def test_longer_chunks_are_decoded_in_graphed_pieces(codec, streams):
     ids = ["a", "b"]
-    sizes = [2, 6, 3, 19]  # max_graph_frames=4: the 6- and 19-frame calls run eagerly
+    sizes = [2, 6, 3, 19]  # max_graph_frames=4: 6 = 4 + 2 and 19 = 4 x 4 + 3, every step graphed
     sessions = make(codec, max_graph_frames=4)
     out = run_schedule(sessions, streams, ids, sizes)
-    assert sessions.stats().graph_calls == 2 and sessions.stats().decode_calls == 4
+    assert sessions.stats().graph_calls == sessions.stats().decode_calls == 1 + 2 + 1 + 5
     assert_same_audio(out, run_schedule(make(codec, graphs=False), streams, ids, sizes))
+
+
+def test_pieces_of_chunks_of_different_lengths_share_steps(codec, streams):
+    """A call with chunks of 9 and 7 frames (4-frame graphs): rounds of (4, 4), (4, 3) and (1),
+    so the first two pieces of both sequences run as one two-row step."""
+    sessions = make(codec, max_graph_frames=4)
+    for sid in ("a", "b"):
+        sessions.start(sid)
+    out = sessions.decode({"a": streams[0, :9], "b": streams[1, :7]})
+    assert sessions.stats().decode_calls == 4 and sessions.stats().frames_decoded == 16
+    expected = make(codec, graphs=False)
+    for sid in ("a", "b"):
+        expected.start(sid)
+    assert_same_audio(out, expected.decode({"a": streams[0, :9], "b": streams[1, :7]}))
 
 
 def test_prime_then_graphed_chunks_continue_the_stream(codec, streams):
     sessions = make(codec)
     sessions.start("a")
-    sessions.prime("a", streams[0, :12])  # reference codes: longer than a graph, eager
+    sessions.prime("a", streams[0, :12])  # reference codes: longer than a graph, two pieces
     out = torch.cat([sessions.decode({"a": c})["a"] for c in streams[0, 12:].split([2, 10, 6])], dim=-1)
     reference = codec.decode(streams[:1])[0, :, 12 * SPF:]
     assert_same_audio({"a": out}, {"a": reference})
-    assert sessions.stats().graph_calls == 3
+    assert sessions.stats().graph_calls == sessions.stats().decode_calls == 2 + 3
 
 
 def test_returned_audio_survives_the_next_step(codec, streams):

@@ -21,16 +21,16 @@ class CountingCodec:
     def __init__(self, codec, fail: bool = False):
         self._codec = codec
         self.fail = fail
-        self.step_batches: list[int] = []  # number of executed rows per decode_step
+        self.step_batches: list[int] = []  # number of decoded rows per decode_step
 
     def __getattr__(self, name):
         return getattr(self._codec, name)
 
-    def decode_step(self, codes, state, exec_mask=None):
-        self.step_batches.append(codes.shape[0] if exec_mask is None else int(exec_mask.sum()))
+    def decode_step(self, codes, state, rows=None):
+        self.step_batches.append(codes.shape[0])
         if self.fail:
             raise RuntimeError("simulated device failure")
-        return self._codec.decode_step(codes, state, exec_mask)
+        return self._codec.decode_step(codes, state, rows)
 
 
 class FakeClock:

@@ -107,8 +107,12 @@ class TritonPythonModel:
         try:
             audio = self.sessions.decode({seq: codes for seq, (_, codes) in chunks.items()})
         except Exception as exc:  # one bad chunk must not take the others' state down silently
+            # Out of memory is load, not a defect: the caller may retry (with graphs on, every
+            # step replays a captured graph and allocates nothing, so only cuda_graphs=false
+            # can get here that way).
+            kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
             for seq, (i, _) in chunks.items():
-                responses[i] = io.error_response(f"vocoder decode failed: {exc}", ErrorKind.INTERNAL)
+                responses[i] = io.error_response(f"vocoder decode failed: {exc}", kind)
                 if seq in self.sessions:
                     self.sessions.cancel(seq)
             return

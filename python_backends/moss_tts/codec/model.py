@@ -103,18 +103,19 @@ class MossAudioCodec(nn.Module):
         self.quantizer.check_n_quantizers(codes.shape[-1])
 
     def _decode_stack(self, codes: torch.Tensor, state: CodecDecodeState | None,
-                      exec_mask: torch.Tensor | None) -> torch.Tensor:
+                      rows: torch.Tensor | None) -> torch.Tensor:
         p = self._param(self.decoder)
         if codes.shape[1] == 0:
             return torch.zeros(codes.shape[0], self.channels, 0, device=codes.device, dtype=p.dtype)
         x = self.quantizer.decode(codes.long()).to(p.dtype)
+        frames = None if state is None else state.frames.index_select(0, rows)
         layer = 0
         for module, scale in zip(self.decoder, self._decoder_scales):
             if state is None or not isinstance(module, ProjectedTransformer):
                 x = module(x)
                 continue
             n = module.stage.num_layers
-            x = module(x, state.caches[layer:layer + n], state.frames * scale, exec_mask)
+            x = module(x, state.caches[layer:layer + n], rows, frames * scale)
             layer += n
         return deinterleave(x, self.channels)
 
@@ -136,19 +137,23 @@ class MossAudioCodec(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, codes: torch.Tensor, state: CodecDecodeState,
-                    exec_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Streaming decode of the next T frames of every slot: codes [B, T, n_q] -> [B, 2, T*3840].
-
-        Rows whose exec_mask is False keep their state (their output rows are meaningless).
-        No host-device synchronisation happens here, so the call can be CUDA-graph captured;
-        codes are not range-checked for that reason.
+                    rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Streaming decode of the next T frames of the state rows `rows`: codes [n, T, n_q] ->
+        audio [n, 2, T*3840]. rows [n] (distinct slots; None = every row in order) continue
+        their streams in place: each row's ring buffers are read at its slot and only its new
+        keys are written back; other rows are not touched. No host-device synchronisation
+        happens here, so the call can be CUDA-graph captured; codes and rows are not
+        range-checked for that reason.
         """
         self._check_codes(codes)
-        if codes.shape[0] != state.batch_size:
-            raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size}")
-        if exec_mask is None:
-            exec_mask = torch.ones(state.batch_size, dtype=torch.bool, device=state.frames.device)
-        exec_mask = exec_mask.to(device=state.frames.device, dtype=torch.bool)
-        audio = self._decode_stack(codes, state, exec_mask)
-        state.frames.copy_(torch.where(exec_mask, state.frames + codes.shape[1], state.frames))
+        device = state.frames.device
+        if rows is None:
+            if codes.shape[0] != state.batch_size:
+                raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size} (pass rows)")
+            rows = torch.arange(state.batch_size, device=device)
+        rows = rows.to(device=device, dtype=torch.long)
+        if rows.shape != (codes.shape[0],):
+            raise ValueError(f"rows must have shape [{codes.shape[0]}] (one per codes row), got {tuple(rows.shape)}")
+        audio = self._decode_stack(codes.to(device), state, rows)
+        state.frames.index_add_(0, rows, torch.full_like(rows, codes.shape[1]))
         return audio

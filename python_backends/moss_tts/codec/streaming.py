@@ -5,9 +5,11 @@ One object holds everything that survives between `MossAudioCodec.decode_step` c
   offset and ring-buffer positions from it (offset = frames x the stage's upsampling so far),
   so slots can sit at different positions in one batch.
 - `caches`: one ring buffer [2, B, heads, context, head_dim] (keys, values) per decoder
-  attention layer, in execution order. Position p lives in slot p % context.
+  attention layer, in execution order. Position p lives in slot p % context; keys are stored
+  rotated (RoPE at their absolute position).
 
-All updates are in place, so the tensors can be static CUDA-graph buffers.
+A step reads and writes the rows it decodes where they live (decode_step's `rows`), so the
+state is never copied; all updates are in place and the tensors are static CUDA-graph buffers.
 """
 
 from __future__ import annotations
@@ -51,14 +53,3 @@ class CodecDecodeState:
         self.frames.index_fill_(0, rows, 0)
         for cache in self.caches:
             cache.index_fill_(1, rows, 0)
-
-    def gather(self, rows: torch.Tensor) -> "CodecDecodeState":
-        """A compact copy of the slots `rows` (1-D long, on this state's device), to decode only
-        the streams that have work without computing every slot; `scatter` writes it back."""
-        return CodecDecodeState(self.frames.index_select(0, rows), [c.index_select(1, rows) for c in self.caches])
-
-    def scatter(self, rows: torch.Tensor, part: "CodecDecodeState") -> None:
-        """Write a state made by `gather(rows)` (and advanced since) back into its slots."""
-        self.frames.index_copy_(0, rows, part.frames)
-        for cache, new in zip(self.caches, part.caches):
-            cache.index_copy_(1, rows, new)

@@ -1,19 +1,20 @@
 """VocoderGraphs: CUDA graphs of one streaming vocoder step per (row bucket, frames).
 
-A step is gather -> decode_step -> scatter on the shared `CodecDecodeState` (decode_rows).
-VocoderSessions owns that state and the slot bookkeeping; this class owns only static buffers
-and graphs, and makes no policy decisions.
+A step is `codec.decode_step(codes, state, rows)`: the rows' ring buffers are read and written
+in place in the shared `CodecDecodeState`, so a graph holds no copy of any state, only the
+step's activations. VocoderSessions owns that state and the slot bookkeeping; this class owns
+only static buffers and graphs, and makes no policy decisions.
 
-Row buckets are the powers of two up to `max_rows` plus `max_rows` itself; frames run 1 ..
-`max_frames` (the pipeline sends 2 frames, then 10, then the rest). A call of n rows runs the
-smallest bucket b >= n: rows n..b-1 point at the state's scratch row (its last row, never a
-sequence's slot) with code 0, so padding only ever advances that row. Every decoder op works row
-by row, so whatever the scratch row holds cannot reach a real row's audio.
+Row buckets are powers of two up to 32, then steps of half a power of two (48, 64, 96, 128,
+192, 256, ...) and `max_rows` itself, so padding adds less than half from 32 rows on; frames
+run 1 .. `max_frames` (the pipeline sends 2 frames, then 10, then the rest; longer chunks come in
+pieces of `max_frames`). A call of n rows runs the smallest bucket b >= n: rows n..b-1 point at
+the state's scratch row (its last row, never a sequence's slot) with code 0, so padding only ever
+advances that row. Every decoder op works row by row, so whatever the scratch row holds cannot
+reach a real row's audio (the padding rows race each other on it, harmlessly).
 
 Graphs are captured largest first into one memory pool, so the smaller ones reuse its blocks.
-The pool is mostly the largest shape's gathered copy of max_rows slots: on the real-size codec
-26 GiB at 256 rows beside a 21 GiB state (perf/bench_vocoder.py), where graphs no longer gain
-anything (the step is compute-bound from ~64 rows on), hence VocoderConfig.max_step_rows.
+The audio leaves every graph as fp32 in one static buffer, ready for one device-to-host copy.
 Until `capture` runs (never, with capture off) `run` calls the same padded static-buffer
 function directly: that is how the padding is tested on the CPU, and a switch for debugging.
 """
@@ -34,28 +35,32 @@ log = logging.getLogger(__name__)
 
 GIB = 1024 ** 3
 REMEDIES = ("Remedies: 1) set the vocoder parameter cuda_graphs=false to serve without graphs; 2) lower "
-            "max_step_rows (the largest bucket gathers that many slots of codec state) or max_graph_frames "
-            "if memory ran out.")
+            "max_step_rows (the largest bucket's activations size the pool) or max_graph_frames if memory ran out.")
 
 
 class VocoderGraphError(RuntimeError):
     """Warm-up or capture failed; the message lists what to try."""
 
 
-def decode_rows(codec, state: CodecDecodeState, rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """One streaming step of the slots `rows` [n] alone: codes [n, T, n_vq] -> audio [n, 2, T*3840].
-    Works on a compact copy of those rows, so the other slots' state stays untouched."""
-    part = state.gather(rows)
-    audio = codec.decode_step(codes, part)
-    state.scatter(rows, part)
-    return audio
+def to_host(audio: torch.Tensor) -> torch.Tensor:
+    """A new fp32 CPU tensor holding `audio` (a step's output). From a GPU: into pinned memory
+    (the caching host allocator reuses it once its views are gone), waiting for this stream alone."""
+    if audio.device.type != "cuda":
+        return audio.to("cpu", torch.float32, copy=True)  # copy=True: never the graphs' own buffer
+    host = torch.empty(audio.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(audio, non_blocking=True)
+    torch.cuda.current_stream(audio.device).synchronize()
+    return host
 
 
 def row_buckets(max_rows: int) -> tuple[int, ...]:
-    """1, 2, 4, ... below max_rows, and max_rows: a call pads at most to twice its rows."""
+    """1, 2, 4, .., 32, then 48, 64, 96, 128, 192, .. below max_rows, and max_rows: a call of
+    more than 32 rows pads to less than 1.5 times its rows, a smaller one to less than twice."""
     sizes, size = {max_rows}, 1
     while size < max_rows:
         sizes.add(size)
+        if size >= 32 and size * 3 // 2 < max_rows:
+            sizes.add(size * 3 // 2)
         size *= 2
     return tuple(sorted(sizes))
 
@@ -101,11 +106,10 @@ class VocoderGraphs:
         self.device = state.frames.device
         self._inputs = {(b, t): StepInputs.empty(b, t, n_vq, self.device)
                         for b in self.buckets for t in range(1, max_frames + 1)}
-        # One output buffer that every shape writes the front of: one per shape would hold
-        # sum(b) x sum(T) frames of audio (~0.7 GB at 288 rows in bf16) instead of max(b) x max(T).
-        dtype = next(codec.decoder.parameters()).dtype
+        # One fp32 output buffer that every shape writes the front of: one per shape would hold
+        # sum(b) x sum(T) frames of audio instead of max(b) x max(T) (79 MB at 256 x 10).
         self._audio = torch.empty(max_rows * codec.channels * max_frames * codec.samples_per_frame,
-                                  dtype=dtype, device=self.device)
+                                  dtype=torch.float32, device=self.device)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = self._stream = None
 
@@ -118,7 +122,8 @@ class VocoderGraphs:
 
     def run(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
         """One step of the sequences in `slots` (codes n x [T, n_vq] long on the CPU) ->
-        audio [n, 2, T*3840] on the device: a view of the static output, valid until the next run."""
+        fp32 audio [n, 2, T*3840] on the device: a view of the static output, valid until the
+        next run."""
         frames = codes[0].shape[0]
         shape = (self.buckets[bisect.bisect_left(self.buckets, len(slots))], frames)
         inputs = self._inputs[shape]
@@ -180,8 +185,8 @@ class VocoderGraphs:
         return self._audio[:num_rows * self.codec.channels * size].view(num_rows, self.codec.channels, size)
 
     def _forward(self, inputs: StepInputs) -> None:
-        audio = decode_rows(self.codec, self.state, inputs.rows, inputs.codes)
-        self._output(*inputs.shape).copy_(audio)
+        audio = self.codec.decode_step(inputs.codes, self.state, inputs.rows)
+        self._output(*inputs.shape).copy_(audio)  # and to fp32, inside the graph
 
     def _capture(self, inputs: StepInputs) -> torch.cuda.CUDAGraph:
         # The warm-up really runs, so it must touch the scratch row alone; it sets up cuBLAS
@@ -190,8 +195,8 @@ class VocoderGraphs:
         self._forward(inputs)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        # torch.cuda.graph empties the allocator's cache on entry, so the warm-up's blocks (the
-        # gathered state of up to max_rows slots) are not held beside the pool's own copy.
+        # torch.cuda.graph empties the allocator's cache on entry, so the warm-up's activations
+        # are not held beside the pool's own.
         with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
             self._forward(inputs)
         return graph

@@ -2,14 +2,17 @@
 
 One `CodecDecodeState` of `max_slots` + 1 rows is allocated once. A sequence owns one row (slot)
 from `start` until `end`, `cancel`, `expire` (the sequence batcher's idle timeout) or a failed
-decode; the row is reset when it is handed out again. `decode` groups the chunks of one call by
-frame count and runs `decode_step` per distinct count, at most `max_step_rows` rows at a time,
-on a compact copy of those rows (gather, decode, scatter back): the other rows' ring buffers
-and frame counters stay untouched, and the cost follows the streams with work, not `max_slots`.
+decode; the row is reset when it is handed out again. `decode` runs `decode_step` per distinct
+chunk length, at most `max_step_rows` rows at a time, on those rows in place: the other rows'
+ring buffers and frame counters stay untouched, and the cost follows the streams with work, not
+`max_slots`.
 
-With `cuda_graphs` on a GPU that step replays a CUDA graph (VocoderGraphs) for up to
-`max_graph_frames` frames; longer chunks (a primed reference) run eagerly. The state has one row
-more than `max_slots`: the graphs' padding rows point at it, and it is never handed out.
+With `cuda_graphs` every step replays a CUDA graph (VocoderGraphs): a chunk longer than
+`max_graph_frames` (a STREAM=false request, a primed reference) is decoded in pieces of that
+many frames, piece k of every such chunk of the call in one step, so no request shape runs eagerly
+and the vocoder's GPU memory is fixed once the graphs are captured: the state, the weights and
+the graph pool. The state has one row more than `max_slots`: the graphs' padding rows point at
+it, and it is never handed out.
 
 Sessions started without the pipeline's key (`is_public`: direct gRPC clients) share
 `max_public_sessions` slots, so they can never take the slots the public entry needs.
@@ -27,7 +30,7 @@ from typing import Callable, Hashable, Mapping
 import torch
 
 from ..parameters import config_fields
-from .vocoder_graphs import VocoderGraphs, decode_rows
+from .vocoder_graphs import GIB, VocoderGraphs, to_host
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +50,13 @@ class VocoderConfig:
     dtype: str = "float32"  # a key of DTYPES (a torch.dtype is accepted and stored by name)
     max_public_sessions: int = 16  # slots open to callers other than the moss_tts entry
     cuda_graphs: bool = False  # replay CUDA graphs for chunks of up to max_graph_frames (GPU only)
-    max_graph_frames: int = 10  # codec frames; the pipeline's chunks are 2, 10, then the rest
-    # Rows per codec call: a larger group is decoded in pieces of this many. Each call gathers a
-    # compact copy of its rows' state (~85 MB a row on the real-size codec), and from ~64 rows on
-    # the H200 step is compute-bound, so bigger calls would only cost memory (the graph pool
-    # held 26 GiB at 256 rows; perf/bench_vocoder.py).
-    max_step_rows: int = 64
+    # Codec frames per graphed step; the pipeline's chunks are 2, 10, then the rest, and longer
+    # chunks are decoded in pieces of this many.
+    max_graph_frames: int = 10
+    # Rows per codec call: a larger group is decoded in pieces of this many. The state is read in
+    # place, so a bigger step costs only activations (the pool: ~2 GiB at 256 x 10 on the real
+    # codec) and gains throughput up to ~256 rows on the H200 (perf/bench_vocoder.py).
+    max_step_rows: int = 256
 
     def __post_init__(self):
         if not isinstance(self.cuda_graphs, bool):
@@ -148,6 +152,11 @@ class VocoderSessions:
                                self.config.n_vq)
         if capture:
             graphs.capture()
+            state_bytes = sum(c.numel() * c.element_size() for c in self.state.caches)
+            log.info("vocoder memory on %s: state %.2f GiB (%d slots + scratch), %.2f GiB allocated and %.2f GiB "
+                     "reserved in all; fixed from here on (every step replays a graph)", self.config.device,
+                     state_bytes / GIB, self.config.max_slots, torch.cuda.memory_allocated(self.config.device) / GIB,
+                     torch.cuda.memory_reserved(self.config.device) / GIB)
         return graphs
 
     # ---------------------------------------------------------------- lifecycle
@@ -237,20 +246,33 @@ class VocoderSessions:
             raise ValueError(f"sequence {seq_id!r}: codes must lie in [0, {size})")
         return codes
 
+    def _pieces(self, frames: int) -> list[int]:
+        """A chunk's frames as the steps that decode it: whole, or pieces of max_graph_frames
+        when graphs run every step (a longer chunk has no graph)."""
+        limit = self.config.max_graph_frames if self.graphs is not None else max(frames, 1)
+        return [min(limit, frames - start) for start in range(0, frames, limit)]
+
     def _run(self, chunks: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
         with self._lock:
             # Validate everything first so a bad chunk leaves every sequence's state untouched.
             slots = {sid: self._session(sid).slot for sid in chunks}
             codes = {sid: self._check(sid, c) for sid, c in chunks.items()}
-            groups: dict[int, list[Hashable]] = {}
-            for sid, c in codes.items():
-                groups.setdefault(c.shape[0], []).append(sid)
-            out = {sid: torch.zeros(2, 0) for sid in groups.pop(0, [])}
+            pieces = {sid: self._pieces(c.shape[0]) for sid, c in codes.items()}
+            parts: dict[Hashable, list[torch.Tensor]] = {sid: [] for sid in codes}
             try:
-                for frames, ids in groups.items():
-                    out.update(self._step(frames, ids, slots, codes, keep_audio))
+                # Round k decodes piece k of every chunk that has one, grouped by piece length.
+                for k in range(max((len(p) for p in pieces.values()), default=0)):
+                    groups: dict[int, list[Hashable]] = {}
+                    for sid, sizes in pieces.items():
+                        if k < len(sizes):
+                            groups.setdefault(sizes[k], []).append(sid)
+                    for frames, ids in groups.items():
+                        start = k * self.config.max_graph_frames if self.graphs is not None else 0
+                        piece = {sid: codes[sid][start:start + frames] for sid in ids}
+                        for sid, audio in self._step(frames, ids, slots, piece, keep_audio).items():
+                            parts[sid].append(audio)
             except BaseException:
-                # Earlier groups advanced their state but their audio never reaches the caller,
+                # Earlier steps advanced their state but their audio never reaches the caller,
                 # so no sequence of this call can continue without a gap: end them all.
                 for sid in slots:
                     self._release(sid)
@@ -259,7 +281,10 @@ class VocoderSessions:
             now = self._clock()
             for sid in slots:
                 self._sessions[sid].last_used = now
-            return out if keep_audio else {}
+            if not keep_audio:
+                return {}
+            return {sid: p[0] if len(p) == 1 else torch.cat(p, dim=-1) if p else torch.zeros(2, 0)
+                    for sid, p in parts.items()}
 
     def _step(self, frames: int, ids: list[Hashable], slots: dict[Hashable, int],
               codes: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
@@ -274,12 +299,13 @@ class VocoderSessions:
                 self._graph_calls += 1
             else:
                 device = self.state.frames.device
-                audio = decode_rows(self.codec, self.state, torch.tensor(rows, device=device),
-                                    torch.stack(host).to(device))
+                audio = self.codec.decode_step(torch.stack(host).to(device), self.state,
+                                               torch.tensor(rows, device=device))
             self._decode_calls += 1
             self._frames_decoded += frames * len(piece)
             if keep_audio:
                 # The piece's one device-to-host copy, before the next replay overwrites a graph's
-                # static output. copy=True: on the CPU .float().cpu() would return that buffer.
-                out.update(zip(piece, audio.to("cpu", torch.float32, copy=True).unbind(0)))
+                # static output; the rows are views of one fresh host tensor.
+                out.update(zip(piece, to_host(audio).unbind(0)))
         return out
+

@@ -1,0 +1,324 @@
+"""Sliding-window causal attention of the codec's transformer stages, streaming or offline.
+
+One call does everything a codec attention layer needs between its two projections:
+1. RoPE on q and k (adjacent pairs, fp32 arithmetic, result in the activations' dtype), from a
+   table of cos/sin that `rope_table` computes once per stage and step for all its layers;
+2. attention where the query at stream position p sees exactly the keys p-W+1 .. p;
+3. streaming only: the keys before the chunk are read from the layer's ring buffers in place, at
+   the slot of each decoded row (position p lives in ring slot p % W), and afterwards only the
+   last min(T, W) new keys/values are written into their ring slots.
+So a step never gathers a row's state, concatenates cache and new keys, or scatters state back.
+
+Inputs come straight from the fused in_proj output qkv [n, T, 3*H*Dh] (per token: the q heads,
+then the k heads, then the v heads) and the output [n, T, H*Dh] is what out_proj reads, so no
+permute copies either. On CUDA (or with TRITON_INTERPRET=1 for CPU tests) three Triton kernels
+run: RoPE in place on the q/k part of qkv (the caller's temporary), flash attention over the two
+key sources (ring, then the chunk's own keys) with an online softmax, and the ring write.
+Elsewhere `reference_window_attention` runs in plain torch; it is also the tests' oracle.
+Grids and allocations depend only on shapes, nothing is read back to the host: capturable.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # GPU-less installs: the torch reference runs
+    triton = None
+
+BLOCK_N = 64  # keys per inner-loop tile
+ROPE_BLOCK_T = 64  # tokens per RoPE / ring-write program
+NUM_WARPS = 4
+NUM_STAGES = 2
+_LOG2E = 1.4426950408889634
+# triton.jit picks the interpreter when it decorates, so the env var is read once, like Triton does
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """cos/sin [n or 1, T, head_dim/2] fp32 of one stage's positions (n = 1: shared by every row)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Ring:
+    """One attention layer's ring buffers and the rows one streaming step decodes.
+    keys/values [S, H, W, Dh] cover every slot of the decode state (views of its cache); rows [n]
+    long names each step row's slot; offsets [n] long is each row's stream position of its first
+    new token at this stage (tokens before it are in the ring, at slot position % W)."""
+    keys: torch.Tensor
+    values: torch.Tensor
+    rows: torch.Tensor
+    offsets: torch.Tensor
+
+
+def rope_table(positions: torch.Tensor, head_dim: int, max_period: float) -> Rope:
+    """positions [n, T] (absolute stream positions) -> Rope. The upstream arithmetic, in fp32."""
+    freqs = torch.exp(torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
+                      * (-math.log(max_period) * 2 / head_dim))
+    angles = positions.to(torch.float32)[..., None] * freqs
+    return Rope(torch.cos(angles), torch.sin(angles))
+
+
+def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, H, T, D] by the table's angles."""
+    d = x.shape[-1]
+    cos, sin = rope.cos[:, None], rope.sin[:, None]
+    real, imag = x.float().unflatten(-1, (d // 2, 2)).unbind(-1)
+    out = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, max_period: float) -> torch.Tensor:
+    """Rotate x [B, H, T, D] by absolute positions [B, T]."""
+    return rotate(x, rope_table(positions, x.shape[-1], max_period))
+
+
+def window_attention(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int, ring: Ring | None = None,
+                     scale: float | None = None) -> torch.Tensor:
+    """qkv [n, T, 3*H*Dh] (in_proj output; the Triton path rotates its q/k part in place) ->
+    [n, T, H*Dh]. Query t (stream position offset + t) sees keys t-window+1 .. t; with `ring`,
+    keys before the chunk come from the ring and the chunk's last min(T, window) keys/values are
+    written into it. Default scale 1/sqrt(Dh)."""
+    if is_supported(qkv, num_heads, ring):
+        return _triton_window_attention(qkv, rope, num_heads, window, ring, scale)
+    return reference_window_attention(qkv, rope, num_heads, window, ring, scale)
+
+
+def is_supported(qkv: torch.Tensor, num_heads: int, ring: Ring | None = None) -> bool:
+    """True when the Triton kernels can run here: triton importable, tensors on CUDA (or
+    TRITON_INTERPRET=1, for CPU tests), head_dim a power of two >= 16 (tl.dot), dense rows."""
+    if triton is None or not (_INTERPRET or qkv.is_cuda):
+        return False
+    head_dim = qkv.shape[-1] // (3 * num_heads)
+    dense = qkv.stride(-1) == 1 and (ring is None or ring.keys.stride(-1) == ring.values.stride(-1) == 1)
+    is_pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0
+    return dense and is_pow2 and qkv.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ------------------------------------------------------------------------------------ reference
+def reference_window_attention(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int,
+                               ring: Ring | None = None, scale: float | None = None) -> torch.Tensor:
+    """Same contract in plain torch (qkv is left as it is): the CPU path and the tests' oracle."""
+    n, t, _ = qkv.shape
+    q, k, v = qkv.view(n, t, 3, num_heads, -1).permute(2, 0, 3, 1, 4)  # [n, H, T, Dh] each
+    q, k = rotate(q, rope), rotate(k, rope)
+    if ring is None:
+        out = local_causal_attention(q, k, v, window, scale)
+    else:
+        out = _ring_attention(q, k, v, ring, window, scale)
+        _ring_write(k, v, ring, window)
+    return out.transpose(1, 2).reshape(n, t, -1)
+
+
+def local_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                           scale: float | None = None) -> torch.Tensor:
+    """Attention where query t sees keys t-window+1 .. t. Inputs [B, H, T, D]; computed in blocks
+    of `window` queries, so memory is O(T x window) instead of O(T^2)."""
+    t = q.shape[2]
+    if t <= window:  # the window cannot bind: plain causal attention
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    # Query block i (positions iW .. iW+W-1) only needs keys of blocks i-1 and i.
+    nb = -(-t // window)
+    pad = nb * window - t
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    qb = q.unflatten(2, (nb, window))
+
+    def two_blocks(x: torch.Tensor) -> torch.Tensor:
+        prev = F.pad(x, (0, 0, window, 0))[:, :, : nb * window]
+        return torch.cat([prev.unflatten(2, (nb, window)), x.unflatten(2, (nb, window))], dim=3)
+
+    a = torch.arange(window, device=q.device).view(1, window, 1)
+    b = torch.arange(2 * window, device=q.device).view(1, 1, 2 * window)
+    block = torch.arange(nb, device=q.device).view(nb, 1, 1)
+    # key b of block i sits at position (i-1)W + b; delta = a + W - b must lie in [0, W)
+    mask = (b > a) & (b <= a + window) & (block * window + b - window >= 0)
+    out = F.scaled_dot_product_attention(qb, two_blocks(k), two_blocks(v), attn_mask=mask, scale=scale)
+    return out.flatten(2, 3)[:, :, :t]
+
+
+def _ring_attention(q, k, v, ring: Ring, window: int, scale) -> torch.Tensor:
+    """q/k/v [n, H, T, Dh] (rotated) against the rows' rings + the chunk's own keys."""
+    t = q.shape[2]
+    offset = ring.offsets
+    pos_q = offset[:, None] + torch.arange(t, device=q.device)
+    # Ring slot j holds the latest position p < offset with p % W == j (negative: never written).
+    slot = torch.arange(window, device=q.device)
+    pos_cached = offset[:, None] - 1 - torch.remainder(offset[:, None] - 1 - slot, window)
+    pos_k = torch.cat([pos_cached, pos_q], dim=1)
+    delta = pos_q[:, :, None] - pos_k[:, None, :]
+    mask = (pos_k[:, None, :] >= 0) & (delta >= 0) & (delta < window)
+    keys = torch.cat([ring.keys.index_select(0, ring.rows).to(k.dtype), k], dim=2)
+    values = torch.cat([ring.values.index_select(0, ring.rows).to(v.dtype), v], dim=2)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], scale=scale)
+
+
+def _ring_write(k, v, ring: Ring, window: int) -> None:
+    """The chunk's last min(T, W) keys/values [n, H, T, Dh] into their ring slots, in place."""
+    t = k.shape[2]
+    kept = min(t, window)
+    slots = torch.remainder(ring.offsets[:, None] + torch.arange(t - kept, t, device=k.device), window)
+    rows = ring.rows[:, None].expand_as(slots)
+    # Advanced indices around a slice put their dims first: [n, kept, H, Dh].
+    ring.keys[rows, :, slots] = k[:, :, t - kept:].transpose(1, 2).to(ring.keys.dtype)
+    ring.values[rows, :, slots] = v[:, :, t - kept:].transpose(1, 2).to(ring.values.dtype)
+
+
+# ------------------------------------------------------------------------------------ Triton
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _block_m(t: int) -> int:
+    """Queries per program: tl.dot needs >= 16; short chunks (2 frames) waste little padding."""
+    return 16 if t <= 16 else 32 if t <= 32 else 64
+
+
+def _triton_window_attention(qkv, rope, num_heads, window, ring, scale):
+    n, t, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    cos, sin = rope.cos.contiguous(), rope.sin.contiguous()
+    stride_rn = cos.stride(0) if cos.shape[0] > 1 else 0  # one table shared by every row (offline)
+    _rope_kernel[(_cdiv(t, ROPE_BLOCK_T), n, 2 * num_heads)](
+        qkv, cos, sin, t, qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1),
+        HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
+    out = qkv.new_empty(n, t, num_heads * head_dim)
+    qk_scale = (scale if scale is not None else 1.0 / math.sqrt(head_dim)) * _LOG2E  # softmax in exp2
+    if ring is None:  # offline: never read; any tensors of the right dtype fill the arguments
+        keys, values, rows, offsets = qkv, qkv, qkv, qkv
+        ring_strides = (0, 0, 0)
+    else:
+        keys, values, rows, offsets = ring.keys, ring.values, ring.rows, ring.offsets
+        ring_strides = keys.stride()[:3]
+        assert values.stride() == keys.stride(), "keys and values rings must share a layout"
+    block_m = _block_m(t)
+    _attention_kernel[(_cdiv(t, block_m), n * num_heads)](
+        qkv, keys, values, rows, offsets, out, t, num_heads, window,
+        qkv.stride(0), qkv.stride(1), *ring_strides, out.stride(0), out.stride(1), qk_scale,
+        HAS_RING=ring is not None, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if ring is not None:
+        kept = min(t, window)
+        _ring_write_kernel[(_cdiv(kept, ROPE_BLOCK_T), n, num_heads)](
+            qkv, keys, values, rows, offsets, t, kept, num_heads, window,
+            qkv.stride(0), qkv.stride(1), *ring_strides,
+            HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
+    return out
+
+
+@_jit
+def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, stride_n, stride_t, stride_rn, stride_rt,
+                 HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One (token block, row, q-or-k head): rotate in place. Head index 0..H-1 are q, H..2H-1 k."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    n = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    valid = (tok < T)[:, None]
+    base = qkv_ptr + n * stride_n + tok[:, None] * stride_t + head * HEAD_DIM
+    x = tl.load(base + offs_d[None, :], mask=valid, other=0.0).to(tl.float32)
+    partner = tl.load(base + (offs_d ^ 1)[None, :], mask=valid, other=0.0).to(tl.float32)  # pair swapped
+    table = n * stride_rn + tok[:, None] * stride_rt + (offs_d // 2)[None, :]
+    cos = tl.load(cos_ptr + table, mask=valid, other=0.0)
+    sin = tl.load(sin_ptr + table, mask=valid, other=0.0)
+    # even d: x*cos - partner*sin; odd d: x*cos + partner*sin (pairs are (real, imag))
+    signed_sin = tl.where((offs_d % 2 == 0)[None, :], -sin, sin)
+    out = x * cos + partner * signed_sin
+    tl.store(base + offs_d[None, :], out.to(qkv_ptr.dtype.element_ty), mask=valid)
+
+
+@_jit
+def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, out_ptr, T, H, W,
+                      stride_n, stride_t, stride_rs, stride_rh, stride_rw, stride_on, stride_ot, qk_scale,
+                      HAS_RING: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """One (query block, row x head): online softmax over the ring keys, then the chunk's keys.
+    Chunk-relative key index j < 0 is the ring (position offset + j), j >= 0 the chunk itself."""
+    first_q = tl.program_id(0) * BLOCK_M
+    n = tl.program_id(1) // H
+    h = tl.program_id(1) % H
+    n64 = n.to(tl.int64)
+    offs_m = first_q + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    token = qkv_ptr + n64 * stride_n
+    q = tl.load(token + offs_m[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :],
+                mask=(offs_m < T)[:, None], other=0.0)
+    k_base = token + (H + h) * HEAD_DIM
+    v_base = token + (2 * H + h) * HEAD_DIM
+
+    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if HAS_RING:
+        offset = tl.load(offsets_ptr + n).to(tl.int32)
+        slot_row = tl.load(rows_ptr + n).to(tl.int64)
+        ring_k = k_ring_ptr + slot_row * stride_rs + h * stride_rh
+        ring_v = v_ring_ptr + slot_row * stride_rs + h * stride_rh
+        # Oldest key any query of the block needs, and never a position before the stream start.
+        ring_lo = tl.maximum(first_q - W + 1, -offset)
+        for first in range(ring_lo, 0, BLOCK_N):
+            j = first + offs_n
+            is_key = j < 0
+            slot = tl.where(is_key, (offset + j) % W, 0)
+            k = tl.load(ring_k + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
+            v = tl.load(ring_v + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
+            visible = is_key[None, :] & (offs_m[:, None] - j[None, :] < W)  # j < 0 <= query: causal
+            row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
+    chunk_lo = tl.maximum(first_q - W + 1, 0)
+    hi = tl.minimum(first_q + BLOCK_M, T)
+    for first in range(chunk_lo, hi, BLOCK_N):
+        j = first + offs_n
+        is_key = j < hi
+        k = tl.load(k_base + j[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
+        v = tl.load(v_base + j[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
+        delta = offs_m[:, None] - j[None, :]
+        visible = is_key[None, :] & (delta >= 0) & (delta < W)
+        row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
+    # every real query sees at least itself, so row_sum > 0; padding queries are not stored
+    out = acc / tl.maximum(row_sum, 1e-30)[:, None]
+    tl.store(out_ptr + n64 * stride_on + offs_m[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
+
+
+@_jit
+def _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc):
+    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
+    scores = tl.where(visible, scores, float("-inf"))
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    # A query may see no key of a tile (the window's edge): keep its -inf max from making NaNs.
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    alpha = tl.exp2(row_max - safe_max)
+    p = tl.exp2(scores - safe_max[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return new_max, row_sum * alpha + tl.sum(p, 1), acc
+
+
+@_jit
+def _ring_write_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, T, kept, H, W,
+                       stride_n, stride_t, stride_rs, stride_rh, stride_rw,
+                       HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One (token block, row, head): the chunk's last `kept` keys (rotated) and values into the ring."""
+    j = T - kept + tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    n = tl.program_id(1)
+    h = tl.program_id(2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    valid = (j < T)[:, None]
+    token = qkv_ptr + n.to(tl.int64) * stride_n + j[:, None] * stride_t + offs_d[None, :]
+    k = tl.load(token + (H + h) * HEAD_DIM, mask=valid, other=0.0)
+    v = tl.load(token + (2 * H + h) * HEAD_DIM, mask=valid, other=0.0)
+    offset = tl.load(offsets_ptr + n).to(tl.int32)
+    slot = (offset + j) % W  # offset + j >= 0
+    ring = tl.load(rows_ptr + n).to(tl.int64) * stride_rs + h * stride_rh + slot[:, None] * stride_rw + offs_d[None, :]
+    tl.store(k_ring_ptr + ring, k.to(k_ring_ptr.dtype.element_ty), mask=valid)
+    tl.store(v_ring_ptr + ring, v.to(v_ring_ptr.dtype.element_ty), mask=valid)

@@ -1,0 +1,169 @@
+"""The codec's window-attention kernels against their torch reference: outputs and ring writes.
+
+On CPU through Triton's interpreter (small shapes, one subprocess, since TRITON_INTERPRET must be
+set before triton is imported), the reference's own properties (streaming in chunks == offline,
+only the decoded rows' rings change), and on a GPU at the real codec's head size in bf16.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from moss_tts.codec.kernels.window_attention import (Ring, reference_window_attention, rope_table,
+                                                     window_attention)
+
+ROOT = Path(__file__).resolve().parents[1]
+GARBAGE = 1e4  # ring contents of slots no step row may read
+INTERPRETER_TIMEOUT_S = 300
+
+# name -> (heads, head_dim, window, frames T, offsets per row or None (offline), state slots, rows)
+INTERPRETER_CASES = {
+    "offline_t_below_window": (2, 16, 24, 10, None, 0, None),
+    "offline_t_above_window": (2, 16, 8, 70, None, 0, None),
+    "offline_many_blocks": (2, 32, 40, 150, None, 0, None),
+    "fresh_rows": (2, 16, 24, 10, [0, 0], 4, [2, 0]),
+    "ring_partly_filled": (2, 16, 24, 5, [7, 3, 11], 5, [4, 1, 2]),
+    "ring_wrapped": (2, 16, 24, 6, [100, 51, 24], 5, [0, 3, 1]),
+    "chunk_longer_than_window": (2, 16, 8, 30, [13, 0, 5], 4, [3, 0, 1]),
+    "one_query": (2, 16, 40, 1, [0, 39, 40, 1000], 6, [5, 4, 0, 2]),
+    "block_m_64_ring": (2, 16, 64, 70, [200, 63], 3, [1, 2]),
+    "d64_big_window": (4, 64, 125, 20, [130, 7], 3, [0, 2]),
+}
+TOLERANCE = 1e-4  # fp32 on both sides
+
+
+def make_case(heads, head_dim, window, t, offsets, num_slots, rows, dtype=torch.float32, device="cpu", seed=0):
+    """qkv [n, T, 3*H*Dh], a Rope table for the rows' positions, and a Ring over `num_slots` slots
+    whose contents are random where a row may read them and GARBAGE elsewhere (or None)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 3 if offsets is None else len(offsets)
+    qkv = torch.randn(n, t, 3 * heads * head_dim, generator=gen)
+    if offsets is None:
+        rope = rope_table(torch.arange(t)[None], head_dim, 10000.0)
+        return qkv.to(device, dtype), rope_on(rope, device), None
+    offsets_t = torch.tensor(offsets)
+    rope = rope_table(offsets_t[:, None] + torch.arange(t), head_dim, 10000.0)
+    keys, values = (torch.full((num_slots, heads, window, head_dim), GARBAGE) for _ in range(2))
+    for row, offset in zip(rows, offsets):
+        written = min(offset, window)  # the positions offset-written .. offset-1 are in the ring
+        for p in range(offset - written, offset):
+            keys[row, :, p % window] = torch.randn(heads, head_dim, generator=gen)
+            values[row, :, p % window] = torch.randn(heads, head_dim, generator=gen)
+    ring = Ring(keys.to(device, dtype), values.to(device, dtype), torch.tensor(rows, device=device),
+                offsets_t.to(device))
+    return qkv.to(device, dtype), rope_on(rope, device), ring
+
+
+def rope_on(rope, device):
+    return type(rope)(rope.cos.to(device), rope.sin.to(device))
+
+
+def clone_ring(ring):
+    return Ring(ring.keys.clone(), ring.values.clone(), ring.rows, ring.offsets)
+
+
+def case_errors(case, device="cpu", dtype=torch.float32, seed=0) -> dict[str, float]:
+    """Max abs error of the kernels' output and of every ring slot after the step, against the
+    reference computed in fp32 from the same (rounded) inputs."""
+    heads, head_dim, window, t, offsets, num_slots, rows = case
+    qkv, rope, ring = make_case(heads, head_dim, window, t, offsets, num_slots, rows, dtype, device, seed)
+    # copies: .float() of an fp32 tensor is the tensor itself, and the reference writes its ring
+    ref_ring = None if ring is None else Ring(ring.keys.float().clone(), ring.values.float().clone(), ring.rows,
+                                              ring.offsets)
+    expected = reference_window_attention(qkv.float(), rope, heads, window, ref_ring)
+    got = window_attention(qkv.clone(), rope, heads, window, ring)
+    assert got.shape == (qkv.shape[0], t, heads * head_dim) and got.dtype == dtype
+    errors = {"out": (got.float() - expected).abs().max().item()}
+    if ring is not None:
+        errors["keys"] = (ring.keys.float() - ref_ring.keys).abs().max().item()
+        errors["values"] = (ring.values.float() - ref_ring.values).abs().max().item()
+    return errors
+
+
+def interpreter_main() -> None:
+    print(json.dumps({name: case_errors(case) for name, case in INTERPRETER_CASES.items()}))
+
+
+@pytest.fixture(scope="module")
+def interpreter_errors() -> dict[str, dict[str, float]]:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed: the kernels cannot run, even in the interpreter")
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "python_backends"), str(ROOT / "tests")])}
+    proc = subprocess.run([sys.executable, "-c", "import test_window_attention as t; t.interpreter_main()"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=INTERPRETER_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(INTERPRETER_CASES))
+def test_interpreter_kernels_match_reference(interpreter_errors, name):
+    errors = interpreter_errors[name]
+    assert set(errors) == ({"out"} if INTERPRETER_CASES[name][4] is None else {"out", "keys", "values"})
+    assert all(e <= TOLERANCE for e in errors.values()), errors
+
+
+# No bf16 case on the interpreter: Triton 3.6's interpreter multiplies bf16 tl.dot operands as
+# their raw bits (see test_decode_attention.py); bf16 is checked by the GPU tests below.
+
+
+# ------------------------------------------------------------------ the reference's own contract
+@pytest.mark.parametrize("chunks", [[1] * 12, [5, 7], [2, 10], [3, 1, 8]])
+def test_reference_streaming_in_chunks_equals_offline(chunks):
+    heads, head_dim, window, total = 2, 16, 5, sum(chunks)
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(2, total, 3 * heads * head_dim, generator=gen, dtype=torch.float64)
+    offline = reference_window_attention(qkv, rope_table(torch.arange(total)[None], head_dim, 1e4), heads, window)
+    # Finite garbage: the reference's masked SDPA multiplies masked values by 0 (0 * NaN = NaN);
+    # the state starts and restarts zeroed, so its rings only ever hold finite values.
+    keys, values = (torch.full((4, heads, window, head_dim), GARBAGE, dtype=torch.float64) for _ in range(2))
+    rows, start, out = torch.tensor([3, 1]), 0, []
+    for size in chunks:
+        offsets = torch.full((2,), start)
+        rope = rope_table(offsets[:, None] + torch.arange(size), head_dim, 1e4)
+        ring = Ring(keys, values, rows, offsets)
+        out.append(reference_window_attention(qkv[:, start:start + size], rope, heads, window, ring))
+        start += size
+    torch.testing.assert_close(torch.cat(out, dim=1), offline, rtol=0, atol=1e-12)
+    assert (keys[[0, 2]] == GARBAGE).all() and (values[[0, 2]] == GARBAGE).all()  # rows not decoded: untouched
+
+
+def test_cpu_falls_back_to_the_reference():
+    qkv, rope, ring = make_case(*INTERPRETER_CASES["ring_wrapped"])
+    ref_ring = clone_ring(ring)
+    expected = reference_window_attention(qkv, rope, 2, 24, ref_ring)
+    assert torch.equal(window_attention(qkv, rope, 2, 24, ring), expected)
+    assert torch.equal(ring.keys, ref_ring.keys) and torch.equal(ring.values, ref_ring.values)
+
+
+# ------------------------------------------------------------------ GPU, real head size, bf16
+# The real codec: heads 20 (d 1280, window 125) and 12 (d 768, windows 250/400), head_dim 64.
+GPU_CASES = {
+    "stage0_2_frames": (20, 64, 125, 2, [0, 7, 300], 9, [8, 0, 3]),
+    "stage0_10_frames": (20, 64, 125, 10, [120, 1, 5000], 5, [1, 4, 0]),
+    "stage5_10_frames": (12, 64, 400, 320, [0, 320, 7040, 64], 6, [5, 1, 2, 0]),
+    "stage5_long_chunk": (12, 64, 400, 1000, [30, 800], 3, [2, 0]),
+    "stage1_offline": (12, 64, 250, 600, None, 0, None),
+}
+BF16_TOLERANCE = 3e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_CASES))
+def test_gpu_kernels_match_reference_bf16(name):
+    errors = case_errors(GPU_CASES[name], device="cuda", dtype=torch.bfloat16)
+    assert all(e <= BF16_TOLERANCE for e in errors.values()), errors
+
+
+@pytest.mark.gpu
+def test_gpu_float32_kernels_are_not_tf32():
+    errors = case_errors(GPU_CASES["stage5_10_frames"], device="cuda", dtype=torch.float32)
+    assert all(e <= 1e-4 for e in errors.values()), errors
