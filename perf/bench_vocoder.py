@@ -55,8 +55,9 @@ def build(args) -> tuple[torch.nn.Module, torch.device]:
         torch.cuda.set_device(device)
     if args.tiny:
         config = CodecConfig.from_dict(tiny_codec_config_dict(), "tiny_codec_config_dict()")
-        return init_random_(build_codec(config, device, torch.float32), seed=0), device
-    return build_real_size_codec(device, torch.bfloat16), device
+        return init_random_(build_codec(config, device, torch.float32), seed=0).fold_layer_scales_(), device
+    # The form the vocoder serves (and what the offline section times): LayerScale folded.
+    return build_real_size_codec(device, torch.bfloat16).fold_layer_scales_(), device
 
 
 def sync(device: torch.device) -> None:
@@ -151,6 +152,55 @@ def streaming(steps: Steps, rows: int, codebook_size: int, chunks=(2, 10, 10, 8)
             "finite": bool(torch.isfinite(streamed).all())}
 
 
+# (stage heads, window, tokens per row of a 10-frame chunk) of the real decoder's six stages
+STAGES = ((20, 125, 10), (12, 250, 20), (12, 400, 40), (12, 400, 80), (12, 400, 160), (12, 400, 320))
+SWEEP = ((16, 64, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 8, 2),
+         (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (16, 32, 4, 2), (16, 64, 2, 2), (32, 64, 2, 2))
+
+
+def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 32, iters: int = 20) -> list[dict]:
+    """window_attention (RoPE + attention + ring write) per stage shape, per tile config:
+    median ms over `iters` CUDA-event-timed calls on random data, a ring of rows + 1 slots."""
+    from moss_tts.codec.kernels import window_attention as wa
+
+    out = []
+    shapes = [(h, w, t, rows, True) for h, w, t in STAGES] + [(12, 400, 3200, offline_rows, False)]
+    for heads, window, t, n, streaming in shapes:
+        qkv = torch.randn(n, t, 3 * heads * 64, device=device, dtype=torch.bfloat16)
+        offsets = torch.randint(0, 10 * window, (n,), device=device)
+        rope = wa.rope_table((offsets if streaming else torch.zeros(1, device=device, dtype=torch.long))[:, None]
+                             + torch.arange(t, device=device), 64, 1e4)
+        ring = (wa.Ring(*(torch.randn(n + 1, heads, window, 64, device=device, dtype=torch.bfloat16) for _ in range(2)),
+                        torch.randperm(n, device=device), offsets) if streaming else None)
+        row = {"heads": heads, "window": window, "tokens": t, "rows": n, "streaming": streaming, "ms": {}}
+        for c in SWEEP:
+            config = wa.AttentionConfig(*c)
+            if config.block_m > max(16, 2 * t):
+                continue
+            call = lambda: wa._triton_window_attention(qkv, rope, heads, window, ring, None, config)  # noqa: E731
+            try:
+                call()
+                times = []
+                for _ in range(iters):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    call()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+                row["ms"]["x".join(map(str, c))] = statistics.median(times)
+            except Exception as exc:  # a config that does not compile (shared memory) is skipped
+                row["ms"]["x".join(map(str, c))] = f"failed: {type(exc).__name__}"
+        timed = {k: v for k, v in row["ms"].items() if isinstance(v, float)}
+        row["default"] = "x".join(map(str, vars(wa.attention_config(t)).values()))
+        row["best"] = min(timed, key=timed.get)
+        out.append(row)
+        print(f"attention sweep heads {heads} window {window} tokens {t} rows {n}: best {row['best']} "
+              f"{timed[row['best']]:.3f} ms, default {row['default']} {timed.get(row['default'], float('nan')):.3f} ms; "
+              + ", ".join(f"{k} {v:.3f}" for k, v in sorted(timed.items(), key=lambda kv: kv[1])), flush=True)
+    return out
+
+
 def step_times(steps: Steps, shapes: list[tuple[int, int]], codebook_size: int, iters: int, warmup: int) -> list[dict]:
     out = []
     for rows, frames in shapes:
@@ -226,6 +276,8 @@ def parse_args(argv):
     ap.add_argument("--max-graph-frames", type=int, default=10)
     ap.add_argument("--profile", default="", help="ROWSxFRAMES: also profile one eager step of that shape "
                     "(torch.profiler; the top CUDA kernels and ops go to the results)")
+    ap.add_argument("--attention-sweep", action="store_true", help="also time window_attention per stage "
+                    "shape under several tile configs (CUDA only)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     return ap.parse_args(argv)
@@ -252,6 +304,8 @@ def main(argv=None) -> int:
         ("offline", lambda: offline(codec, device, parse_shapes(args.offline)[0], max(3, args.iters // 4),
                                     args.warmup)),
     ]
+    if args.attention_sweep and device.type == "cuda":
+        sections.append(("attention_sweep", lambda: attention_sweep(device)))
     if args.profile:
         sections.append(("profile", lambda: profile_step(steps, parse_shapes(args.profile)[0], size)))
     for name, run in sections:

@@ -16,7 +16,7 @@ from .config import CodecConfig, PatchStage, TransformerStage
 from .patch import Patch, deinterleave, interleave
 from .quantizer import ResidualLFQ
 from .streaming import CodecDecodeState
-from .transformer import ProjectedTransformer
+from .transformer import ProjectedTransformer, TransformerLayer
 
 
 def _stack(stages, downsample: bool) -> nn.ModuleList:
@@ -63,6 +63,15 @@ class MossAudioCodec(nn.Module):
     @property
     def codebook_size(self) -> int:
         return self.config.quantizer.codebook_size
+
+    def fold_layer_scales_(self) -> "MossAudioCodec":
+        """Serving form of every transformer layer (TransformerLayer.fold_layer_scale_): the
+        LayerScale multiply and the residual add run inside the branch's output GEMM. Same
+        function, other rounding; the vocoder serves this form. Returns self."""
+        for module in self.modules():
+            if isinstance(module, TransformerLayer):
+                module.fold_layer_scale_()
+        return self
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:
         for param in stack.parameters():

@@ -10,7 +10,10 @@ share the weights:
 - offline (no rings): the whole sequence, each query seeing the last `context` keys;
 - streaming (one `Ring` per layer): the decoded rows' ring buffers in the decode state are read
   and written in place, at their slots.
-LayerScale + residual is one addcmul (fp32 math, one rounding) rather than a multiply and an add.
+LayerScale + residual is one addcmul (fp32 math, one rounding) rather than a multiply and an add;
+in the serving form (`fold_layer_scale_`) LayerScale lives in the weights that end each residual
+branch and the add happens inside that GEMM (addmm_ into the residual stream), so no elementwise
+pass remains for it. Both forms round differently from upstream, never compute differently.
 """
 
 from __future__ import annotations
@@ -29,8 +32,12 @@ class Attention(nn.Module):
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
+    def attend(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
+        """Everything before out_proj: [B, T, d] -> [B, T, d]."""
+        return window_attention(self.in_proj(x), rope, self.num_heads, self.context, ring)
+
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
-        return self.out_proj(window_attention(self.in_proj(x), rope, self.num_heads, self.context, ring))
+        return self.out_proj(self.attend(x, rope, ring))
 
 
 class LayerScale(nn.Module):
@@ -52,10 +59,32 @@ class TransformerLayer(nn.Module):
                                  nn.Linear(s.dim_feedforward, s.d_model, bias=False))
         self.layer_scale_1 = LayerScale(s.d_model, s.layer_scale)
         self.layer_scale_2 = LayerScale(s.d_model, s.layer_scale)
+        self.scale_folded = False
+
+    @torch.no_grad()
+    def fold_layer_scale_(self) -> None:
+        """Serving form: scale the rows of out_proj and ffn.2 by their LayerScale (in fp32, then
+        rounded once) so the residual add can run in the GEMM. The LayerScale parameters stay as
+        loaded (state_dict names), unused. Idempotent."""
+        if self.scale_folded:
+            return
+        for scale, linear in ((self.layer_scale_1, self.self_attn.out_proj), (self.layer_scale_2, self.ffn[2])):
+            weight = linear.weight
+            weight.copy_((weight.float() * scale.scale.float()[:, None]).to(weight.dtype))
+        self.scale_folded = True
 
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
-        x = torch.addcmul(x, self.layer_scale_1.scale, self.self_attn(self.norm1(x), rope, ring))
-        return torch.addcmul(x, self.layer_scale_2.scale, self.ffn(self.norm2(x)))
+        x = self._residual(x, self.self_attn.attend(self.norm1(x), rope, ring), self.self_attn.out_proj,
+                           self.layer_scale_1)
+        return self._residual(x, self.ffn[1](self.ffn[0](self.norm2(x))), self.ffn[2], self.layer_scale_2)
+
+    def _residual(self, x: torch.Tensor, branch: torch.Tensor, linear: nn.Linear, scale: LayerScale) -> torch.Tensor:
+        if self.scale_folded:
+            # x += branch @ W^T with beta = 1: the GEMM reads the residual and writes it back, one
+            # rounding, and no pass of its own. x is this layer's private residual stream.
+            x.view(-1, x.shape[-1]).addmm_(branch.reshape(-1, branch.shape[-1]), linear.weight.t())
+            return x
+        return torch.addcmul(x, scale.scale, linear(branch))
 
 
 class Transformer(nn.Module):

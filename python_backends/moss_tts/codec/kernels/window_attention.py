@@ -34,7 +34,7 @@ except ImportError:  # GPU-less installs: the torch reference runs
     triton = None
 
 BLOCK_N = 64  # keys per inner-loop tile
-ROPE_BLOCK_T = 64  # tokens per RoPE / ring-write program
+ROPE_BLOCK_T = 32  # tokens per RoPE / ring-write program
 NUM_WARPS = 4
 NUM_STAGES = 2
 _LOG2E = 1.4426950408889634
@@ -179,18 +179,27 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _block_m(t: int) -> int:
-    """Queries per program: tl.dot needs >= 16; short chunks (2 frames) waste little padding."""
-    return 16 if t <= 16 else 32 if t <= 32 else 64
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int  # queries per program
+    block_n: int  # keys per inner-loop tile
+    num_warps: int
+    num_stages: int
 
 
-def _triton_window_attention(qkv, rope, num_heads, window, ring, scale):
+def attention_config(t: int) -> AttentionConfig:
+    """Tiles for a chunk of t queries per row: tl.dot needs >= 16 queries, and short chunks
+    (2 frames) waste little padding at 16 or 32."""
+    return AttentionConfig(16 if t <= 16 else 32 if t <= 32 else 64, BLOCK_N, NUM_WARPS, NUM_STAGES)
+
+
+def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: AttentionConfig | None = None):
     n, t, width = qkv.shape
     head_dim = width // (3 * num_heads)
     cos, sin = rope.cos.contiguous(), rope.sin.contiguous()
     stride_rn = cos.stride(0) if cos.shape[0] > 1 else 0  # one table shared by every row (offline)
-    _rope_kernel[(_cdiv(t, ROPE_BLOCK_T), n, 2 * num_heads)](
-        qkv, cos, sin, t, qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1),
+    _rope_kernel[(_cdiv(t, ROPE_BLOCK_T), n)](
+        qkv, cos, sin, t, num_heads, qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1),
         HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
     out = qkv.new_empty(n, t, num_heads * head_dim)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(head_dim)) * _LOG2E  # softmax in exp2
@@ -201,12 +210,12 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale):
         keys, values, rows, offsets = ring.keys, ring.values, ring.rows, ring.offsets
         ring_strides = keys.stride()[:3]
         assert values.stride() == keys.stride(), "keys and values rings must share a layout"
-    block_m = _block_m(t)
-    _attention_kernel[(_cdiv(t, block_m), n * num_heads)](
+    c = config or attention_config(t)
+    _attention_kernel[(_cdiv(t, c.block_m), n * num_heads)](
         qkv, keys, values, rows, offsets, out, t, num_heads, window,
         qkv.stride(0), qkv.stride(1), *ring_strides, out.stride(0), out.stride(1), qk_scale,
-        HAS_RING=ring is not None, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        HAS_RING=ring is not None, HEAD_DIM=head_dim, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        num_warps=c.num_warps, num_stages=c.num_stages)
     if ring is not None:
         kept = min(t, window)
         _ring_write_kernel[(_cdiv(kept, ROPE_BLOCK_T), n, num_heads)](
@@ -217,24 +226,26 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale):
 
 
 @_jit
-def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, stride_n, stride_t, stride_rn, stride_rt,
+def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, num_heads, stride_n, stride_t, stride_rn, stride_rt,
                  HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
-    """One (token block, row, q-or-k head): rotate in place. Head index 0..H-1 are q, H..2H-1 k."""
+    """One (token block, row): rotate every q and k head of those tokens in place. The table is
+    loaded once for all heads, and each head's [BLOCK_T, HEAD_DIM] tile is read and written
+    contiguously; its (real, imag) pairs are split apart in registers."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     n = tl.program_id(1).to(tl.int64)
-    head = tl.program_id(2)
     offs_d = tl.arange(0, HEAD_DIM)
+    offs_half = tl.arange(0, HEAD_DIM // 2)
     valid = (tok < T)[:, None]
-    base = qkv_ptr + n * stride_n + tok[:, None] * stride_t + head * HEAD_DIM
-    x = tl.load(base + offs_d[None, :], mask=valid, other=0.0).to(tl.float32)
-    partner = tl.load(base + (offs_d ^ 1)[None, :], mask=valid, other=0.0).to(tl.float32)  # pair swapped
-    table = n * stride_rn + tok[:, None] * stride_rt + (offs_d // 2)[None, :]
+    table = n * stride_rn + tok[:, None] * stride_rt + offs_half[None, :]
     cos = tl.load(cos_ptr + table, mask=valid, other=0.0)
     sin = tl.load(sin_ptr + table, mask=valid, other=0.0)
-    # even d: x*cos - partner*sin; odd d: x*cos + partner*sin (pairs are (real, imag))
-    signed_sin = tl.where((offs_d % 2 == 0)[None, :], -sin, sin)
-    out = x * cos + partner * signed_sin
-    tl.store(base + offs_d[None, :], out.to(qkv_ptr.dtype.element_ty), mask=valid)
+    tile = qkv_ptr + n * stride_n + tok[:, None] * stride_t + offs_d[None, :]
+    for head in range(2 * num_heads):  # heads 0..H-1 are q, H..2H-1 are k
+        x = tl.load(tile + head * HEAD_DIM, mask=valid, other=0.0).to(tl.float32)
+        real, imag = tl.split(tl.reshape(x, [BLOCK_T, HEAD_DIM // 2, 2]))
+        out = tl.join(real * cos - imag * sin, real * sin + imag * cos)
+        tl.store(tile + head * HEAD_DIM, tl.reshape(out, [BLOCK_T, HEAD_DIM]).to(qkv_ptr.dtype.element_ty),
+                 mask=valid)
 
 
 @_jit
