@@ -154,18 +154,46 @@ def streaming(steps: Steps, rows: int, codebook_size: int, chunks=(2, 10, 10, 8)
 
 # (stage heads, window, tokens per row of a 10-frame chunk) of the real decoder's six stages
 STAGES = ((20, 125, 10), (12, 250, 20), (12, 400, 40), (12, 400, 80), (12, 400, 160), (12, 400, 320))
-SWEEP = ((16, 64, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 8, 2),
-         (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (16, 32, 4, 2), (16, 64, 2, 2), (32, 64, 2, 2))
+# (block_m, block_n, num_warps, num_stages, one_loop)
+SWEEP = ((16, 64, 4, 2, 0), (16, 64, 2, 2, 0), (16, 128, 4, 2, 0), (16, 64, 2, 2, 1), (16, 128, 4, 2, 1),
+         (16, 64, 4, 3, 1), (32, 64, 4, 2, 0), (32, 64, 2, 2, 0), (32, 64, 2, 2, 1), (32, 64, 4, 3, 1),
+         (32, 128, 4, 2, 1), (64, 64, 4, 2, 0), (64, 64, 4, 3, 0), (64, 64, 4, 3, 1), (64, 64, 4, 2, 1),
+         (64, 128, 4, 3, 1), (64, 64, 8, 3, 1), (128, 64, 8, 3, 0), (128, 64, 8, 3, 1), (128, 128, 8, 3, 1))
 
 
-def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 32, iters: int = 20) -> list[dict]:
-    """window_attention (RoPE + attention + ring write) per stage shape, per tile config:
-    median ms over `iters` CUDA-event-timed calls on random data, a ring of rows + 1 slots."""
+def _graph_ms(call, reps: int = 10, iters: int = 10) -> float:
+    """Median ms of one call, from replays of a CUDA graph of `reps` calls (no launch gaps)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            call()
+    graph.replay()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return statistics.median(times)
+
+
+def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 32) -> list[dict]:
+    """window_attention (RoPE + attention + ring write) per stage shape, per tile config: ms per
+    call from graph replays, on random data with a ring of rows + 1 slots; the per-layer sum
+    over the real decoder at 10 frames a row is in `step_ms`."""
     from moss_tts.codec.kernels import window_attention as wa
 
     out = []
-    shapes = [(h, w, t, rows, True) for h, w, t in STAGES] + [(12, 400, 3200, offline_rows, False)]
-    for heads, window, t, n, streaming in shapes:
+    layers = (32, 12, 12, 12, 12, 12)
+    shapes = [(h, w, t, rows, True, n) for (h, w, t), n in zip(STAGES, layers)] + [(12, 400, 3200, offline_rows, False, 12)]
+    for heads, window, t, n, streaming, num_layers in shapes:
         qkv = torch.randn(n, t, 3 * heads * 64, device=device, dtype=torch.bfloat16)
         offsets = torch.randint(0, 10 * window, (n,), device=device)
         rope = wa.rope_table((offsets if streaming else torch.zeros(1, device=device, dtype=torch.long))[:, None]
@@ -174,30 +202,24 @@ def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 3
                         torch.randperm(n, device=device), offsets) if streaming else None)
         row = {"heads": heads, "window": window, "tokens": t, "rows": n, "streaming": streaming, "ms": {}}
         for c in SWEEP:
-            config = wa.AttentionConfig(*c)
-            if config.block_m > max(16, 2 * t):
+            config = wa.AttentionConfig(*c[:4], bool(c[4]))
+            if config.block_m > max(16, 2 * t) or (config.one_loop and not streaming):
                 continue
-            call = lambda: wa._triton_window_attention(qkv, rope, heads, window, ring, None, config)  # noqa: E731
+            name = "x".join(map(str, c))
             try:
-                call()
-                times = []
-                for _ in range(iters):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    call()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end))
-                row["ms"]["x".join(map(str, c))] = statistics.median(times)
+                row["ms"][name] = _graph_ms(lambda: wa._triton_window_attention(qkv, rope, heads, window, ring, None,
+                                                                                 config))
             except Exception as exc:  # a config that does not compile (shared memory) is skipped
-                row["ms"]["x".join(map(str, c))] = f"failed: {type(exc).__name__}"
+                row["ms"][name] = f"failed: {type(exc).__name__}"
         timed = {k: v for k, v in row["ms"].items() if isinstance(v, float)}
-        row["default"] = "x".join(map(str, vars(wa.attention_config(t)).values()))
+        d = wa.attention_config(t)
+        row["default"] = "x".join(map(str, (d.block_m, d.block_n, d.num_warps, d.num_stages, int(d.one_loop))))
         row["best"] = min(timed, key=timed.get)
+        row["step_ms"] = {"best": timed[row["best"]] * num_layers, "default": timed.get(row["default"], 0) * num_layers}
         out.append(row)
         print(f"attention sweep heads {heads} window {window} tokens {t} rows {n}: best {row['best']} "
-              f"{timed[row['best']]:.3f} ms, default {row['default']} {timed.get(row['default'], float('nan')):.3f} ms; "
-              + ", ".join(f"{k} {v:.3f}" for k, v in sorted(timed.items(), key=lambda kv: kv[1])), flush=True)
+              f"{timed[row['best']]:.4f} ms, default {row['default']} {timed.get(row['default'], float('nan')):.4f} ms; "
+              + ", ".join(f"{k} {v:.4f}" for k, v in sorted(timed.items(), key=lambda kv: kv[1])[:8]), flush=True)
     return out
 
 

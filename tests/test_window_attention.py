@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from moss_tts.codec.kernels.window_attention import (Ring, reference_window_attention, rope_table,
+from moss_tts.codec.kernels import window_attention as wa
+from moss_tts.codec.kernels.window_attention import (AttentionConfig, Ring, reference_window_attention, rope_table,
                                                      window_attention)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def clone_ring(ring):
     return Ring(ring.keys.clone(), ring.values.clone(), ring.rows, ring.offsets)
 
 
-def case_errors(case, device="cpu", dtype=torch.float32, seed=0) -> dict[str, float]:
+def case_errors(case, device="cpu", dtype=torch.float32, seed=0, config: AttentionConfig | None = None) -> dict[str, float]:
     """Max abs error of the kernels' output and of every ring slot after the step, against the
     reference computed in fp32 from the same (rounded) inputs."""
     heads, head_dim, window, t, offsets, num_slots, rows = case
@@ -79,7 +80,10 @@ def case_errors(case, device="cpu", dtype=torch.float32, seed=0) -> dict[str, fl
     ref_ring = None if ring is None else Ring(ring.keys.float().clone(), ring.values.float().clone(), ring.rows,
                                               ring.offsets)
     expected = reference_window_attention(qkv.float(), rope, heads, window, ref_ring)
-    got = window_attention(qkv.clone(), rope, heads, window, ring)
+    if config is None:
+        got = window_attention(qkv.clone(), rope, heads, window, ring)
+    else:  # the Triton path with other tiles than attention_config picks
+        got = wa._triton_window_attention(qkv.clone(), rope, heads, window, ring, None, config)
     assert got.shape == (qkv.shape[0], t, heads * head_dim) and got.dtype == dtype
     errors = {"out": (got.float() - expected).abs().max().item()}
     if ring is not None:
@@ -88,8 +92,17 @@ def case_errors(case, device="cpu", dtype=torch.float32, seed=0) -> dict[str, fl
     return errors
 
 
+# Tiles other than the defaults, so both loop forms and odd tile shapes stay correct whichever
+# attention_config picks: (block_m, block_n, warps, stages, one_loop).
+OTHER_CONFIGS = {"one_loop": AttentionConfig(16, 64, 4, 2, True), "one_loop_small_tiles": AttentionConfig(32, 16, 4, 2, True),
+                 "two_loops_small_tiles": AttentionConfig(16, 16, 4, 2, False)}
+
+
 def interpreter_main() -> None:
-    print(json.dumps({name: case_errors(case) for name, case in INTERPRETER_CASES.items()}))
+    errors = {name: case_errors(case) for name, case in INTERPRETER_CASES.items()}
+    for label, config in OTHER_CONFIGS.items():
+        errors.update({f"{name}/{label}": case_errors(case, config=config) for name, case in INTERPRETER_CASES.items()})
+    print(json.dumps(errors))
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +117,10 @@ def interpreter_errors() -> dict[str, dict[str, float]]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("config", [None, *OTHER_CONFIGS])
 @pytest.mark.parametrize("name", list(INTERPRETER_CASES))
-def test_interpreter_kernels_match_reference(interpreter_errors, name):
-    errors = interpreter_errors[name]
+def test_interpreter_kernels_match_reference(interpreter_errors, name, config):
+    errors = interpreter_errors[name if config is None else f"{name}/{config}"]
     assert set(errors) == ({"out"} if INTERPRETER_CASES[name][4] is None else {"out", "keys", "values"})
     assert all(e <= TOLERANCE for e in errors.values()), errors
 

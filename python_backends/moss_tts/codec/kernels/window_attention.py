@@ -185,12 +185,16 @@ class AttentionConfig:
     block_n: int  # keys per inner-loop tile
     num_warps: int
     num_stages: int
+    one_loop: bool = False  # ring and chunk keys in one loop (streaming only)
 
 
 def attention_config(t: int) -> AttentionConfig:
     """Tiles for a chunk of t queries per row: tl.dot needs >= 16 queries, and short chunks
-    (2 frames) waste little padding at 16 or 32."""
-    return AttentionConfig(16 if t <= 16 else 32 if t <= 32 else 64, BLOCK_N, NUM_WARPS, NUM_STAGES)
+    (2 frames) waste little padding at 16 or 32. From an H200 sweep at 256 rows
+    (bench_vocoder.py --attention-sweep): 2 warps for 16/32 queries, 3 stages for 64."""
+    if t <= 32:
+        return AttentionConfig(16 if t <= 16 else 32, BLOCK_N, 2, NUM_STAGES)
+    return AttentionConfig(64, BLOCK_N, NUM_WARPS, 3)
 
 
 def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: AttentionConfig | None = None):
@@ -215,7 +219,7 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: 
         qkv, keys, values, rows, offsets, out, t, num_heads, window,
         qkv.stride(0), qkv.stride(1), *ring_strides, out.stride(0), out.stride(1), qk_scale,
         HAS_RING=ring is not None, HEAD_DIM=head_dim, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        num_warps=c.num_warps, num_stages=c.num_stages)
+        ONE_LOOP=c.one_loop, num_warps=c.num_warps, num_stages=c.num_stages)
     if ring is not None:
         kept = min(t, window)
         _ring_write_kernel[(_cdiv(kept, ROPE_BLOCK_T), n, num_heads)](
@@ -252,9 +256,11 @@ def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, num_heads, stride_n, stride_t, st
 def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, out_ptr, T, H, W,
                       stride_n, stride_t, stride_rs, stride_rh, stride_rw, stride_on, stride_ot, qk_scale,
                       HAS_RING: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
+                      BLOCK_N: tl.constexpr, ONE_LOOP: tl.constexpr):
     """One (query block, row x head): online softmax over the ring keys, then the chunk's keys.
-    Chunk-relative key index j < 0 is the ring (position offset + j), j >= 0 the chunk itself."""
+    Chunk-relative key index j < 0 is the ring (position offset + j), j >= 0 the chunk itself.
+    ONE_LOOP walks both sources in one loop, each tile's rows loaded from whichever holds them
+    (one software pipeline instead of two short ones)."""
     first_q = tl.program_id(0) * BLOCK_M
     n = tl.program_id(1) // H
     h = tl.program_id(1) % H
@@ -278,24 +284,41 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
         ring_v = v_ring_ptr + slot_row * stride_rs + h * stride_rh
         # Oldest key any query of the block needs, and never a position before the stream start.
         ring_lo = tl.maximum(first_q - W + 1, -offset)
-        for first in range(ring_lo, 0, BLOCK_N):
+    if HAS_RING and ONE_LOOP:
+        hi = tl.minimum(first_q + BLOCK_M, T)
+        for first in range(ring_lo, hi, BLOCK_N):
             j = first + offs_n
-            is_key = j < 0
-            slot = tl.where(is_key, (offset + j) % W, 0)
-            k = tl.load(ring_k + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
-            v = tl.load(ring_v + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
-            visible = is_key[None, :] & (offs_m[:, None] - j[None, :] < W)  # j < 0 <= query: causal
+            in_ring = j < 0
+            slot = tl.where(in_ring, (offset + j) % W, 0)
+            row = tl.maximum(j, 0)
+            is_key = (j < hi)[:, None]
+            k = tl.load(tl.where(in_ring[:, None], ring_k + slot[:, None] * stride_rw, k_base + row[:, None] * stride_t)
+                        + offs_d[None, :], mask=is_key, other=0.0)
+            v = tl.load(tl.where(in_ring[:, None], ring_v + slot[:, None] * stride_rw, v_base + row[:, None] * stride_t)
+                        + offs_d[None, :], mask=is_key, other=0.0)
+            delta = offs_m[:, None] - j[None, :]
+            visible = (j < hi)[None, :] & (delta >= 0) & (delta < W)
             row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
-    chunk_lo = tl.maximum(first_q - W + 1, 0)
-    hi = tl.minimum(first_q + BLOCK_M, T)
-    for first in range(chunk_lo, hi, BLOCK_N):
-        j = first + offs_n
-        is_key = j < hi
-        k = tl.load(k_base + j[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
-        v = tl.load(v_base + j[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
-        delta = offs_m[:, None] - j[None, :]
-        visible = is_key[None, :] & (delta >= 0) & (delta < W)
-        row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
+    else:
+        if HAS_RING:
+            for first in range(ring_lo, 0, BLOCK_N):
+                j = first + offs_n
+                is_key = j < 0
+                slot = tl.where(is_key, (offset + j) % W, 0)
+                k = tl.load(ring_k + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
+                v = tl.load(ring_v + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
+                visible = is_key[None, :] & (offs_m[:, None] - j[None, :] < W)  # j < 0 <= query: causal
+                row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
+        chunk_lo = tl.maximum(first_q - W + 1, 0)
+        hi = tl.minimum(first_q + BLOCK_M, T)
+        for first in range(chunk_lo, hi, BLOCK_N):
+            j = first + offs_n
+            is_key = j < hi
+            k = tl.load(k_base + j[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
+            v = tl.load(v_base + j[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
+            delta = offs_m[:, None] - j[None, :]
+            visible = is_key[None, :] & (delta >= 0) & (delta < W)
+            row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
     # every real query sees at least itself, so row_sum > 0; padding queries are not stored
     out = acc / tl.maximum(row_sum, 1e-30)[:, None]
     tl.store(out_ptr + n64 * stride_on + offs_m[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
