@@ -55,9 +55,9 @@ def build(args) -> tuple[torch.nn.Module, torch.device]:
         torch.cuda.set_device(device)
     if args.tiny:
         config = CodecConfig.from_dict(tiny_codec_config_dict(), "tiny_codec_config_dict()")
-        return init_random_(build_codec(config, device, torch.float32), seed=0).fold_layer_scales_(), device
-    # The form the vocoder serves (and what the offline section times): LayerScale folded.
-    return build_real_size_codec(device, torch.bfloat16).fold_layer_scales_(), device
+        return init_random_(build_codec(config, device, torch.float32), seed=0).serving_form_(), device
+    # The form the vocoder serves (and what the offline section times): codec.serving_form_().
+    return build_real_size_codec(device, torch.bfloat16).serving_form_(), device
 
 
 def sync(device: torch.device) -> None:

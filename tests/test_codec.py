@@ -283,15 +283,16 @@ def test_each_model_loads_only_the_half_it_needs(ckpt, codec, codes50):
         load_codec(ckpt, parts=("encoder",))
 
 
-def test_folded_layer_scale_computes_the_same_function(ckpt, codes50):
-    """The serving form (LayerScale in the branch weights, residual add inside the GEMM) rounds
-    differently, nothing more: offline and streamed audio agree with the loaded form."""
-    loaded, folded = load_codec(ckpt), load_codec(ckpt).fold_layer_scales_()
-    folded.fold_layer_scales_()  # idempotent: a second fold must not scale twice
-    assert all(layer.scale_folded for layer in folded.modules() if hasattr(layer, "scale_folded"))
+def test_serving_form_computes_the_same_function(ckpt, codes50):
+    """The serving form (LayerScale in the branch weights with the residual add inside the GEMM,
+    weight norm computed once) rounds differently, nothing more: offline and streamed audio
+    agree with the loaded form."""
+    loaded, served = load_codec(ckpt), load_codec(ckpt).serving_form_()
+    served.serving_form_()  # idempotent: a second fold must not scale twice
+    assert all(layer.scale_folded for layer in served.modules() if hasattr(layer, "scale_folded"))
+    assert not any(name.endswith(("original0", "original1")) for name in served.state_dict())
     expected = loaded.decode(codes50)
-    assert_close_to_peak(folded.decode(codes50), expected, rel=1e-5)
-    state = folded.new_decode_state(2)
-    streamed = torch.cat([folded.decode_step(codes50[:, i:i + 10], state) for i in range(0, 50, 10)], dim=-1)
+    assert_close_to_peak(served.decode(codes50), expected, rel=1e-5)
+    state = served.new_decode_state(2)
+    streamed = torch.cat([served.decode_step(codes50[:, i:i + 10], state) for i in range(0, 50, 10)], dim=-1)
     assert_close_to_peak(streamed, expected, rel=1e-5)
-    assert set(folded.state_dict()) == set(loaded.state_dict())  # names kept: LayerScale still loaded

@@ -33,7 +33,7 @@ class TritonPythonModel:
         device = use_device(resolve_device(params.get("device"), int(args["model_instance_device_id"])))
         dtype = resolve_dtype(params.get("dtype"), device)
         codec = load_codec(checkpoint_dirs()[1], device, dtype, parts=("quantizer", "decoder")).eval()  # no encoder
-        codec.fold_layer_scales_()  # serving form: residual adds inside the GEMMs
+        codec.serving_form_()  # LayerScale in the GEMMs, weight norm computed once
         # CUDA graph warm-up and capture happen here, inside VocoderSessions (~50 s on the H200).
         self.sessions = VocoderSessions(codec, VocoderConfig.from_parameters(
             params, max_slots=config["max_batch_size"], device=str(device),

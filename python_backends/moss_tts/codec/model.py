@@ -64,13 +64,18 @@ class MossAudioCodec(nn.Module):
     def codebook_size(self) -> int:
         return self.config.quantizer.codebook_size
 
-    def fold_layer_scales_(self) -> "MossAudioCodec":
-        """Serving form of every transformer layer (TransformerLayer.fold_layer_scale_): the
-        LayerScale multiply and the residual add run inside the branch's output GEMM. Same
-        function, other rounding; the vocoder serves this form. Returns self."""
+    def serving_form_(self) -> "MossAudioCodec":
+        """The form the vocoder serves: the same function in fewer passes and kernels per step.
+        - every transformer layer folds its LayerScale into the weights that end its residual
+          branches (TransformerLayer.fold_layer_scale_), so the adds run inside the GEMMs;
+        - the quantizer's weight-normed projections become plain weights, computed once here
+          instead of on every decode (~40 small kernels a step).
+        Rounding differs from the loaded form, and the quantizer's on-disk names (original0/1)
+        are gone from state_dict. Idempotent; returns self."""
         for module in self.modules():
             if isinstance(module, TransformerLayer):
                 module.fold_layer_scale_()
+        self.quantizer.freeze_weight_norm_()
         return self
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:

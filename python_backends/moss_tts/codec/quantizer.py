@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 from .config import QuantizerConfig
@@ -60,6 +61,13 @@ class ResidualLFQ(nn.Module):
         self.output_proj = _wn_conv(q.rvq_dim, q.output_dim)
         self.quantizers = nn.ModuleList(
             LFQ(q.rvq_dim, q.codebook_size, q.codebook_dim) for _ in range(q.num_quantizers))
+
+    @torch.no_grad()
+    def freeze_weight_norm_(self) -> None:
+        """Replace every weight-norm parametrization by the weight it computes (serving)."""
+        for module in self.modules():
+            if parametrize.is_parametrized(module, "weight"):
+                parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
 
     def check_n_quantizers(self, n: int) -> None:
         if not 1 <= n <= self.config.num_quantizers:

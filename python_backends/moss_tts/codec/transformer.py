@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .config import TransformerStage
-from .kernels.window_attention import Ring, Rope, rope_table, window_attention
+from .kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, window_attention
 
 
 class Attention(nn.Module):
@@ -108,17 +108,26 @@ class ProjectedTransformer(nn.Module):
         self.input_proj = nn.Linear(s.input_dimension, s.d_model, bias=False)
         self.transformer = Transformer(s)
         self.output_proj = nn.Linear(s.d_model, s.output_dimension, bias=False)
+        # RoPE frequencies per device, made on first use: a step's first (uncaptured) run makes
+        # them, so captured graphs only read them. Not a buffer: the codec is built on meta.
+        self._freqs: dict[torch.device, torch.Tensor] = {}
+
+    def _rope(self, positions: torch.Tensor) -> Rope:
+        s = self.stage
+        freqs = self._freqs.get(positions.device)
+        if freqs is None:
+            freqs = self._freqs[positions.device] = rope_frequencies(s.head_dim, s.max_period, positions.device)
+        return rope_table(positions, s.head_dim, s.max_period, freqs)
 
     def forward(self, x: torch.Tensor, caches: list[torch.Tensor] | None = None, rows: torch.Tensor | None = None,
                 offsets: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, in]. Offline without caches; streaming with the decode state's caches of this
         stage's layers ([2, S, H, W, Dh] each), the state rows [B] that x's rows continue and their
         stream positions `offsets` [B] at this stage. One RoPE table serves every layer."""
-        s, t = self.stage, x.shape[1]
-        steps = torch.arange(t, device=x.device)
+        steps = torch.arange(x.shape[1], device=x.device)
         if caches is None:
-            rope, rings = rope_table(steps[None], s.head_dim, s.max_period), None
+            rope, rings = self._rope(steps[None]), None
         else:
-            rope = rope_table(offsets[:, None] + steps, s.head_dim, s.max_period)
+            rope = self._rope(offsets[:, None] + steps)
             rings = [Ring(cache[0], cache[1], rows, offsets) for cache in caches]
         return self.output_proj(self.transformer(self.input_proj(x), rope, rings))

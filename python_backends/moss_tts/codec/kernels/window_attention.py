@@ -62,10 +62,18 @@ class Ring:
     offsets: torch.Tensor
 
 
-def rope_table(positions: torch.Tensor, head_dim: int, max_period: float) -> Rope:
-    """positions [n, T] (absolute stream positions) -> Rope. The upstream arithmetic, in fp32."""
-    freqs = torch.exp(torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
-                      * (-math.log(max_period) * 2 / head_dim))
+def rope_frequencies(head_dim: int, max_period: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[head_dim/2] fp32 angular frequencies of the pairs (upstream arithmetic)."""
+    return torch.exp(torch.arange(head_dim // 2, device=device, dtype=torch.float32)
+                     * (-math.log(max_period) * 2 / head_dim))
+
+
+def rope_table(positions: torch.Tensor, head_dim: int, max_period: float,
+               freqs: torch.Tensor | None = None) -> Rope:
+    """positions [n, T] (absolute stream positions) -> Rope, in fp32. `freqs` (rope_frequencies
+    of the same head_dim and period, kept by the caller) saves recomputing them per call."""
+    if freqs is None:
+        freqs = rope_frequencies(head_dim, max_period, positions.device)
     angles = positions.to(torch.float32)[..., None] * freqs
     return Rope(torch.cos(angles), torch.sin(angles))
 
@@ -190,11 +198,12 @@ class AttentionConfig:
 
 def attention_config(t: int) -> AttentionConfig:
     """Tiles for a chunk of t queries per row: tl.dot needs >= 16 queries, and short chunks
-    (2 frames) waste little padding at 16 or 32. From an H200 sweep at 256 rows
-    (bench_vocoder.py --attention-sweep): 2 warps for 16/32 queries, 3 stages for 64."""
+    (2 frames) waste little padding at 16 or 32. From two H200 sweeps at 256 rows
+    (bench_vocoder.py --attention-sweep, perf/RESULTS.md): 2 warps for 16/32 queries, 3 stages
+    for 64, and one loop over both key sources while the chunk is shorter than a window."""
     if t <= 32:
         return AttentionConfig(16 if t <= 16 else 32, BLOCK_N, 2, NUM_STAGES)
-    return AttentionConfig(64, BLOCK_N, NUM_WARPS, 3)
+    return AttentionConfig(64, BLOCK_N, NUM_WARPS, 3, one_loop=t < 256)
 
 
 def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: AttentionConfig | None = None):
