@@ -37,6 +37,8 @@ INTERPRETER_CASES = {
     "one_query": (2, 16, 40, 1, [0, 39, 40, 1000], 6, [5, 4, 0, 2]),
     "block_m_64_ring": (2, 16, 64, 70, [200, 63], 3, [1, 2]),
     "d64_big_window": (4, 64, 125, 20, [130, 7], 3, [0, 2]),
+    # stream positions past the int32 range: the kernels keep only the slot and the history
+    "positions_past_int32": (2, 16, 24, 6, [2**31 + 3, 2**33 + 5, 7], 4, [0, 3, 1]),
 }
 TOLERANCE = 1e-4  # fp32 on both sides
 
@@ -98,8 +100,29 @@ OTHER_CONFIGS = {"one_loop": AttentionConfig(16, 64, 4, 2, True), "one_loop_smal
                  "two_loops_small_tiles": AttentionConfig(16, 16, 4, 2, False)}
 
 
+def repeated_row_errors(config: AttentionConfig | None = None) -> dict[str, float]:
+    """Two step rows on one ring row (CUDA-graph padding on the scratch row) beside a real row:
+    the real row's output and ring are exact and no other ring row changes."""
+    heads, window = 2, 24
+    qkv, rope, ring = make_case(heads, 16, window, 6, [30, 2**31 + 3, 2**31 + 3], 4, [0, 2, 2])
+    ref_ring = clone_ring(ring)
+    expected = reference_window_attention(qkv, rope, heads, window, ref_ring)
+    if config is None:
+        got = window_attention(qkv.clone(), rope, heads, window, ring)
+    else:
+        got = wa._triton_window_attention(qkv.clone(), rope, heads, window, ring, None, config)
+    others = [1, 3]  # never decoded: still all GARBAGE
+    return {"out": (got[0] - expected[0]).abs().max().item(),
+            "keys": (ring.keys[0] - ref_ring.keys[0]).abs().max().item(),
+            "values": (ring.values[0] - ref_ring.values[0]).abs().max().item(),
+            "others": max((ring.keys[others] - GARBAGE).abs().max().item(),
+                          (ring.values[others] - GARBAGE).abs().max().item())}
+
+
 def interpreter_main() -> None:
     errors = {name: case_errors(case) for name, case in INTERPRETER_CASES.items()}
+    errors["repeated_rows"] = repeated_row_errors()
+    errors["repeated_rows/one_loop"] = repeated_row_errors(OTHER_CONFIGS["one_loop"])
     for label, config in OTHER_CONFIGS.items():
         errors.update({f"{name}/{label}": case_errors(case, config=config) for name, case in INTERPRETER_CASES.items()})
     print(json.dumps(errors))
@@ -123,6 +146,13 @@ def test_interpreter_kernels_match_reference(interpreter_errors, name, config):
     errors = interpreter_errors[name if config is None else f"{name}/{config}"]
     assert set(errors) == ({"out"} if INTERPRETER_CASES[name][4] is None else {"out", "keys", "values"})
     assert all(e <= TOLERANCE for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("name", ["repeated_rows", "repeated_rows/one_loop"])
+def test_interpreter_repeated_rows_touch_only_their_ring_row(interpreter_errors, name):
+    errors = interpreter_errors[name]
+    assert errors["others"] == 0.0, errors
+    assert all(errors[key] <= TOLERANCE for key in ("out", "keys", "values")), errors
 
 
 # No bf16 case on the interpreter: Triton 3.6's interpreter multiplies bf16 tl.dot operands as

@@ -113,7 +113,8 @@ class TritonPythonModel:
             # can get here that way).
             kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
             for seq, (i, _) in chunks.items():
-                responses[i] = io.error_response(f"vocoder decode failed: {exc}", kind)
+                responses[i] = io.error_response(
+                    f"vocoder decode failed: {exc}; the sequence was ended: start it again with START", kind)
                 if seq in self.sessions:
                     self.sessions.cancel(seq)
             return

@@ -122,7 +122,7 @@ class MossAudioCodec(nn.Module):
         if codes.shape[1] == 0:
             return torch.zeros(codes.shape[0], self.channels, 0, device=codes.device, dtype=p.dtype)
         x = self.quantizer.decode(codes.long()).to(p.dtype)
-        frames = None if state is None else state.frames.index_select(0, rows)
+        frames = None if state is None else state.frames.index_select(0, rows)  # before this step
         layer = 0
         for module, scale in zip(self.decoder, self._decoder_scales):
             if state is None or not isinstance(module, ProjectedTransformer):
@@ -168,6 +168,8 @@ class MossAudioCodec(nn.Module):
         rows = rows.to(device=device, dtype=torch.long)
         if rows.shape != (codes.shape[0],):
             raise ValueError(f"rows must have shape [{codes.shape[0]}] (one per codes row), got {tuple(rows.shape)}")
+        frames = state.frames.index_select(0, rows)
         audio = self._decode_stack(codes.to(device), state, rows)
-        state.frames.index_add_(0, rows, torch.full_like(rows, codes.shape[1]))
+        # A put, not an add: rows repeated (CUDA-graph padding on one scratch row) advance once.
+        state.frames.index_put_((rows,), frames + codes.shape[1])
         return audio

@@ -10,7 +10,7 @@ Row buckets are powers of two up to 32, then steps of half a power of two (48, 6
 run 1 .. `max_frames` (the pipeline sends 2 frames, then 10, then the rest; longer chunks come in
 pieces of `max_frames`). A call of n rows runs the smallest bucket b >= n: rows n..b-1 point at
 the state's scratch row (its last row, never a sequence's slot) with code 0, so padding only ever
-advances that row. Every decoder op works row by row, so whatever the scratch row holds cannot
+touches that row, whose frame counter every step sets back to 0. Every decoder op works row by row, so whatever the scratch row holds cannot
 reach a real row's audio (the padding rows race each other on it, harmlessly).
 
 Graphs are captured largest first into one memory pool, so the smaller ones reuse its blocks.
@@ -187,6 +187,9 @@ class VocoderGraphs:
     def _forward(self, inputs: StepInputs) -> None:
         audio = self.codec.decode_step(inputs.codes, self.state, inputs.rows)
         self._output(*inputs.shape).copy_(audio)  # and to fp32, inside the graph
+        # The scratch row restarts every step: left to advance, its stream position would grow
+        # for as long as the server runs (bounded work per step, no position past any limit).
+        self.state.frames[self.scratch_row:self.scratch_row + 1].zero_()
 
     def _capture(self, inputs: StepInputs) -> torch.cuda.CUDAGraph:
         # The warm-up really runs, so it must touch the scratch row alone; it sets up cuBLAS

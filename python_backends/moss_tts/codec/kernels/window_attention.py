@@ -249,10 +249,11 @@ def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, num_heads, stride_n, stride_t, st
     offs_d = tl.arange(0, HEAD_DIM)
     offs_half = tl.arange(0, HEAD_DIM // 2)
     valid = (tok < T)[:, None]
-    table = n * stride_rn + tok[:, None] * stride_rt + offs_half[None, :]
+    tok64 = tok.to(tl.int64)  # token x stride passes 2**31 past ~0.9 M tokens in one row (39 min of audio)
+    table = n * stride_rn + tok64[:, None] * stride_rt + offs_half[None, :]
     cos = tl.load(cos_ptr + table, mask=valid, other=0.0)
     sin = tl.load(sin_ptr + table, mask=valid, other=0.0)
-    tile = qkv_ptr + n * stride_n + tok[:, None] * stride_t + offs_d[None, :]
+    tile = qkv_ptr + n * stride_n + tok64[:, None] * stride_t + offs_d[None, :]
     for head in range(2 * num_heads):  # heads 0..H-1 are q, H..2H-1 are k
         x = tl.load(tile + head * HEAD_DIM, mask=valid, other=0.0).to(tl.float32)
         real, imag = tl.split(tl.reshape(x, [BLOCK_T, HEAD_DIM // 2, 2]))
@@ -278,7 +279,8 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     token = qkv_ptr + n64 * stride_n
-    q = tl.load(token + offs_m[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :],
+    # token x stride in int64: it passes 2**31 past ~0.9 M tokens in one row (39 min of audio)
+    q = tl.load(token + offs_m.to(tl.int64)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :],
                 mask=(offs_m < T)[:, None], other=0.0)
     k_base = token + (H + h) * HEAD_DIM
     v_base = token + (2 * H + h) * HEAD_DIM
@@ -287,19 +289,24 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if HAS_RING:
-        offset = tl.load(offsets_ptr + n).to(tl.int32)
+        # The stream position itself is int64 (it grows for as long as a stream lives); the
+        # kernel needs only the ring slot of the chunk's first token and how many earlier
+        # positions exist (at most W), both small.
+        offset = tl.load(offsets_ptr + n).to(tl.int64)
+        first_slot = (offset % W).to(tl.int32)
+        history = tl.minimum(offset, W).to(tl.int32)
         slot_row = tl.load(rows_ptr + n).to(tl.int64)
         ring_k = k_ring_ptr + slot_row * stride_rs + h * stride_rh
         ring_v = v_ring_ptr + slot_row * stride_rs + h * stride_rh
         # Oldest key any query of the block needs, and never a position before the stream start.
-        ring_lo = tl.maximum(first_q - W + 1, -offset)
+        ring_lo = tl.maximum(first_q - W + 1, -history)
     if HAS_RING and ONE_LOOP:
         hi = tl.minimum(first_q + BLOCK_M, T)
         for first in range(ring_lo, hi, BLOCK_N):
             j = first + offs_n
             in_ring = j < 0
-            slot = tl.where(in_ring, (offset + j) % W, 0)
-            row = tl.maximum(j, 0)
+            slot = tl.where(in_ring, (first_slot + j + W) % W, 0)  # j >= -W
+            row = tl.maximum(j, 0).to(tl.int64)
             is_key = (j < hi)[:, None]
             k = tl.load(tl.where(in_ring[:, None], ring_k + slot[:, None] * stride_rw, k_base + row[:, None] * stride_t)
                         + offs_d[None, :], mask=is_key, other=0.0)
@@ -313,7 +320,7 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
             for first in range(ring_lo, 0, BLOCK_N):
                 j = first + offs_n
                 is_key = j < 0
-                slot = tl.where(is_key, (offset + j) % W, 0)
+                slot = tl.where(is_key, (first_slot + j + W) % W, 0)  # j >= -W
                 k = tl.load(ring_k + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
                 v = tl.load(ring_v + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
                 visible = is_key[None, :] & (offs_m[:, None] - j[None, :] < W)  # j < 0 <= query: causal
@@ -323,14 +330,14 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
         for first in range(chunk_lo, hi, BLOCK_N):
             j = first + offs_n
             is_key = j < hi
-            k = tl.load(k_base + j[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
-            v = tl.load(v_base + j[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
+            k = tl.load(k_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
+            v = tl.load(v_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
             delta = offs_m[:, None] - j[None, :]
             visible = is_key[None, :] & (delta >= 0) & (delta < W)
             row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
     # every real query sees at least itself, so row_sum > 0; padding queries are not stored
     out = acc / tl.maximum(row_sum, 1e-30)[:, None]
-    tl.store(out_ptr + n64 * stride_on + offs_m[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
+    tl.store(out_ptr + n64 * stride_on + offs_m.to(tl.int64)[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
 
 
@@ -357,11 +364,11 @@ def _ring_write_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, T
     h = tl.program_id(2)
     offs_d = tl.arange(0, HEAD_DIM)
     valid = (j < T)[:, None]
-    token = qkv_ptr + n.to(tl.int64) * stride_n + j[:, None] * stride_t + offs_d[None, :]
+    token = qkv_ptr + n.to(tl.int64) * stride_n + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :]
     k = tl.load(token + (H + h) * HEAD_DIM, mask=valid, other=0.0)
     v = tl.load(token + (2 * H + h) * HEAD_DIM, mask=valid, other=0.0)
-    offset = tl.load(offsets_ptr + n).to(tl.int32)
-    slot = (offset + j) % W  # offset + j >= 0
+    first_slot = (tl.load(offsets_ptr + n).to(tl.int64) % W).to(tl.int32)  # the position is int64
+    slot = (first_slot + j) % W  # j >= 0
     ring = tl.load(rows_ptr + n).to(tl.int64) * stride_rs + h * stride_rh + slot[:, None] * stride_rw + offs_d[None, :]
     tl.store(k_ring_ptr + ring, k.to(k_ring_ptr.dtype.element_ty), mask=valid)
     tl.store(v_ring_ptr + ring, v.to(v_ring_ptr.dtype.element_ty), mask=valid)
