@@ -4,20 +4,15 @@ imported), the CPU fallback, and on a GPU at the model's real sizes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from moss_tts.engine.decode_attention import decode_attention, reference_attention, split_plan
+from triton_interpreter import interpreter_json
 
-ROOT = Path(__file__).resolve().parents[1]
 GARBAGE = 1e4  # cache rows no slot may read: large enough to show up in any result that read one
 INTERPRETER_TIMEOUT_S = 300
 
@@ -84,14 +79,7 @@ def interpreter_main() -> None:
 
 @pytest.fixture(scope="module")
 def interpreter_errors() -> dict[str, float]:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed: the kernel cannot run, even in the interpreter")
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "python_backends"), str(ROOT / "tests")])}
-    proc = subprocess.run([sys.executable, "-c", "import test_decode_attention as t; t.interpreter_main()"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=INTERPRETER_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpreter_json("test_decode_attention", INTERPRETER_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("name", list(INTERPRETER_CASES))

@@ -5,11 +5,7 @@ engine's sizes."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +14,8 @@ import torch
 from moss_tts.engine.fused import penalized_scores, select_stop
 from moss_tts.engine.sample_kernel import draw_tokens, is_supported, reference_draw
 from moss_tts.sampler import ChannelTensors, counter_hash, draw, gumbel_noise, temperature_scores
+from triton_interpreter import run_interpreter_main
 
-ROOT = Path(__file__).resolve().parents[1]
 INTERPRETER_TIMEOUT_S = 300
 GPU_MIN_AGREEMENT = 0.995  # rows may differ only where a cumulative probability lies within rounding of top_p
 
@@ -157,15 +153,8 @@ def _numpy_xor_reduce() -> None:
 
 @pytest.fixture(scope="module")
 def interpreter_results(tmp_path_factory) -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed: the kernel cannot run, even in the interpreter")
     out_path = tmp_path_factory.mktemp("sample_kernel") / "results.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "python_backends"), str(ROOT / "tests")])}
-    code = f"import test_sample_kernel as t; t.interpreter_main({str(out_path)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=INTERPRETER_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreter_main("test_sample_kernel", repr(str(out_path)), INTERPRETER_TIMEOUT_S)
     return torch.load(out_path)
 
 

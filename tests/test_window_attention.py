@@ -7,12 +7,7 @@ only the decoded rows' rings change), and on a GPU at the real codec's head size
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +15,8 @@ import torch
 from moss_tts.codec.kernels import window_attention as wa
 from moss_tts.codec.kernels.window_attention import (AttentionConfig, Ring, reference_window_attention, rope_table,
                                                      window_attention)
+from triton_interpreter import interpreter_json
 
-ROOT = Path(__file__).resolve().parents[1]
 GARBAGE = 1e4  # ring contents of slots no step row may read
 INTERPRETER_TIMEOUT_S = 300
 
@@ -130,14 +125,7 @@ def interpreter_main() -> None:
 
 @pytest.fixture(scope="module")
 def interpreter_errors() -> dict[str, dict[str, float]]:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed: the kernels cannot run, even in the interpreter")
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "python_backends"), str(ROOT / "tests")])}
-    proc = subprocess.run([sys.executable, "-c", "import test_window_attention as t; t.interpreter_main()"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=INTERPRETER_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpreter_json("test_window_attention", INTERPRETER_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("config", [None, *OTHER_CONFIGS])

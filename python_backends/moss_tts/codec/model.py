@@ -116,13 +116,14 @@ class MossAudioCodec(nn.Module):
             raise ValueError(f"codes must be an integer tensor [B, T, n_q], got {codes.dtype} {tuple(codes.shape)}")
         self.quantizer.check_n_quantizers(codes.shape[-1])
 
-    def _decode_stack(self, codes: torch.Tensor, state: CodecDecodeState | None,
-                      rows: torch.Tensor | None) -> torch.Tensor:
+    def _decode_stack(self, codes: torch.Tensor, state: CodecDecodeState | None = None,
+                      rows: torch.Tensor | None = None, frames: torch.Tensor | None = None) -> torch.Tensor:
+        """Offline without a state; streaming: the state `rows` continue from `frames` [n] (their
+        frame counters before this step)."""
         p = self._param(self.decoder)
         if codes.shape[1] == 0:
             return torch.zeros(codes.shape[0], self.channels, 0, device=codes.device, dtype=p.dtype)
         x = self.quantizer.decode(codes.long()).to(p.dtype)
-        frames = None if state is None else state.frames.index_select(0, rows)  # before this step
         layer = 0
         for module, scale in zip(self.decoder, self._decoder_scales):
             if state is None or not isinstance(module, ProjectedTransformer):
@@ -139,7 +140,7 @@ class MossAudioCodec(nn.Module):
         self._check_codes(codes)
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
             raise ValueError(f"codes must lie in [0, {self.codebook_size})")
-        return self._decode_stack(codes, None, None)
+        return self._decode_stack(codes)
 
     def new_decode_state(self, batch_size: int, device: torch.device | str | None = None,
                          dtype: torch.dtype | None = None) -> CodecDecodeState:
@@ -169,7 +170,7 @@ class MossAudioCodec(nn.Module):
         if rows.shape != (codes.shape[0],):
             raise ValueError(f"rows must have shape [{codes.shape[0]}] (one per codes row), got {tuple(rows.shape)}")
         frames = state.frames.index_select(0, rows)
-        audio = self._decode_stack(codes.to(device), state, rows)
+        audio = self._decode_stack(codes.to(device), state, rows, frames)
         # A put, not an add: rows repeated (CUDA-graph padding on one scratch row) advance once.
         state.frames.index_put_((rows,), frames + codes.shape[1])
         return audio

@@ -26,9 +26,9 @@ from .kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, 
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, num_heads: int, context: int, max_period: float):
+    def __init__(self, d_model: int, num_heads: int, context: int):
         super().__init__()
-        self.num_heads, self.context, self.max_period = num_heads, context, max_period
+        self.num_heads, self.context = num_heads, context  # RoPE: the stage's table (ProjectedTransformer)
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
@@ -52,7 +52,7 @@ class LayerScale(nn.Module):
 class TransformerLayer(nn.Module):
     def __init__(self, s: TransformerStage):
         super().__init__()
-        self.self_attn = Attention(s.d_model, s.num_heads, s.context, s.max_period)
+        self.self_attn = Attention(s.d_model, s.num_heads, s.context)
         self.norm1 = nn.LayerNorm(s.d_model, eps=1e-5)
         self.norm2 = nn.LayerNorm(s.d_model, eps=1e-5)
         self.ffn = nn.Sequential(nn.Linear(s.d_model, s.dim_feedforward, bias=False), nn.GELU(),

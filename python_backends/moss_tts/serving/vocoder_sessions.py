@@ -246,11 +246,11 @@ class VocoderSessions:
             raise ValueError(f"sequence {seq_id!r}: codes must lie in [0, {size})")
         return codes
 
-    def _pieces(self, frames: int) -> list[int]:
-        """A chunk's frames as the steps that decode it: whole, or pieces of max_graph_frames
-        when graphs run every step (a longer chunk has no graph)."""
+    def _pieces(self, frames: int) -> list[tuple[int, int]]:
+        """A chunk's frames as the (start, frames) of the steps that decode it: whole, or pieces
+        of max_graph_frames when graphs run every step (a longer chunk has no graph)."""
         limit = self.config.max_graph_frames if self.graphs is not None else max(frames, 1)
-        return [min(limit, frames - start) for start in range(0, frames, limit)]
+        return [(start, min(limit, frames - start)) for start in range(0, frames, limit)]
 
     def _run(self, chunks: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
         with self._lock:
@@ -262,14 +262,13 @@ class VocoderSessions:
             try:
                 # Round k decodes piece k of every chunk that has one, grouped by piece length.
                 for k in range(max((len(p) for p in pieces.values()), default=0)):
-                    groups: dict[int, list[Hashable]] = {}
-                    for sid, sizes in pieces.items():
-                        if k < len(sizes):
-                            groups.setdefault(sizes[k], []).append(sid)
-                    for frames, ids in groups.items():
-                        start = k * self.config.max_graph_frames if self.graphs is not None else 0
-                        piece = {sid: codes[sid][start:start + frames] for sid in ids}
-                        for sid, audio in self._step(frames, ids, slots, piece, keep_audio).items():
+                    groups: dict[int, dict[Hashable, torch.Tensor]] = {}  # frames -> {sid: piece k}
+                    for sid, steps in pieces.items():
+                        if k < len(steps):
+                            start, frames = steps[k]
+                            groups.setdefault(frames, {})[sid] = codes[sid][start:start + frames]
+                    for frames, piece in groups.items():
+                        for sid, audio in self._step(frames, list(piece), slots, piece, keep_audio).items():
                             parts[sid].append(audio)
             except BaseException:
                 # Earlier steps advanced their state but their audio never reaches the caller,
