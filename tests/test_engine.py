@@ -21,6 +21,16 @@ def assert_idle(engine: Engine, max_running: int) -> None:
     assert (stats.running, stats.waiting, stats.free_slots) == (0, 0, max_running), stats
 
 
+def test_chunks_grow_from_the_first_to_chunk_frames():
+    sizes, sent = [], 0
+    while len(sizes) < 6:
+        sizes.append(chunk_target(sent, 2, 10))
+        sent += sizes[-1]
+    assert sizes == [2, 4, 8, 10, 10, 10]
+    assert [chunk_target(n, 10, 10) for n in (0, 10, 20)] == [10, 10, 10]  # first >= chunk_frames: steady
+    assert chunk_target(20, 20, 10) == 10
+
+
 def expected_chunk_sizes(num_frames: int, first: int, every: int) -> list[int]:
     sizes = []
     while sum(sizes) < num_frames:
@@ -102,12 +112,13 @@ def test_chunk_sizes_follow_config_and_per_request_override(tiny_model, prompts)
         engine.shutdown(TIMEOUT_S)
     sizes = {rid: [c.num_frames for c in sink.chunks(rid)] for rid in ids}
     assert sizes == {
-        ids[0]: expected_chunk_sizes(23, 2, 5),  # [2, 5, 5, 5, 5, 1]
-        ids[1]: expected_chunk_sizes(23, 1, 7),  # [1, 7, 7, 7, 1]
+        ids[0]: expected_chunk_sizes(23, 2, 5),  # [2, 4, 5, 5, 5, 2]
+        ids[1]: expected_chunk_sizes(23, 1, 7),  # [1, 2, 4, 7, 7, 2]
         ids[2]: expected_chunk_sizes(10, 2, 3),  # [2, 3, 3, 2]
         ids[3]: [1],
     }
-    assert sizes[ids[0]] == [2, 5, 5, 5, 5, 1]
+    # Chunks grow by what was already sent (never past the audio already sent + the first chunk).
+    assert sizes[ids[0]] == [2, 4, 5, 5, 5, 2] and sizes[ids[1]] == [1, 2, 4, 7, 7, 2]
     codes = sink.chunks(ids[0])[0].codes
     assert codes.dtype == torch.long and codes.device.type == "cpu" and codes.shape[1] == 12
     assert not codes.is_inference()  # the consumer owns it and may change it in place

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moss_tts.contract import ErrorKind
-from moss_tts.serving.speech_pipeline import ChildError, CodesChunk, SpeechStream
+from moss_tts.serving.speech_pipeline import AUDIO_READY, ChildError, CodesChunk, Ready, SpeechStream
 
 EMPTY = np.zeros((0, 12), np.int32)
 
@@ -36,7 +36,7 @@ class FakeChildren:
         self.vocoder_calls.append((c.shape[0], start, end))
         if start and getattr(self, "fail_start", False):
             raise ChildError("[UNAVAILABLE] all 288 vocoder slots hold active sequences", ErrorKind.UNAVAILABLE)
-        return np.full((2, c.shape[0] * 4), float(c.shape[0]), np.float32)
+        return Ready(np.full((2, c.shape[0] * 4), float(c.shape[0]), np.float32))
 
 
 class FakeClient:
@@ -175,3 +175,100 @@ def test_a_child_refused_at_shutdown_is_unavailable_and_says_so():
     error = ChildError.from_message("Model vocoder - Error when running inference: Server not ready")
     assert error.kind is ErrorKind.UNAVAILABLE and "shutting down" in str(error)
     assert ChildError.from_message("[INVALID_ARGUMENT] bad codes").kind is ErrorKind.INVALID_ARGUMENT
+
+
+class Later:
+    """A vocoder call answered when the test says so (the in-process worker's VocodeJob)."""
+
+    def __init__(self, audio, error=None):
+        self.audio, self.error, self.is_done, self.is_cancelled = audio, error, False, False
+
+    def done(self):
+        return self.is_done
+
+    def wait(self, timeout=None):
+        self.is_done = True  # a blocking wait: the worker answers it
+        return True
+
+    def result(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return self.audio
+
+    def cancel(self):
+        self.is_cancelled = True
+
+
+class AsyncChildren(FakeChildren):
+    """Vocoder calls in flight: each is answered once the next engine chunk has come."""
+
+    def __init__(self, chunks, error_at=None):
+        super().__init__(chunks)
+        self.pending, self.error_at = [], error_at
+
+    def stream_codes(self):
+        for chunk in super().stream_codes():
+            answered = list(self.pending)  # submitted before this chunk: answered after it (a round)
+            yield chunk
+            for p in answered:
+                p.is_done = True
+            if answered:
+                yield AUDIO_READY
+
+    def vocode(self, c, start, end):
+        self.vocoder_calls.append((c.shape[0], start, end))
+        self.log.append(("vocode", c.shape[0], end))
+        error = None
+        if self.error_at is not None and len(self.vocoder_calls) - 1 == self.error_at:
+            error = ChildError("[INTERNAL] vocoder decode failed", ErrorKind.INTERNAL)
+        self.pending.append(Later(np.full((2, c.shape[0] * 4), float(c.shape[0]), np.float32), error))
+        return self.pending[-1]
+
+
+class LoggingClient(FakeClient):
+    def __init__(self, log, **kwargs):
+        super().__init__(**kwargs)
+        self.log = log
+
+    def send(self, audio, codes, context, final):
+        self.log.append(("send", codes.shape[0]))
+        super().send(audio, codes, context, final)
+
+
+def test_chunks_go_to_the_vocoder_before_the_audio_before_them_is_back():
+    children = AsyncChildren([CodesChunk(codes(n), EMPTY) for n in (2, 4, 8)])
+    client = LoggingClient(children.log)
+    SpeechStream(children, client, stream=True).run()
+    assert client.sent == [(2, 2, 0), (4, 4, 0), (8, 8, 0)] and client.finals == 1 and not client.errors
+    # Chunk 2 went in before chunk 1's audio left; END went in behind the last chunk, before
+    # that chunk's audio was sent (the vocoder frees the slot as soon as it is decoded).
+    assert children.log[:3] == [("vocode", 2, False), ("vocode", 4, False), ("send", 2)]
+    assert children.log.index(("vocode", 0, True)) < children.log.index(("send", 8))
+    assert children.vocoder_calls == [(2, True, False), (4, False, False), (8, False, False), (0, False, True)]
+
+
+def test_a_failed_call_in_flight_ends_the_stream_with_its_error_and_drops_the_rest():
+    children = AsyncChildren([CodesChunk(codes(n), EMPTY) for n in (2, 4, 8, 10)], error_at=1)
+    client = FakeClient()
+    SpeechStream(children, client, stream=True).run()
+    assert client.sent == [(2, 2, 0)] and client.finals == 1
+    assert client.errors == [(ErrorKind.INTERNAL, "[INTERNAL] vocoder decode failed")]
+    assert children.vocoder_calls[-1] == (0, False, True)  # the sequence is still ended
+    assert all(p.is_cancelled for p in children.pending[2:-1])  # what was still in flight is dropped
+
+
+def test_a_cancel_drops_the_chunks_in_flight_and_ends_the_sequence():
+    children = AsyncChildren([CodesChunk(codes(n), EMPTY) for n in (2, 4, 8, 10)])
+    client = FakeClient(cancel_after=2)
+    SpeechStream(children, client, stream=True).run()
+    assert client.finals == 1 and client.errors[0][0] is ErrorKind.CANCELLED
+    assert children.vocoder_calls[-1] == (0, False, True)
+    assert len(client.sent) < 4
+
+
+def test_offline_waits_for_its_one_call_and_sends_one_final_response():
+    children = AsyncChildren([CodesChunk(EMPTY, codes(3, 100)), CodesChunk(codes(2), EMPTY), CodesChunk(codes(4), EMPTY)])
+    client = FakeClient()
+    SpeechStream(children, client, stream=False).run()
+    assert client.sent == [(6, 6, 3)] and client.finals == 1 and not client.errors
+    assert children.vocoder_calls == [(3, True, False), (6, False, True)]  # prime, then all + END, no extra END

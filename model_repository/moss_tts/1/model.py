@@ -4,18 +4,22 @@ and/or CODES [frames, 12], streamed (decoupled).
 execute() validates every request (INVALID_ARG at once) and hands it to a stream thread
 (StreamPool; beyond `max_streams` UNAVAILABLE at once), then returns. A stream
 (speech_pipeline.SpeechStream) gets reference codes from ref_encoder (BLS), its code chunks from
-the engine in this process (EngineCodes), vocodes them with the vocoder (BLS, sequence batcher)
-when AUDIO is wanted, sends each chunk, and ends with one final response. BLS calls here are
-never decoupled: in 24.10 those corrupt the stub's heap and deadlock it under concurrency (see
-docs/structure.md).
+the engine in this process (EngineCodes), vocodes them when AUDIO is wanted, sends each chunk,
+and ends with one final response. The vocoder runs in this process too (`vocoder` parameter
+"in_process", vocoder_worker.VocoderWorker: chunks in flight per stream, batched across streams,
+on a CUDA stream of its own), or in the `vocoder` model over BLS ("bls", for placements that put
+the codec on another GPU). BLS calls here are never decoupled: in 24.10 those corrupt the stub's
+heap and deadlock it under concurrency (see docs/structure.md).
 """
 
 import logging
 import time
 
 import numpy as np
+import torch
 import triton_python_backend_utils as pb_utils
 
+from moss_tts.codec.checkpoint import load_codec
 from moss_tts.contract import MOSS_TTS_OUTPUTS, N_VQ, ErrorKind, InvalidRequest
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
@@ -28,10 +32,12 @@ from moss_tts.serving.engine_streams import EngineStreams
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
-from moss_tts.serving.speech_pipeline import ChildError, SpeechStream, new_sequence_id
+from moss_tts.serving.speech_pipeline import ChildError, Ready, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stream_pool import StreamPool
 from moss_tts.serving.synthesis_request import parse_synthesis_request
+from moss_tts.serving.vocoder_sessions import VocoderConfig, VocoderSessions
+from moss_tts.serving.vocoder_worker import VocoderPlacement, VocoderWorker
 
 log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -43,6 +49,8 @@ STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "reques
          "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks",
          "prefix_prompt_rows", "prefix_reused_rows", "prefix_blocks_stored", "prefix_blocks_evicted",
          "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms", "streams")
+VOCODER_STATS = ("rounds", "jobs", "frames", "round_ms", "queued_jobs", "active_slots", "free_slots",
+                 "sessions_started", "sessions_ended", "sessions_failed", "graph_calls", "decode_calls")
 
 
 def _call(request, output: str, watch: StallWatch) -> np.ndarray:
@@ -63,13 +71,16 @@ def encode_reference(audio: bytes, watch: StallWatch) -> np.ndarray:
 
 
 class TritonChildren:
-    """One stream's engine chunks and its vocoder sequence (BLS, with the pipeline's key so it
-    never meets the direct callers' quota). Every blocking call is watched for stalls."""
+    """One stream's engine chunks and its vocoder sequence: in this process (`worker`), or the
+    `vocoder` model over BLS with the pipeline's key (so it never meets the direct callers'
+    quota). Every blocking BLS call is watched for stalls."""
 
-    def __init__(self, codes: "EngineCodes | SegmentedCodes", key: str, watch: StallWatch):
+    def __init__(self, codes: "EngineCodes | SegmentedCodes", key: str, watch: StallWatch,
+                 worker: "VocoderWorker | None"):
         self.codes = codes
         self.parameters = internal_key.parameters(key)
         self.watch = watch
+        self.worker = worker
         self.sequence_id = new_sequence_id()
 
     def stream_codes(self):
@@ -79,12 +90,15 @@ class TritonChildren:
         self.codes.abort()
 
     def vocode(self, codes, start, end):
+        if self.worker is not None:
+            # The job's completion wakes this stream's wait for its next engine chunk.
+            return self.worker.submit(self.sequence_id, codes, start, end, on_done=self.codes.wake)
         flags = (START if start else 0) | (END if end else 0)
         request = pb_utils.InferenceRequest(
             model_name="vocoder", correlation_id=self.sequence_id, flags=flags, parameters=self.parameters,
             inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes, dtype=np.int32)[None])],
             requested_output_names=["AUDIO"])
-        return _call(request, "AUDIO", self.watch)[0]
+        return Ready(_call(request, "AUDIO", self.watch)[0])
 
 
 class TritonClient:
@@ -125,15 +139,22 @@ class TritonPythonModel:
         io.require_decoupled(config)
         device = use_device(resolve_device(params.get("device"), int(args["model_instance_device_id"])))
         model_dir, _ = checkpoint_dirs()
-        model = load_model(model_dir, device, resolve_dtype(params.get("dtype"), device))
+        dtype = resolve_dtype(params.get("dtype"), device)
+        model = load_model(model_dir, device, dtype)
         self.builder = PromptBuilder(load_tokenizer(model_dir), model.cfg)
         engine_config = EngineConfig.from_parameters(params)
+        max_streams = int(params.get("max_streams", "320"))
+        # Before the engine: its KV budget counts what this process already holds (the codec's
+        # state and graphs among it).
+        self.worker = self._vocoder_worker(VocoderPlacement.from_parameters(params), device, dtype, max_streams,
+                                           int(args["model_instance_device_id"]))
         self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event))
         self.streams.start()
         self.key = internal_key.internal_key()
-        self.pool = StreamPool(int(params.get("max_streams", "320")), name=f"{args['model_instance_name']}-stream")
+        self.pool = StreamPool(max_streams, name=f"{args['model_instance_name']}-stream")
         self.watch = StallWatch()  # the streams' BLS calls and sends
-        self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds()))
+        self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds(),
+                                                        self.worker.stalled_seconds() if self.worker else 0.0))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
         self.metrics = io.RequestMetrics()
         instance = args["model_instance_name"]
@@ -143,6 +164,24 @@ class TritonPythonModel:
                                ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
         self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
                                 after=self._flush_metrics, instance=instance)
+        self.vocoder_gauges = None if self.worker is None else io.Gauges(
+            "moss_tts_vocoder", "moss_tts in-process vocoder counters", VOCODER_STATS,
+            lambda: vars(self.worker.stats()), interval_s=0.5, instance=instance)
+
+    @staticmethod
+    def _vocoder_worker(placement, device, dtype, max_streams, device_id):
+        if not placement.is_in_process:
+            return None
+        codec_device = resolve_device(placement.vocoder_device, device_id)
+        codec = load_codec(checkpoint_dirs()[1], codec_device, dtype, parts=("quantizer", "decoder")).eval()
+        codec.serving_form_()  # LayerScale in the GEMMs, weight norm computed once
+        slots = placement.vocoder_slots or max_streams
+        # Every slot is the pipeline's own; graphs are captured here (CUDA only).
+        sessions = VocoderSessions(codec, VocoderConfig(
+            max_slots=slots, max_public_sessions=slots, device=str(codec_device),
+            dtype="bfloat16" if dtype == torch.bfloat16 else "float32", cuda_graphs=True,
+            max_step_rows=placement.vocoder_step_rows))
+        return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s)
 
     def execute(self, requests):
         for request in requests:
@@ -178,7 +217,7 @@ class TritonPythonModel:
         requested = set(request.requested_output_names()) or set(OUTPUTS)
         reference = (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
         codes = codes_for(self.streams, self.builder, synthesis, reference)  # long text: one request per segment
-        children = TritonChildren(codes, self.key, self.watch)
+        children = TritonChildren(codes, self.key, self.watch, self.worker)
         client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
         return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
 
@@ -197,5 +236,8 @@ class TritonPythonModel:
         if not self.pool.stop(STOP_TIMEOUT_S):
             log.warning("%d streams still running at shutdown (blocked on a child?)", self.pool.num_active)
         self.streams.shutdown(STOP_TIMEOUT_S)
+        if self.worker is not None:
+            self.worker.stop(STOP_TIMEOUT_S)
+            self.vocoder_gauges.stop()
         self.gauges.stop()
         self.heartbeat.stop()

@@ -35,8 +35,12 @@ class TritonPythonModel:
         codec = load_codec(checkpoint_dirs()[1], device, dtype, parts=("quantizer", "decoder")).eval()  # no encoder
         codec.serving_form_()  # LayerScale in the GEMMs, weight norm computed once
         # CUDA graph warm-up and capture happen here, inside VocoderSessions (~50 s on the H200).
+        max_slots = int(params.get("max_slots") or config["max_batch_size"])
+        if not 1 <= max_slots <= config["max_batch_size"]:
+            raise ValueError(f"vocoder parameter max_slots must lie in [1, max_batch_size={config['max_batch_size']}], "
+                             f"got {max_slots}")
         self.sessions = VocoderSessions(codec, VocoderConfig.from_parameters(
-            params, max_slots=config["max_batch_size"], device=str(device),
+            params, max_slots=max_slots, device=str(device),
             dtype="bfloat16" if dtype == torch.bfloat16 else "float32", cuda_graphs=True))
         idle_us = int(config["sequence_batching"].get("max_sequence_idle_microseconds", 1_000_000))
         self.idle_seconds = idle_us / 1e6

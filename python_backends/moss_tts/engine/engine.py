@@ -29,6 +29,7 @@ from .scheduler import Schedule, Scheduler
 from .stats import EngineStats, StatsCounters
 
 log = logging.getLogger(__name__)
+STREAM_PRIORITY = -1  # CUDA: lower is higher (0 is the default); beyond the device's range it maps to its end
 
 EventCallback = Callable[[EngineEvent], None]
 
@@ -134,6 +135,10 @@ class Engine:
             # The current CUDA device is per thread and a new thread starts on cuda:0; graph
             # replay and the Triton kernels launch on the current one (engine on cuda:1).
             torch.cuda.set_device(self._runner.device)
+            # A stream of its own, above the default priority: a vocoder decoding in this
+            # process (serving/vocoder_worker.py, normal priority) overlaps the steps and fills
+            # the SMs they leave idle, but never delays a step behind its long GEMMs.
+            torch.cuda.set_stream(torch.cuda.Stream(self._runner.device, priority=STREAM_PRIORITY))
         while self._wait_for_work():
             self._step_started = time.monotonic()
             try:

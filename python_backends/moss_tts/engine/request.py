@@ -69,8 +69,20 @@ class EngineRequest:
 
 
 def chunk_target(num_flushed: int, first_chunk_frames: int, chunk_frames: int) -> int:
-    """Frames the next chunk carries: a short first chunk for latency, then steady ones."""
-    return first_chunk_frames if num_flushed == 0 else chunk_frames
+    """Frames the next chunk carries: a short first chunk for latency, then chunks that grow by
+    what was already sent (2, 4, 8, 10, 10, ... for 2 and 10) up to `chunk_frames`.
+
+    Why grow: a listener starts playing at the first chunk, so chunk k must arrive before the
+    audio sent before it has played out. Its frames take (its size) engine steps to generate,
+    and a chunk no larger than the audio already sent (+ the first chunk) keeps that deadline at
+    any engine pace faster than about real time x 2 (a step under ~40 ms of the 80 ms a frame
+    plays), with the rest of the buffer left for the vocoder's queueing jitter. A steady 10 after
+    a 2-frame first chunk needs 10 steps inside the first chunk's 160 ms: it ran dry at every
+    concurrency above 16 (docs/scaling.md). A first chunk at least as big as `chunk_frames`
+    makes every chunk `chunk_frames`."""
+    if num_flushed == 0:
+        return first_chunk_frames
+    return min(chunk_frames, num_flushed + first_chunk_frames)
 
 
 class RequestStatus(enum.Enum):

@@ -3,8 +3,10 @@
 It builds the prompt rows (after the reference codes arrive), submits the request to
 EngineStreams and turns the request's feed into speech_pipeline.CodesChunk values, with None
 every `wait_s` seconds without news so the stream can check cancellation while it waits in the
-engine's queue. Engine refusals and failures become ChildError with the error kind the client
-sees. Closing the iterator before the request finished aborts it. No Triton import.
+engine's queue, and AUDIO_READY when `wake()` says a vocoder call of the stream completed (the
+feed is the one queue the stream thread waits on). Engine refusals and failures become
+ChildError with the error kind the client sees. Closing the iterator before the request
+finished aborts it. No Triton import.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..engine.request import EngineRequest
 from ..engine.scheduler import QueueFull
 from ..processor import PromptBuilder, PromptError
 from .engine_streams import EngineStreams
-from .speech_pipeline import NO_CODES, ChildError, CodesChunk
+from .speech_pipeline import AUDIO_READY, NO_CODES, ChildError, CodesChunk
 from .synthesis_request import SynthesisRequest
 
 WAIT_S = 1.0  # how often a waiting stream gets a chance to notice a cancel
@@ -36,6 +38,17 @@ class EngineCodes:
         self.reference_codes = reference_codes  # [frames, 12] or None; may raise ChildError
         self.wait_s = wait_s
         self._is_aborted = False
+        self._feed = None
+        self._is_woken = False  # a wake before the feed exists is delivered when it does
+
+    def wake(self) -> None:
+        """Any thread: the stream has audio to send; its wait for the next chunk ends now."""
+        # Flag first, feed second (and chunks() the other way round): a wake that races the
+        # feed's creation is delivered at least once.
+        self._is_woken = True
+        feed = self._feed
+        if feed is not None:
+            feed.put(AUDIO_READY)
 
     def abort(self) -> None:
         self._is_aborted = True
@@ -44,14 +57,16 @@ class EngineCodes:
     def chunks(self) -> Iterator[Optional[CodesChunk]]:
         reference = self.reference_codes()
         reference = None if reference is None or not reference.size else reference.reshape(-1, N_VQ).astype(np.int32)
-        feed = self._submit(reference)
+        feed = self._feed = self._submit(reference)
+        if self._is_woken:  # a call completed before the feed existed
+            feed.put(AUDIO_READY)
         try:
             if self.synthesis.mode == "continuation" and reference is not None:
                 yield CodesChunk(NO_CODES, reference)  # the context the audio continues from
             while True:
                 event = feed.next(self.wait_s)
-                if event is None:
-                    yield None
+                if event is None or event is AUDIO_READY:
+                    yield event
                 elif isinstance(event, Finished):
                     self._check(event)
                     return

@@ -41,6 +41,11 @@ class SegmentedCodes:
         self._current = None
         self._is_aborted = False
 
+    def wake(self) -> None:
+        current = self._current
+        if current is not None:
+            current.wake()
+
     def abort(self) -> None:
         self._is_aborted = True
         if self._current is not None:

@@ -1,15 +1,18 @@
 """The `moss_tts` model's per-request logic: take the engine's code chunks, vocode, send.
 
 One `SpeechStream` per client request, run on a thread of the model's stream pool; the
-adapter supplies the engine and the BLS calls through `Children` and the client through
+adapter supplies the engine and the vocoder through `Children` and the client through
 `Client`. Policy lives here so it is tested without Triton:
-- streaming: each code chunk is sent as it comes (vocoded first when AUDIO is wanted);
-  non-streaming: codes are gathered and sent (vocoded in one call) as one final response;
+- streaming: each code chunk goes to the vocoder as it comes and the stream takes the next one
+  at once: any number of chunks can be in flight (`Children.vocode` returns a `Pending`), and
+  their audio is sent in order as each completes (the vocoder wakes the stream through its
+  chunk iterator, `AUDIO_READY`); non-streaming: codes are gathered and vocoded as one job,
+  sent as one final response;
 - continuation: the vocoder is first primed with the reference codes (their audio dropped),
   and the reference codes go out once as CONTEXT_CODES;
 - cancellation is checked once per chunk (and once a second while a request waits for the
-  engine) and stops the engine row and the vocoder sequence; a server shutting down ends its
-  streams the same way, with UNAVAILABLE;
+  engine or the vocoder) and stops the engine row, drops the chunks in flight and ends the
+  vocoder sequence; a server shutting down ends its streams the same way, with UNAVAILABLE;
 - every stream ends with exactly one final response, and the vocoder sequence is always ended.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections import deque
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Protocol
@@ -49,12 +53,45 @@ class CodesChunk:
     context: np.ndarray  # [frames, 12] int32; non-empty only on a continuation's first chunk
 
 
+class Pending(Protocol):
+    """The audio of one vocoder call, to come."""
+    def done(self) -> bool: ...
+    def wait(self, timeout: Optional[float] = None) -> bool: ...  # True once done
+    def result(self, timeout: Optional[float] = None) -> np.ndarray: ...  # [2, S]; raises ChildError
+    def cancel(self) -> None: ...  # the audio is no longer wanted
+
+
+class Ready:
+    """A vocoder call that completed when it was made (a synchronous child: BLS)."""
+
+    def __init__(self, audio: np.ndarray) -> None:
+        self.audio = audio
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return True
+
+    def result(self, timeout: Optional[float] = None) -> np.ndarray:
+        return self.audio
+
+    def cancel(self) -> None:
+        pass
+
+
+# Yielded by a chunk iterator when a Pending of its stream completed: send what is ready.
+AUDIO_READY = object()
+
+
 class Children(Protocol):
-    # Chunks in order; None when nothing came for a while (a chance to check cancellation).
-    # Raises ChildError; closing it early ends the request in the engine.
-    def stream_codes(self) -> Iterator[Optional[CodesChunk]]: ...
+    # Chunks in order; None when nothing came for a while (a chance to check cancellation),
+    # AUDIO_READY when a vocoder call of this stream completed. Raises ChildError; closing it
+    # early ends the request in the engine.
+    def stream_codes(self) -> Iterator[object]: ...
     def abort_codes(self) -> None: ...
-    def vocode(self, codes: np.ndarray, start: bool, end: bool) -> np.ndarray: ...  # [2, S]; raises ChildError
+    # One call of the stream's vocoder sequence, in order; raises ChildError when refused at once.
+    def vocode(self, codes: np.ndarray, start: bool, end: bool) -> Pending: ...
 
 
 class Client(Protocol):
@@ -73,6 +110,10 @@ def new_sequence_id() -> int:
     return next(_sequence_ids)
 
 
+WAIT_S = 1.0  # how often a stream waiting for the vocoder checks for a cancel
+END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then the idle timeout frees it)
+
+
 class SpeechStream:
     def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
                  is_stopping: Callable[[], bool] = lambda: False) -> None:
@@ -82,6 +123,9 @@ class SpeechStream:
         self.wants_audio = wants_audio
         self.is_stopping = is_stopping  # the server is shutting down: end the stream now
         self._is_vocoder_open = False
+        # Vocoder calls not yet answered, in order, with the codes their audio is sent with
+        # (None: a prime or a non-streamed call, nothing to send by itself).
+        self._in_flight: deque[tuple[Pending, Optional[np.ndarray]]] = deque()
         self._gathered: list[np.ndarray] = []
         self._context: Optional[np.ndarray] = None
         self._is_context_sent = False
@@ -89,11 +133,11 @@ class SpeechStream:
     def run(self) -> None:
         try:
             ended = self._pump()
-            if ended == "done":
-                self._finish()
-            elif ended == "stopping":
+            if ended is None:
+                ended = self._finish()
+            if ended == "stopping":
                 self.client.send_error("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE)
-            else:
+            elif ended == "cancelled":
                 self.client.send_error("request cancelled by the client", ErrorKind.CANCELLED)
         except ChildError as exc:
             self.client.send_error(str(exc), exc.kind)
@@ -103,11 +147,17 @@ class SpeechStream:
         finally:
             self._close_vocoder()
 
-    def _pump(self) -> str:
-        """Consume the engine's chunks: "done", or "cancelled" / "stopping"."""
+    def _ended(self) -> Optional[str]:
+        return "stopping" if self.is_stopping() else "cancelled" if self.client.is_cancelled() else None
+
+    def _pump(self) -> Optional[str]:
+        """Consume the engine's chunks: None when they are all in, else "cancelled" / "stopping"."""
         with closing(self.children.stream_codes()) as chunks:
             for chunk in chunks:
-                ended = "stopping" if self.is_stopping() else "cancelled" if self.client.is_cancelled() else None
+                if chunk is AUDIO_READY:
+                    self._send_ready(block=False)
+                    continue
+                ended = self._ended()
                 if ended is not None:
                     self.children.abort_codes()
                     return ended
@@ -119,7 +169,8 @@ class SpeechStream:
                     self._stream_chunk(chunk.codes)
                 else:
                     self._gathered.append(chunk.codes)
-        return "done"
+                self._send_ready(block=False)
+        return None
 
     def _take_context(self) -> np.ndarray:
         """The continuation's reference codes on the first response that leaves, else empty."""
@@ -128,62 +179,107 @@ class SpeechStream:
         self._is_context_sent = True
         return self._context
 
-    def _open_vocoder(self) -> None:
-        """START the sequence; a continuation primes it with the reference frames first."""
-        context = self._context if self._context is not None else NO_CODES
+    def _vocode(self, codes: np.ndarray, start: bool, end: bool, send: Optional[np.ndarray]) -> Pending:
+        pending = self.children.vocode(codes, start=start, end=end)
+        self._in_flight.append((pending, send))
+        return pending
+
+    def _open_vocoder(self, codes: np.ndarray, send: Optional[np.ndarray], end: bool = False) -> Pending:
+        """The sequence's first call(s): START rides on the first chunk (one queue round trip less
+        before the first audio); a continuation primes it with the reference frames first."""
         # Open before the call: Triton's sequence batcher holds a slot from the START flag on,
-        # even when the call fails, and only END (or its idle timeout) gives it back.
-        self._is_vocoder_open = True
-        self.children.vocode(context, start=True, end=False)
+        # even when the call fails, and only END (or its idle timeout) gives it back. A single
+        # START|END call (STREAM=false without context) ends the sequence by itself.
+        self._is_vocoder_open = self._context is not None or not end
+        if self._context is not None:
+            self._vocode(self._context, start=True, end=False, send=None)
+            return self._vocode(codes, start=False, end=end, send=send)
+        return self._vocode(codes, start=True, end=end, send=send)
 
     def _stream_chunk(self, codes: np.ndarray) -> None:
         if not codes.shape[0]:
             return
-        audio = None
-        if self.wants_audio:
-            if not self._is_vocoder_open and self._context is None:
-                # START rides on the first chunk: a round trip through the vocoder's queue less
-                # before the first audio (a continuation primes its context first, below).
-                # Open before the call, as in _open_vocoder.
-                self._is_vocoder_open = True
-                audio = self.children.vocode(codes, start=True, end=False)
-            else:
-                if not self._is_vocoder_open:
-                    self._open_vocoder()
-                audio = self.children.vocode(codes, start=False, end=False)
-        self.client.send(audio, codes, self._take_context(), final=False)
+        if not self.wants_audio:
+            self.client.send(None, codes, self._take_context(), final=False)
+        elif not self._is_vocoder_open:
+            self._open_vocoder(codes, send=codes)
+        else:
+            self._vocode(codes, start=False, end=False, send=codes)
 
-    def _finish(self) -> None:
+    def _send_ready(self, block: bool) -> Optional[str]:
+        """Send the audio of the calls answered so far, in order; with `block`, of all of them.
+        Returns "cancelled" / "stopping" if that ends the stream while it waits."""
+        while self._in_flight:
+            pending, codes = self._in_flight[0]
+            if not pending.done():
+                if not block:
+                    return None
+                if not pending.wait(WAIT_S):
+                    ended = self._ended()
+                    if ended is not None:
+                        return ended
+                    continue
+            self._in_flight.popleft()
+            audio = pending.result()  # raises the call's ChildError
+            if codes is not None:
+                self.client.send(audio, codes, self._take_context(), final=False)
+        return None
+
+    def _finish(self) -> Optional[str]:
         if self.stream:
+            # END goes in behind the last chunk, so the vocoder frees the sequence as soon as that
+            # chunk is decoded, and before the final response: by the time the client has it, the
+            # stream's slot is free (its max_streams place follows as this thread returns), so a
+            # client that sends its next request at once is not refused for one it finished.
+            end = self._end_vocoder()
+            ended = self._send_ready(block=True)
+            if ended is not None:
+                return ended
             if self._context is not None and not self._is_context_sent:
                 # A continuation that stopped at once still owes the client its context codes.
                 self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
                                  self._take_context(), final=False)
-            # END before the final response: by the time the client has it, the stream's vocoder
-            # slot is free (its max_streams place follows as this thread returns), so a client
-            # that sends its next request at once is not refused for one it already finished.
-            # The price: the final response waits one vocoder round trip.
-            self._close_vocoder()
+            self._wait_end(end)
             self.client.send_final()
-            return
+            return None
         codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
         audio = None
         if self.wants_audio:
-            if self._context is None:  # one call: START, decode everything, END
-                audio = self.children.vocode(codes, start=True, end=True)
-            else:
-                self._open_vocoder()
-                self._is_vocoder_open = False  # this call carries END, whether or not it succeeds
-                audio = self.children.vocode(codes, start=False, end=True)
+            pending = self._open_vocoder(codes, send=None, end=True)  # START, everything, END
+            ended = self._send_ready(block=True)
+            if ended is not None:
+                return ended
+            self._is_vocoder_open = False  # its last call carried END
+            audio = pending.result()
         self.client.send(audio, codes, self._take_context(), final=True)
+        return None
 
-    def _close_vocoder(self) -> None:
+    def _end_vocoder(self) -> Optional[Pending]:
         if not self._is_vocoder_open:
-            return
+            return None
         self._is_vocoder_open = False
         try:
-            self.children.vocode(NO_CODES, start=False, end=True)
+            return self.children.vocode(NO_CODES, start=False, end=True)
         except ChildError as exc:  # e.g. shutting down: the vocoder's idle timeout reclaims the slot
             log.warning("closing the vocoder sequence failed: %s", exc)
         except Exception:
             log.exception("closing the vocoder sequence failed")
+        return None
+
+    @staticmethod
+    def _wait_end(end: Optional[Pending]) -> None:
+        if end is None:
+            return
+        try:
+            end.result(timeout=END_WAIT_S)
+        except ChildError as exc:
+            log.warning("closing the vocoder sequence failed: %s", exc)
+        except Exception:
+            log.exception("closing the vocoder sequence failed")
+
+    def _close_vocoder(self) -> None:
+        """On every way out: drop the calls still in flight, end the sequence if still open."""
+        for pending, _ in self._in_flight:
+            pending.cancel()
+        self._in_flight.clear()
+        self._wait_end(self._end_vocoder())

@@ -44,9 +44,11 @@ def layouts(gpus: int) -> dict[str, dict[str, tuple[list[int], dict[str, str]]]]
     return {
         f"replicas_{gpus}gpu": {model: (every, {}) for model in STAGES},
         f"split_{gpus}gpu": {
-            # Alone on its GPU, the engine's KV budget need not leave room for the codec.
-            "moss_tts": (engine_gpus, {"reserved_memory_gib": "0"}),
-            "vocoder": (codec_gpus, {}),
+            # Alone on its GPU, the engine's KV budget need not leave room for the codec; the
+            # audio is decoded by the vocoder model on the other GPU (BLS), which then needs a
+            # slot for every engine row besides its direct callers' share.
+            "moss_tts": (engine_gpus, {"reserved_memory_gib": "0", "vocoder": "bls"}),
+            "vocoder": (codec_gpus, {"max_slots": "288"}),
             "ref_encoder": (codec_gpus, {}),
         },
     }

@@ -1,0 +1,316 @@
+"""VocoderWorker: the pipeline's streaming codec decode, inside the `moss_tts` process.
+
+One thread owns a `VocoderSessions` (the batched decoder state, its CUDA graphs) and decodes, in
+rounds, the chunks that the stream threads submit. A submit returns a `VocodeJob` at once, so a
+stream puts chunk k+1 in while chunk k is still being decoded or sent: each stream can have any
+number of chunks in flight, and the worker batches across streams at whatever row count is
+waiting. Why in process and not over BLS to the `vocoder` model: a BLS round trip costs two
+shared-memory copies, a sequence-batcher queue and Python on both sides per chunk, and two
+processes on one GPU only time-slice; here a chunk crosses no process, and the decode runs on a
+CUDA stream of its own that overlaps the engine's (docs/scaling.md has the numbers).
+
+A round takes the oldest job of every sequence that has one and decodes at most `piece_frames`
+frames of each (the graphs' largest shape): a long job (`STREAM=false`, a primed reference)
+advances one piece per round, so it never holds the streams' chunks back for more than one step.
+Jobs of one sequence complete in submission order. START resets the sequence's row and END frees
+it, both on this thread (the state is only touched here, in stream order). A cancelled job is
+dropped unread. A decode failure fails every job of its round (their sequences are ended by
+VocoderSessions) and the rest of those sequences' jobs. No Triton import.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Callable, Hashable, Optional
+
+import numpy as np
+import torch
+
+from ..contract import ErrorKind
+from ..parameters import config_fields
+from .speech_pipeline import ChildError
+from .vocoder_sessions import NoFreeSlot, VocoderSessions
+
+log = logging.getLogger(__name__)
+
+
+PLACEMENTS = ("in_process", "bls")
+
+
+@dataclass(frozen=True)
+class VocoderPlacement:
+    """Where `moss_tts` decodes its audio (its pbtxt parameters of these names)."""
+    vocoder: str = "in_process"  # or "bls": the `vocoder` model, over BLS (split placements)
+    vocoder_device: str = "auto"  # in_process: "auto" = the engine's device, or "cuda:N" / "cpu"
+    vocoder_slots: int = 0  # in_process: sequences at once; 0 = the model's max_streams
+    vocoder_step_rows: int = 256  # in_process: rows per codec step (graph buckets up to this)
+    vocoder_idle_s: float = 60.0  # in_process: a sequence without a call this long is ended
+
+    def __post_init__(self):
+        if self.vocoder not in PLACEMENTS:
+            raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
+        if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0:
+            raise ValueError(f"vocoder_slots must be >= 0 (0 = max_streams), vocoder_step_rows >= 1 and "
+                             f"vocoder_idle_s > 0; got {self.vocoder_slots}, {self.vocoder_step_rows}, "
+                             f"{self.vocoder_idle_s}")
+
+    @classmethod
+    def from_parameters(cls, parameters) -> "VocoderPlacement":
+        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device") if k in parameters}
+        return cls(**{**config_fields(cls, parameters, skip=tuple(strings)), **strings})
+
+    @property
+    def is_in_process(self) -> bool:
+        return self.vocoder == "in_process"
+
+
+class VocodeJob:
+    """One chunk of one sequence in the worker: `result()` waits for its audio [2, S] float32."""
+
+    def __init__(self, seq: Hashable, codes: np.ndarray, start: bool, end: bool,
+                 on_done: Callable[[], None]) -> None:
+        self.seq, self.codes, self.start, self.end = seq, codes, start, end
+        self.on_done = on_done  # called once, on the worker thread, when the job completes: keep it cheap
+        self.position = 0  # frames decoded so far
+        self.parts: list[np.ndarray] = []
+        self.is_cancelled = False
+        self._done = threading.Event()
+        self._audio: Optional[np.ndarray] = None
+        self._error: Optional[ChildError] = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self, timeout: Optional[float] = None) -> np.ndarray:
+        if not self._done.wait(timeout):
+            raise ChildError(f"the vocoder did not answer within {timeout} s", ErrorKind.UNAVAILABLE)
+        if self._error is not None:
+            raise self._error
+        return self._audio
+
+    def cancel(self) -> None:
+        """The stream no longer wants this audio (cancelled, failed): the worker skips the job."""
+        self.is_cancelled = True
+
+    @property
+    def frames_left(self) -> int:
+        return self.codes.shape[0] - self.position
+
+    def _finish(self, audio: Optional[np.ndarray], error: Optional[ChildError]) -> None:
+        if self._done.is_set():
+            return
+        self._audio, self._error = audio, error
+        self.parts = []
+        self._done.set()
+        try:
+            self.on_done()
+        except Exception:  # a waker must never stop the worker
+            log.exception("vocoder job callback failed")
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    rounds: int
+    jobs: int
+    frames: int
+    round_ms: int  # wall time inside rounds (GPU steps + host work)
+    queued_jobs: int
+    active_slots: int
+    free_slots: int
+    sessions_started: int
+    sessions_ended: int
+    sessions_failed: int
+    graph_calls: int
+    decode_calls: int
+
+
+class VocoderWorker:
+    def __init__(self, sessions: VocoderSessions, idle_seconds: float = 60.0,
+                 stream_priority: int = 0) -> None:
+        """idle_seconds: a sequence without a job for this long is ended (a stream that died
+        without its END). stream_priority: the CUDA stream's priority (0 = normal; the engine
+        runs above it)."""
+        self.sessions = sessions
+        self.piece_frames = sessions.config.max_graph_frames
+        self.idle_seconds = idle_seconds
+        self.stream_priority = stream_priority
+        self.n_vq = sessions.config.n_vq
+        self.codebook_size = sessions.codec.codebook_size
+        self._queues: "OrderedDict[Hashable, deque[VocodeJob]]" = OrderedDict()
+        self._cond = threading.Condition()
+        self._is_stopping = False
+        self._round_started: Optional[float] = None
+        self._rounds = self._jobs = self._frames = 0
+        self._round_s = 0.0
+        self._thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- stream threads
+    def submit(self, seq: Hashable, codes: np.ndarray, start: bool, end: bool,
+               on_done: Callable[[], None] = lambda: None) -> VocodeJob:
+        """Queue the next chunk of `seq` (START opens it, END frees it after this chunk). Bad codes
+        are refused here (ChildError INVALID_ARGUMENT), before they can fail a round."""
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[1] != self.n_vq or not np.issubdtype(codes.dtype, np.integer):
+            raise ChildError(f"vocoder codes must be integers of shape [frames, {self.n_vq}], got "
+                             f"{codes.dtype} {tuple(codes.shape)}", ErrorKind.INVALID_ARGUMENT)
+        if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
+            raise ChildError(f"vocoder codes must lie in [0, {self.codebook_size})", ErrorKind.INVALID_ARGUMENT)
+        job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done)
+        with self._cond:
+            if self._is_stopping:
+                raise ChildError("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE)
+            self._queues.setdefault(seq, deque()).append(job)
+            self._cond.notify()
+        return job
+
+    def stats(self) -> WorkerStats:
+        s = self.sessions.stats()
+        with self._cond:
+            queued = sum(len(q) for q in self._queues.values())
+            return WorkerStats(self._rounds, self._jobs, self._frames, int(self._round_s * 1e3), queued,
+                               s.active_slots, s.free_slots, s.sessions_started, s.sessions_ended,
+                               s.sessions_failed, s.graph_calls, s.decode_calls)
+
+    def stalled_seconds(self) -> float:
+        started = self._round_started
+        return 0.0 if started is None else max(0.0, time.monotonic() - started)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the round in progress, fail every queued job (UNAVAILABLE), end the thread."""
+        with self._cond:
+            self._is_stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        with self._cond:
+            queued = [job for q in self._queues.values() for job in q]
+            self._queues.clear()
+        for job in queued:
+            job._finish(None, ChildError("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE))
+
+    # ---------------------------------------------------------------- worker thread
+    def _loop(self) -> None:
+        device = self.sessions.config.torch_device
+        if device.type == "cuda":
+            # Per thread: this thread's device, and a stream of its own so the decode overlaps
+            # the engine's steps (which run above it when they have a higher priority).
+            torch.cuda.set_device(device)
+            torch.cuda.set_stream(torch.cuda.Stream(device, priority=self.stream_priority))
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._is_stopping or self._queues, timeout=1.0)
+                    if self._is_stopping:
+                        return
+                    heads = self._heads()
+                if heads:
+                    started = self._round_started = time.monotonic()
+                    try:
+                        self._round(heads)
+                    except Exception as exc:  # a defect here: fail the round, keep serving
+                        log.exception("vocoder round failed")
+                        self._fail(heads, ChildError(f"vocoder round failed: {exc!r}", ErrorKind.INTERNAL))
+                    finally:
+                        self._round_started = None
+                        with self._cond:
+                            self._rounds += 1
+                            self._round_s += time.monotonic() - started
+                self.sessions.expire(self.idle_seconds)
+
+    def _heads(self) -> list[VocodeJob]:
+        """The oldest live job of every sequence (cancelled ones are dropped). Under the lock."""
+        heads = []
+        for seq in list(self._queues):
+            queue = self._queues[seq]
+            while queue and queue[0].is_cancelled:
+                job = queue.popleft()
+                if job.end and job.seq in self.sessions:
+                    self.sessions.end(job.seq)  # its END will not come again
+                job._finish(None, ChildError("cancelled", ErrorKind.CANCELLED))
+            if queue:
+                heads.append(queue[0])
+            else:
+                del self._queues[seq]
+        return heads
+
+    def _round(self, heads: list[VocodeJob]) -> None:
+        pieces: dict[Hashable, torch.Tensor] = {}
+        for job in heads:
+            if job.start and job.position == 0:
+                if not self._start(job):
+                    continue
+            elif job.frames_left and job.seq not in self.sessions:
+                # Checked per job: VocoderSessions would refuse the whole call, every stream of it.
+                self._fail([job], ChildError(f"vocoder sequence {job.seq!r} has no codec state (never started, "
+                                             "ended, or idle-expired)", ErrorKind.INTERNAL))
+                continue
+            if not job.frames_left:
+                self._complete(job)  # START or END alone: no GPU work, no reason to wait for the step
+            else:
+                frames = min(self.piece_frames, job.frames_left)
+                pieces[job.seq] = torch.from_numpy(job.codes[job.position:job.position + frames])
+        if pieces:
+            try:
+                audio = self.sessions.decode(pieces)
+            except Exception as exc:  # VocoderSessions ended every sequence of the call
+                kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
+                log.exception("vocoder decode failed for %d sequences", len(pieces))
+                self._fail([job for job in heads if job.seq in pieces],
+                           ChildError(f"vocoder decode failed: {exc}; the stream was ended", kind))
+                return
+            for job in heads:
+                if job.seq in audio:
+                    job.parts.append(audio[job.seq].numpy())
+                    job.position += pieces[job.seq].shape[0]
+                    self._frames += pieces[job.seq].shape[0]
+        for job in heads:
+            if not job.done() and not job.frames_left:
+                self._complete(job)
+
+    def _start(self, job: VocodeJob) -> bool:
+        try:
+            if job.seq in self.sessions:
+                self.sessions.end(job.seq)  # a restarted id starts from fresh state
+            self.sessions.start(job.seq)
+            return True
+        except NoFreeSlot as exc:
+            self._fail([job], ChildError(str(exc), ErrorKind.UNAVAILABLE))
+            return False
+
+    def _complete(self, job: VocodeJob) -> None:
+        """Answer `job`, and at once any END-only calls queued right behind it (no GPU work: the
+        stream's final response waits on its END)."""
+        while job is not None:
+            if job.end and job.seq in self.sessions:
+                self.sessions.end(job.seq)
+            with self._cond:
+                queue = self._queues.get(job.seq)
+                if queue and queue[0] is job:
+                    queue.popleft()
+                follower = queue[0] if queue else None
+                self._jobs += 1
+            if not job.parts:
+                audio = np.zeros((2, 0), np.float32)
+            else:
+                audio = job.parts[0] if len(job.parts) == 1 else np.concatenate(job.parts, axis=-1)
+            job._finish(audio, None)
+            is_end_only = follower is not None and not follower.start and not follower.frames_left
+            job = follower if is_end_only and not follower.is_cancelled else None
+
+    def _fail(self, jobs: list[VocodeJob], error: ChildError) -> None:
+        """Fail `jobs` and every later job of their sequences (their state is gone or never was);
+        a queued END still frees the slot."""
+        for seq in {job.seq for job in jobs}:
+            with self._cond:
+                queue = self._queues.pop(seq, deque())
+            if seq in self.sessions:
+                self.sessions.cancel(seq)
+            for job in [*(j for j in jobs if j.seq == seq and j not in queue), *queue]:
+                job._finish(None, error)

@@ -1,0 +1,224 @@
+"""VocoderWorker: the pipeline's in-process decode. Chunks in flight per stream, batched across
+streams, long jobs one piece per round, order, START/END, cancel, errors that stay with their
+stream, shutdown. Tiny codec, fp32 on CPU; audio checked against offline decode."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from moss_tts.codec import load_codec
+from moss_tts.contract import ErrorKind
+from moss_tts.serving.speech_pipeline import ChildError
+from moss_tts.serving.vocoder_sessions import VocoderConfig, VocoderSessions
+from moss_tts.serving.vocoder_worker import VocoderPlacement, VocoderWorker
+
+SPF = 3840
+TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_dir):
+    return load_codec(tiny_dir / "codec")
+
+
+@pytest.fixture(scope="module")
+def streams(codec) -> np.ndarray:
+    """Three code streams [3, 30, 12] (encoded noise)."""
+    g = torch.Generator().manual_seed(5)
+    return codec.encode(0.3 * torch.randn(3, 2, 30 * SPF, generator=g), n_quantizers=12)[0].numpy()
+
+
+@pytest.fixture(scope="module")
+def offline(codec, streams) -> np.ndarray:
+    with torch.inference_mode():
+        return codec.decode(torch.from_numpy(streams)).float().numpy()  # [3, 2, 30*SPF]
+
+
+class Gate:
+    """Holds the worker inside its next decode until released: lets a test queue work mid-round."""
+
+    def __init__(self, sessions):
+        self.sessions, self.decode = sessions, sessions.decode
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.rounds: list[dict] = []  # {seq: frames} per decode call
+        sessions.decode = self
+
+    def __call__(self, chunks):
+        self.rounds.append({seq: c.shape[0] for seq, c in chunks.items()})
+        self.entered.set()
+        assert self.release.wait(TIMEOUT_S)
+        return self.decode(chunks)
+
+
+def make(codec, max_slots=4, piece_frames=10, **kwargs):
+    sessions = VocoderSessions(codec, VocoderConfig(max_slots=max_slots, max_public_sessions=max_slots,
+                                                    max_graph_frames=piece_frames))
+    return VocoderWorker(sessions, **kwargs)
+
+
+def close(a, b):
+    assert a.shape == b.shape
+    assert np.abs(a - b).max() <= 1e-4 * max(1.0, np.abs(b).max())
+
+
+def test_chunks_in_flight_decode_in_order_and_equal_offline(codec, streams, offline):
+    worker = make(codec)
+    woken = []
+    try:
+        jobs = []
+        for seq in range(2):  # all chunks of both streams queued before any is answered
+            cuts = [0, 2, 6, 14, 24, 30]  # the pipeline's growing chunks
+            for k, (a, b) in enumerate(zip(cuts, cuts[1:])):
+                jobs.append((seq, a, b, worker.submit(seq, streams[seq, a:b], start=k == 0, end=False,
+                                                      on_done=lambda seq=seq: woken.append(seq))))
+        ends = [worker.submit(seq, np.zeros((0, 12), np.int64), start=False, end=True) for seq in range(2)]
+        for seq in range(2):
+            audio = np.concatenate([job.result(TIMEOUT_S) for s, _, _, job in jobs if s == seq], axis=-1)
+            close(audio, offline[seq])
+        for end in ends:
+            assert end.result(TIMEOUT_S).shape == (2, 0)
+        assert sorted(woken) == [0] * 5 + [1] * 5  # one wake per answered chunk
+        stats = worker.stats()
+        assert (stats.active_slots, stats.sessions_started, stats.sessions_ended) == (0, 2, 2)
+        assert stats.rounds <= 5 + 1  # both streams' k-th chunks share a round (not 10 rounds)
+    finally:
+        worker.stop()
+
+
+def test_a_long_job_goes_one_piece_per_round_beside_the_streams(codec, streams, offline):
+    worker = make(codec, piece_frames=4)
+    gate = Gate(worker.sessions)
+    try:
+        first = worker.submit("stream", streams[0, :2], start=True, end=False)
+        assert gate.entered.wait(TIMEOUT_S)  # the worker is inside round 1; queue behind it
+        long = worker.submit("offline", streams[1], start=True, end=True)  # 30 frames: 8 pieces of <= 4
+        second = worker.submit("stream", streams[0, 2:6], start=False, end=False)
+        gate.release.set()
+        close(np.concatenate([first.result(TIMEOUT_S), second.result(TIMEOUT_S)], -1), offline[0][:, :6 * SPF])
+        close(long.result(TIMEOUT_S), offline[1])
+        # Round 2 decoded the stream's next chunk beside the long job's first piece.
+        assert gate.rounds[1] == {"offline": 4, "stream": 4}
+        assert all(max(r.values()) <= 4 for r in gate.rounds)
+        assert "offline" not in worker.sessions  # its START|END job freed the slot
+    finally:
+        gate.release.set()
+        worker.stop()
+
+
+def test_bad_codes_are_refused_at_submit_and_touch_no_round(codec, streams):
+    worker = make(codec)
+    try:
+        with pytest.raises(ChildError) as bad:
+            worker.submit(1, np.full((2, 12), 5000), start=True, end=False)
+        assert bad.value.kind is ErrorKind.INVALID_ARGUMENT and "[0, " in str(bad.value)
+        with pytest.raises(ChildError):
+            worker.submit(1, np.zeros((2, 11), np.int64), start=True, end=False)
+        assert worker.stats().jobs == 0 and 1 not in worker.sessions
+    finally:
+        worker.stop()
+
+
+def test_a_stream_without_state_fails_alone(codec, streams, offline):
+    worker = make(codec)
+    try:
+        lost = worker.submit("never-started", streams[0, :2], start=False, end=False)
+        fine = worker.submit("ok", streams[1, :2], start=True, end=True)
+        with pytest.raises(ChildError) as err:
+            lost.result(TIMEOUT_S)
+        assert "no codec state" in str(err.value)
+        close(fine.result(TIMEOUT_S), offline[1][:, :2 * SPF][:, :])  # prefix of a causal decode
+    finally:
+        worker.stop()
+
+
+def test_a_full_state_refuses_the_new_stream_with_unavailable(codec, streams):
+    worker = make(codec, max_slots=1)
+    try:
+        worker.submit("a", streams[0, :2], start=True, end=False).result(TIMEOUT_S)
+        refused = worker.submit("b", streams[1, :2], start=True, end=False)
+        after = worker.submit("b", streams[1, 2:4], start=False, end=False)
+        for job in (refused, after):
+            with pytest.raises(ChildError) as err:
+                job.result(TIMEOUT_S)
+            assert err.value.kind is ErrorKind.UNAVAILABLE
+        assert worker.sessions.stats().active_slots == 1
+    finally:
+        worker.stop()
+
+
+def test_a_decode_failure_fails_its_round_and_the_rest_of_those_streams(codec, streams):
+    worker = make(codec)
+    gate = Gate(worker.sessions)
+    try:
+        worker.submit(1, streams[0, :2], start=True, end=False)
+        assert gate.entered.wait(TIMEOUT_S)
+        later = worker.submit(1, streams[0, 2:4], start=False, end=False)
+        end = worker.submit(1, np.zeros((0, 12), np.int64), start=False, end=True)
+        gate.decode = lambda chunks: (_ for _ in ()).throw(RuntimeError("simulated device failure"))
+        gate.release.set()
+        for job in (later, end):
+            with pytest.raises(ChildError) as err:
+                job.result(TIMEOUT_S)
+            assert err.value.kind is ErrorKind.INTERNAL and "simulated device failure" in str(err.value)
+        assert worker.sessions.stats().active_slots == 0
+        gate.decode = worker.sessions.__class__.decode.__get__(worker.sessions)  # healthy again
+        ok = worker.submit(2, streams[1, :2], start=True, end=True)
+        assert ok.result(TIMEOUT_S).shape == (2, 2 * SPF)
+    finally:
+        gate.release.set()
+        worker.stop()
+
+
+def test_cancelled_jobs_are_dropped_and_their_end_still_frees_the_slot(codec, streams):
+    worker = make(codec)
+    gate = Gate(worker.sessions)
+    try:
+        worker.submit(1, streams[0, :2], start=True, end=False)
+        assert gate.entered.wait(TIMEOUT_S)
+        dropped = [worker.submit(1, streams[0, a:a + 2], start=False, end=False) for a in (2, 4)]
+        for job in dropped:
+            job.cancel()
+        end = worker.submit(1, np.zeros((0, 12), np.int64), start=False, end=True)
+        offline = worker.submit(2, streams[1], start=True, end=True)
+        offline.cancel()  # a cancelled START|END job ends its sequence when it is dropped
+        gate.release.set()
+        assert end.result(TIMEOUT_S).shape == (2, 0)
+        for job in dropped:
+            with pytest.raises(ChildError) as err:
+                job.result(TIMEOUT_S)
+            assert err.value.kind is ErrorKind.CANCELLED
+        assert gate.rounds == [{1: 2}]  # nothing cancelled was decoded
+        assert worker.sessions.stats().active_slots == 0
+    finally:
+        gate.release.set()
+        worker.stop()
+
+
+def test_stop_fails_what_is_queued_with_unavailable_and_refuses_more(codec, streams):
+    worker = make(codec)
+    gate = Gate(worker.sessions)
+    worker.submit(1, streams[0, :2], start=True, end=False)
+    assert gate.entered.wait(TIMEOUT_S)
+    queued = worker.submit(1, streams[0, 2:4], start=False, end=False)
+    stopper = threading.Thread(target=worker.stop)
+    stopper.start()
+    gate.release.set()
+    stopper.join(TIMEOUT_S)
+    with pytest.raises(ChildError) as err:
+        queued.result(TIMEOUT_S)
+    assert err.value.kind is ErrorKind.UNAVAILABLE
+    with pytest.raises(ChildError):
+        worker.submit(3, streams[0, :2], start=True, end=False)
+
+
+def test_placement_parameters():
+    assert VocoderPlacement.from_parameters({}).is_in_process
+    placement = VocoderPlacement.from_parameters({"vocoder": "bls", "vocoder_slots": "8", "max_streams": "9"})
+    assert (placement.vocoder, placement.vocoder_slots, placement.is_in_process) == ("bls", 8, False)
+    for bad in ({"vocoder": "gpu"}, {"vocoder_slots": "-1"}, {"vocoder_step_rows": "x"}):
+        with pytest.raises(ValueError):
+            VocoderPlacement.from_parameters(bad)
