@@ -7,7 +7,12 @@
 #   perf/h200_scaling.sh vocoder               # codec GPU tests + perf/bench_vocoder.py
 #   perf/h200_scaling.sh layout NAME [NAME..]  # single | replicas_2gpu | split_2gpu: serve,
 #                                              # bench, kill; bench_NAME.json + logs in results.tgz
+#   perf/h200_scaling.sh soak SECONDS          # single layout, perf/soak.py (the mixed load: cancels,
+#                                              # bad input, clones, continuations, codes, ensemble,
+#                                              # offline) at CONCURRENCY (256), then SIGTERM + checks
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
+# VOCODER=bls (single): moss_tts calls the vocoder model over BLS (288 slots) instead of decoding
+# in its own process (the comparison of docs/scaling.md).
 # single = config.pbtxt with only GPU 0 visible; the others = --model-config-name=NAME
 # (model_repository/*/configs/NAME.pbtxt). Knobs: LEVELS (1,128,256,512), REQUESTS (2 per
 # worker), PROCESSES (8 client processes), FRAMES (112), MODE (stream).
@@ -36,9 +41,6 @@ setup() {
     PYTHONPATH=python_backends python3 -m moss_tts.tools.make_tiny_checkpoint --real-size "$W/ckpt" || { log "checkpoint failed"; exit 1; }
   fi
   du -sh "$W/ckpt/model" "$W/ckpt/codec" | tee -a "$R/gpu.txt"
-  # A clean copy of the repository: only models with a config.
-  rm -rf "$W/repo"; mkdir -p "$W/repo"
-  for d in model_repository/*/; do [ -f "$d/config.pbtxt" ] && cp -r "$d" "$W/repo/"; done
   log "setup took $((SECONDS - t0)) s"
 }
 
@@ -52,6 +54,22 @@ vocoder() {
   PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 python3 perf/bench_vocoder.py ${VOCODER_ARGS:---profile 256x10} \
     --out "$R/vocoder.json" 2>&1 | tee "$R/vocoder.txt"
   cp "$R/vocoder.json" "$OUT/" 2>/dev/null
+}
+
+# The model repository as served: VOCODER=bls switches moss_tts to the vocoder model (which then
+# needs a slot per engine row, and moss_tts no longer holds the codec, so the old reserve).
+prepare_repo() {
+  rm -rf "$W/repo"; mkdir -p "$W/repo"
+  for d in model_repository/*/; do [ -f "$d/config.pbtxt" ] && cp -r "$d" "$W/repo/"; done
+  if [ "${VOCODER:-in_process}" = bls ]; then
+    sed -i 's/key: "vocoder" value: { string_value: "in_process" }/key: "vocoder" value: { string_value: "bls" }/;
+            s/key: "reserved_memory_gib" value: { string_value: "[0-9]*" }/key: "reserved_memory_gib" value: { string_value: "40" }/' \
+      "$W/repo/moss_tts/config.pbtxt"
+    sed -i 's/key: "max_slots" value: { string_value: "[0-9]*" }/key: "max_slots" value: { string_value: "288" }/' \
+      "$W/repo/vocoder/config.pbtxt"
+  fi
+  grep -E 'key: "(vocoder|reserved_memory_gib|max_slots)"' "$W/repo/moss_tts/config.pbtxt" "$W/repo/vocoder/config.pbtxt" \
+    | tee -a "$R/scaling.log"
 }
 
 stop_server() {
@@ -77,6 +95,7 @@ dump_stubs() {
 
 layout() {
   env_pack
+  prepare_repo  # a clean copy of the repository: only models with a config
   for name in "$@"; do
     # BUDGET_S: seconds this call may still use; a layout needs ~4 min (load, levels, stop).
     if [ $((SECONDS + ${LAYOUT_S:-240})) -gt "${BUDGET_S:-100000}" ]; then log "layout $name: skipped (call budget)"; continue; fi
@@ -112,6 +131,42 @@ layout() {
     cp "$W/server_$name.log" "$R/"
     log "layout $name: done after $((SECONDS - t0)) s"
   done
+}
+
+# The mixed soak of issue 19 on the real-size checkpoint, single layout: serve, soak SECONDS, then
+# SIGTERM and time the shutdown (the soak itself checks every stream, row and session free and
+# every heartbeat moving once its clients are gone).
+soak() {
+  env_pack
+  prepare_repo
+  local t0=$SECONDS
+  CUDA_VISIBLE_DEVICES=0 MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
+    MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh > "$W/server_soak.log" 2>&1 < /dev/null &
+  echo $! > "$W/server.pid"
+  for _ in $(seq 480); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)" 2>/dev/null && break
+    kill -0 "$(cat "$W/server.pid")" 2>/dev/null || { log "soak: server died"; cp "$W/server_soak.log" "$R/"; return 1; }
+    sleep 1
+  done
+  log "soak: ready after $((SECONDS - t0)) s; ${CONCURRENCY:-256} streams for $1 s"
+  PYTHONUNBUFFERED=1 python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
+    --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" --cancel-fraction 0.2 \
+    --min-frames 40 --max-frames 112 --settle 60 --out "$R/soak.json" > "$R/soak.log" 2>&1
+  log "soak: exit $? after $((SECONDS - t0)) s"
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
+    2>/dev/null | grep -E '^moss_' > "$R/metrics_soak.txt"
+  local pid t1=$SECONDS; pid=$(cat "$W/server.pid")
+  kill -TERM "$pid"  # SHIM_PORT=0: serve.sh exec'd tritonserver itself
+  while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t1)) -lt 60 ]; do sleep 0.2; done
+  sleep 2
+  log "soak: shutdown took $((SECONDS - t1)) s; stubs left: $(pgrep -fc triton_python_backend_stub)"
+  cp "$W/server_soak.log" "$R/"
+  grep -cE "successfully unloaded" "$W/server_soak.log" | xargs -I{} echo "models unloaded: {}" | tee -a "$R/scaling.log"
+  grep -E "Non-graceful|Exit timeout|Traceback|invalid pointer|double free|Segmentation|stalled" "$W/server_soak.log" | head -20 \
+    | tee -a "$R/scaling.log"
+  python3 -c "import json; r = json.load(open('$R/soak.json')); print({k: r.get(k) for k in ('ok', 'requests', 'outcomes', 'num_failures', 'first_audio_ms_p50', 'first_audio_ms_p95', 'audio_seconds', 'wall_seconds', 'end_problems')})" \
+    | tee -a "$R/scaling.log"
+  stop_server
 }
 
 all() {

@@ -267,11 +267,21 @@ def sum_instances(text: str) -> dict[str, float]:
     return totals
 
 
+IN_PROCESS_SESSIONS = 'moss_tts_vocoder{stat="active_slots"}'  # moss_tts's own vocoder (vocoder=in_process)
+
+
+def vocoder_sessions(m: dict[str, float]) -> float:
+    """Open codec sequences: the vocoder model's (direct callers, BLS) + moss_tts's in-process ones."""
+    return m.get('moss_vocoder_sessions{state="active"}', 0.0) + m.get(IN_PROCESS_SESSIONS, 0.0)
+
+
 def idle_problems(m: dict[str, float], max_running: int) -> list[str]:
     """What is still in use once every client is gone (empty list = nothing)."""
     wanted = {'moss_engine{stat="streams"}': 0, 'moss_engine{stat="running"}': 0,
               'moss_engine{stat="waiting"}': 0, 'moss_engine{stat="free_slots"}': max_running,
               'moss_vocoder_sessions{state="active"}': 0}
+    if IN_PROCESS_SESSIONS in m:
+        wanted[IN_PROCESS_SESSIONS] = 0
     return [f"{name} is {m.get(name)}, want {value}" for name, value in wanted.items() if m.get(name) != value]
 
 

@@ -37,9 +37,27 @@ def test_streams_cover_the_engine_and_fit_its_queue():
     assert rows <= streams <= rows + queue, "a stream beyond the engine's rows must find a place in its queue"
 
 
-def test_vocoder_has_a_slot_for_every_engine_row_and_the_public_share():
-    slots, public = field("vocoder", "max_batch_size"), parameter("vocoder", "max_public_sessions")
-    assert slots >= parameter("moss_tts", "max_running_requests") + public
+def string_parameter(text: str, key: str) -> str:
+    match = re.search(rf'key: "{key}" value: {{ string_value: "([^"]*)" }}', text)
+    assert match, f"no parameter {key}"
+    return match.group(1)
+
+
+def test_the_pipelines_vocoder_has_a_slot_for_every_engine_row():
+    # moss_tts decodes in process: every running request can hold a codec sequence.
+    text = (REPO / "moss_tts" / "config.pbtxt").read_text()
+    assert string_parameter(text, "vocoder") == "in_process"
+    slots = parameter("moss_tts", "vocoder_slots") or parameter("moss_tts", "max_streams")
+    assert slots >= parameter("moss_tts", "max_running_requests")
+
+
+def test_the_vocoder_model_serves_direct_callers_and_the_split_layout():
+    slots, public = parameter("vocoder", "max_slots"), parameter("vocoder", "max_public_sessions")
+    assert public <= slots <= field("vocoder", "max_batch_size")
+    # Split: moss_tts on one GPU calls the vocoder model on the other for every stream.
+    split = (REPO / "vocoder" / "configs" / "split_2gpu.pbtxt").read_text()
+    assert string_parameter((REPO / "moss_tts" / "configs" / "split_2gpu.pbtxt").read_text(), "vocoder") == "bls"
+    assert int(string_parameter(split, "max_slots")) >= parameter("moss_tts", "max_running_requests") + public
 
 
 def test_every_stream_can_hold_a_python_backend_thread():

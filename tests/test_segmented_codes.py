@@ -7,7 +7,7 @@ import pytest
 
 from moss_tts.contract import InvalidRequest
 from moss_tts.serving.segmented_codes import VOICE_FRAMES, SegmentedCodes, codes_for
-from moss_tts.serving.speech_pipeline import CodesChunk
+from moss_tts.serving.speech_pipeline import AUDIO_READY, CodesChunk
 from moss_tts.serving.synthesis_request import parse_synthesis_request
 
 NO = np.zeros((0, 12), np.int32)
@@ -31,6 +31,7 @@ class FakeCodes:
         index = int(self.request.request_id.rsplit("-s", 1)[1])
         for _ in range(self.frames // 2):
             yield None  # a tick while waiting
+            yield AUDIO_READY  # a vocoder call of the stream completed: passed through, not a chunk
             yield CodesChunk(np.full((2, 12), index, np.int32), NO)
 
     def abort(self):
@@ -44,7 +45,7 @@ def fresh():
 
 def test_segments_come_out_in_order_as_one_stream_and_keep_the_first_voice():
     codes = SegmentedCodes(FakeCodes, synthesis("x"), ["One.", "Two.", "Three."], lambda: None)
-    frames = np.concatenate([c.codes for c in codes.chunks() if c is not None])
+    frames = np.concatenate([c.codes for c in codes.chunks() if isinstance(c, CodesChunk)])
     assert frames[:, 0].tolist() == [0] * 6 + [1] * 6 + [2] * 6
     assert [m.request.text for m in FakeCodes.made] == ["One.", "Two.", "Three."]
     assert [m.request.request_id for m in FakeCodes.made] == ["long-s0", "long-s1", "long-s2"]
@@ -66,10 +67,10 @@ def test_a_given_reference_serves_every_segment_and_continuation_only_the_first(
 def test_abort_stops_the_running_segment_and_starts_no_other():
     codes = SegmentedCodes(FakeCodes, synthesis("x"), ["A.", "B.", "C."], lambda: None)
     chunks = codes.chunks()
-    next(c for c in chunks if c is not None)
+    next(c for c in chunks if isinstance(c, CodesChunk))
     codes.abort()
     rest = list(chunks)
-    assert FakeCodes.made[0].aborted and len(FakeCodes.made) == 1 and len(rest) <= 6
+    assert FakeCodes.made[0].aborted and len(FakeCodes.made) == 1 and len(rest) <= 9
 
 
 def test_a_duration_cannot_apply_to_long_form():

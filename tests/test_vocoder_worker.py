@@ -222,3 +222,41 @@ def test_placement_parameters():
     for bad in ({"vocoder": "gpu"}, {"vocoder_slots": "-1"}, {"vocoder_step_rows": "x"}):
         with pytest.raises(ValueError):
             VocoderPlacement.from_parameters(bad)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_in_flight_chunks_through_graphs_equal_offline(tiny_dir, streams):
+    """The worker's own CUDA stream, graphs, START resets on that stream, while another thread
+    keeps the GPU busy on a high-priority stream (the engine's place): streamed == offline."""
+    codec = load_codec(tiny_dir / "codec", torch.device("cuda"), torch.float32).eval()
+    sessions = VocoderSessions(codec, VocoderConfig(max_slots=4, max_public_sessions=4, device="cuda",
+                                                    cuda_graphs=True, max_step_rows=4))
+    worker = VocoderWorker(sessions)
+    busy, stop = torch.cuda.Stream(priority=-1), threading.Event()
+
+    def load():
+        x = torch.randn(2048, 2048, device="cuda")
+        with torch.cuda.stream(busy):
+            while not stop.is_set():
+                x = (x @ x).tanh_()
+                busy.synchronize()
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    try:
+        cuts = [0, 2, 6, 14, 24, 30]
+        for rep in range(2):  # the second time every slot was used before: START must reset it
+            jobs = {seq: [worker.submit(seq, streams[seq, a:b], start=a == 0, end=b == 30)
+                          for a, b in zip(cuts, cuts[1:])] for seq in range(3)}
+            with torch.inference_mode():
+                offline = codec.decode(torch.from_numpy(streams).cuda()).float().cpu().numpy()
+            for seq, seq_jobs in jobs.items():
+                audio = np.concatenate([job.result(TIMEOUT_S) for job in seq_jobs], axis=-1)
+                peak = np.abs(offline[seq]).max()
+                assert np.abs(audio - offline[seq]).max() <= 1e-4 * peak, (rep, seq)
+        stats = worker.stats()
+        assert stats.graph_calls == stats.decode_calls > 0 and stats.active_slots == 0
+    finally:
+        stop.set()
+        loader.join(10)
+        worker.stop()

@@ -164,6 +164,9 @@ class TritonPythonModel:
                                ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
         self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
                                 after=self._flush_metrics, instance=instance)
+        # The server's shutdown reaches the streams: over BLS a refused call said so, in process
+        # nothing does (streams would run on until Triton's exit timeout).
+        self.stop_watch = io.ServerStopWatch(args["model_name"], self._server_stopping)
         self.vocoder_gauges = None if self.worker is None else io.Gauges(
             "moss_tts_vocoder", "moss_tts in-process vocoder counters", VOCODER_STATS,
             lambda: vars(self.worker.stats()), interval_s=0.5, instance=instance)
@@ -221,6 +224,11 @@ class TritonPythonModel:
         client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
         return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
 
+    def _server_stopping(self):
+        log.info("tritonserver is shutting down: %d streams end with UNAVAILABLE, new ones are refused",
+                 self.pool.num_active)
+        self.pool.begin_stop()
+
     def _stats(self):
         stats = self.streams.engine.stats()
         return {name: self.pool.num_active if name == "streams" else getattr(stats, name) for name in STATS}
@@ -236,6 +244,7 @@ class TritonPythonModel:
         if not self.pool.stop(STOP_TIMEOUT_S):
             log.warning("%d streams still running at shutdown (blocked on a child?)", self.pool.num_active)
         self.streams.shutdown(STOP_TIMEOUT_S)
+        self.stop_watch.stop()
         if self.worker is not None:
             self.worker.stop(STOP_TIMEOUT_S)
             self.vocoder_gauges.stop()

@@ -66,7 +66,7 @@ class SegmentedCodes:
                 given = np.concatenate(voice)[:VOICE_FRAMES] if voice else None
             self._current = self.make_codes(request, lambda given=given: given)
             for chunk in self._current.chunks():
-                if chunk is not None and index == 0 and reference is None and sum(len(v) for v in voice) < VOICE_FRAMES:
+                if isinstance(chunk, CodesChunk) and index == 0 and reference is None and sum(len(v) for v in voice) < VOICE_FRAMES:
                     voice.append(chunk.codes)
                 yield chunk
 

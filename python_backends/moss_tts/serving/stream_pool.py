@@ -66,6 +66,11 @@ class StreamPool:
             self._num_active -= 1
             self._lock.notify_all()
 
+    def begin_stop(self) -> None:
+        """Refuse new streams; the running ones end at their next look at `is_stopping`."""
+        with self._lock:
+            self._is_stopping = True
+
     def stop(self, timeout: float) -> bool:
         """Refuse new streams, wait up to `timeout` s for the running ones; True if all ended."""
         with self._lock:

@@ -98,6 +98,38 @@ class Heartbeat:
         self._thread.join(2 * self.INTERVAL_S)
 
 
+class ServerStopWatch:
+    """Calls `on_stop()` once when tritonserver begins to shut down, seen from inside a stub.
+
+    At SIGTERM Triton stops taking requests and waits up to its exit timeout for the requests in
+    flight to finish before it unloads (and so finalizes) a model: `finalize` comes too late to
+    end the streams of a decoupled model. Streams that called other models over BLS used to learn
+    it from the refused call ("Server not ready"); streams whose work stays in this process ask
+    the server whether `model` is still ready, every `interval_s` (one IPC call), and the first
+    "no" (or refusal) is the signal."""
+
+    def __init__(self, model: str, on_stop: Callable[[], None], interval_s: float = 0.5) -> None:
+        self.model, self.on_stop, self.interval_s = model, on_stop, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="moss-server-stop-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                is_ready = pb_utils.is_model_ready(self.model)
+            except Exception as exc:  # "Server not ready" once the shutdown has begun
+                log.info("readiness of %s refused (%s): the server is shutting down", self.model, exc)
+                is_ready = False
+            if not is_ready:
+                self.on_stop()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.interval_s)
+
+
 def exit_when_orphaned(interval_s: float = 1.0) -> None:
     """Start (once per process) a thread that ends this stub when tritonserver is gone.
 

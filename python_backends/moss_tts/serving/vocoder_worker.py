@@ -140,7 +140,6 @@ class VocoderWorker:
         self.sessions = sessions
         self.piece_frames = sessions.config.max_graph_frames
         self.idle_seconds = idle_seconds
-        self.stream_priority = stream_priority
         self.n_vq = sessions.config.n_vq
         self.codebook_size = sessions.codec.codebook_size
         self._queues: "OrderedDict[Hashable, deque[VocodeJob]]" = OrderedDict()
@@ -149,6 +148,9 @@ class VocoderWorker:
         self._round_started: Optional[float] = None
         self._rounds = self._jobs = self._frames = 0
         self._round_s = 0.0
+        device = sessions.config.torch_device
+        # Made here, not on the worker thread: the engine may be capturing its graphs by then.
+        self._stream = torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)
         self._thread.start()
 
@@ -197,12 +199,11 @@ class VocoderWorker:
 
     # ---------------------------------------------------------------- worker thread
     def _loop(self) -> None:
-        device = self.sessions.config.torch_device
-        if device.type == "cuda":
+        if self._stream is not None:
             # Per thread: this thread's device, and a stream of its own so the decode overlaps
             # the engine's steps (which run above it when they have a higher priority).
-            torch.cuda.set_device(device)
-            torch.cuda.set_stream(torch.cuda.Stream(device, priority=self.stream_priority))
+            torch.cuda.set_device(self._stream.device)
+            torch.cuda.set_stream(self._stream)
         with torch.inference_mode():
             while True:
                 with self._cond:
