@@ -6,7 +6,8 @@
 #                                              # real-size checkpoint (~12 GB) to /tmp
 #   perf/h200_scaling.sh vocoder               # codec GPU tests + perf/bench_vocoder.py
 #   perf/h200_scaling.sh layout NAME [NAME..]  # single | replicas_2gpu | split_2gpu: serve,
-#                                              # bench, kill; bench_NAME.json + logs in results.tgz
+#                                              # bench REPEAT times (1), kill; bench_NAME_K.json,
+#                                              # metrics, GPU utilization + logs in results.tgz
 #   perf/h200_scaling.sh soak SECONDS          # single layout, perf/soak.py (the mixed load: cancels,
 #                                              # bad input, clones, continuations, codes, ensemble,
 #                                              # offline) at CONCURRENCY (256), then SIGTERM + checks
@@ -120,12 +121,20 @@ layout() {
     grep -E "memory plan|captured|vocoder graphs|device" "$W/server_$name.log" | head -20 | tee -a "$R/scaling.log"
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$R/scaling.log"
     [ -n "${PYSPY:-}" ] && dump_stubs "$name" &
-    PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "${LEVELS:-1,128,256,512}" \
-      --mode "${MODE:-stream}" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
-      --warmup 2 --timeout 120 --out "$R/bench_$name.json" 2>&1 | tee -a "$R/scaling.log"
+    # GPU busy fraction every 0.5 s while the levels run (time stamps line up with scaling.log).
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "$R/gpu_util_$name.txt" 2>&1 &
+    local smi=$!
+    # REPEAT runs of every level against this one server (the spread of runs), bench_NAME_K.json.
+    for k in $(seq "${REPEAT:-1}"); do
+      log "layout $name: run $k"
+      PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "${LEVELS:-1,128,256,512}" \
+        --mode "${MODE:-stream}" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
+        --warmup 2 --timeout 120 --out "$R/bench_${name}_$k.json" 2>&1 | tee -a "$R/scaling.log"
+    done
+    kill "$smi" 2>/dev/null
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
       > "$W/metrics_$name.txt" 2>/dev/null
-    grep -E '^moss_(engine|vocoder)\{|^nv_inference_(count|queue_duration_us|compute_infer_duration_us)\{' "$W/metrics_$name.txt" \
+    grep -E '^moss_(engine|vocoder|tts_vocoder)\{|^nv_inference_(count|queue_duration_us|compute_infer_duration_us)\{' "$W/metrics_$name.txt" \
       > "$R/metrics_$name.txt"
     stop_server
     cp "$W/server_$name.log" "$R/"
