@@ -94,6 +94,29 @@ dump_stubs() {
   done
 }
 
+# Engine and in-process vocoder counters every 0.5 s while the levels run (rates per level).
+sample_metrics() {
+  while :; do
+    echo "t $(date +%s.%N)"
+    python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=2).read().decode())" \
+      2>/dev/null | grep -E '^moss_(engine|tts_vocoder)\{' | sed -E 's/\{model_instance="[^"]*",stat="([a-z_]+)"\}/ \1/'
+    sleep 0.5
+  done > "$R/metrics_series_$1.txt"
+}
+
+# py-spy records of the moss_tts stub (RECORD="START:SECONDS[:gil],..." from the levels' start;
+# carry .whl): collapsed stacks, where the stub's Python time (or its GIL) goes.
+record_stub() {
+  [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl
+  local pid last=0; pid=$(pgrep -f "repo/moss_tts/1/model.py" | head -1)
+  for spec in ${RECORD//,/ }; do
+    IFS=: read -r at dur gil <<< "$spec"
+    sleep $((at - last)); last=$((at + dur))
+    /tmp/pyspy/bin/py-spy record --pid "$pid" -d "$dur" -r 100 -f raw ${gil:+--gil} -o "$R/record_$1_${at}s${gil:+_gil}.txt" \
+      > /dev/null 2>&1
+  done
+}
+
 layout() {
   env_pack
   prepare_repo  # a clean copy of the repository: only models with a config
@@ -121,6 +144,9 @@ layout() {
     grep -E "memory plan|captured|vocoder graphs|device" "$W/server_$name.log" | head -20 | tee -a "$R/scaling.log"
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$R/scaling.log"
     [ -n "${PYSPY:-}" ] && dump_stubs "$name" &
+    [ -n "${RECORD:-}" ] && record_stub "$name" &
+    sample_metrics "$name" &
+    local sampler=$!
     # GPU busy fraction every 0.5 s while the levels run (time stamps line up with scaling.log).
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "$R/gpu_util_$name.txt" 2>&1 &
     local smi=$!
@@ -131,7 +157,7 @@ layout() {
         --mode "${MODE:-stream}" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
         --warmup 2 --timeout 120 --out "$R/bench_${name}_$k.json" 2>&1 | tee -a "$R/scaling.log"
     done
-    kill "$smi" 2>/dev/null
+    kill "$smi" "$sampler" 2>/dev/null
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
       > "$W/metrics_$name.txt" 2>/dev/null
     grep -E '^moss_(engine|vocoder|tts_vocoder)\{|^nv_inference_(count|queue_duration_us|compute_infer_duration_us)\{' "$W/metrics_$name.txt" \

@@ -47,11 +47,11 @@ class Gate:
         self.rounds: list[dict] = []  # {seq: frames} per decode call
         sessions.decode = self
 
-    def __call__(self, chunks):
+    def __call__(self, chunks, checked=False):
         self.rounds.append({seq: c.shape[0] for seq, c in chunks.items()})
         self.entered.set()
         assert self.release.wait(TIMEOUT_S)
-        return self.decode(chunks)
+        return self.decode(chunks, checked)
 
 
 def make(codec, max_slots=4, piece_frames=10, **kwargs):
@@ -158,7 +158,7 @@ def test_a_decode_failure_fails_its_round_and_the_rest_of_those_streams(codec, s
         assert gate.entered.wait(TIMEOUT_S)
         later = worker.submit(1, streams[0, 2:4], start=False, end=False)
         end = worker.submit(1, np.zeros((0, 12), np.int64), start=False, end=True)
-        gate.decode = lambda chunks: (_ for _ in ()).throw(RuntimeError("simulated device failure"))
+        gate.decode = lambda chunks, checked: (_ for _ in ()).throw(RuntimeError("simulated device failure"))
         gate.release.set()
         for job in (later, end):
             with pytest.raises(ChildError) as err:
@@ -259,4 +259,25 @@ def test_on_the_gpu_in_flight_chunks_through_graphs_equal_offline(tiny_dir, stre
     finally:
         stop.set()
         loader.join(10)
+        worker.stop()
+
+
+def test_the_starts_of_a_round_share_one_reset_and_a_full_state_refuses_only_the_rest(codec, streams):
+    worker = make(codec, max_slots=3)
+    gate = Gate(worker.sessions)
+    state, calls = worker.sessions.state, []
+    reset = state.reset_rows
+    state.reset_rows = lambda rows: (calls.append(sorted(rows)), reset(rows))
+    try:
+        worker.submit("a", streams[0, :2], start=True, end=False)
+        assert gate.entered.wait(TIMEOUT_S)
+        jobs = {seq: worker.submit(seq, streams[i, :2], start=True, end=True) for i, seq in enumerate("bcd")}
+        gate.release.set()
+        assert jobs["b"].result(TIMEOUT_S).shape == jobs["c"].result(TIMEOUT_S).shape == (2, 2 * SPF)
+        with pytest.raises(ChildError) as err:
+            jobs["d"].result(TIMEOUT_S)
+        assert err.value.kind is ErrorKind.UNAVAILABLE and "slots" in str(err.value)
+        assert calls == [[0], [1, 2]]  # one reset for round 1's START, one for round 2's two
+    finally:
+        gate.release.set()
         worker.stop()

@@ -13,6 +13,7 @@ heap and deadlock it under concurrency (see docs/structure.md).
 """
 
 import logging
+import sys
 import time
 
 import numpy as np
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 OUTPUTS = tuple(t.name for t in MOSS_TTS_OUTPUTS)
+# The GIL's switch interval for this process (Python's default: 5 ms). The engine thread, the
+# vocoder worker and hundreds of stream threads share one GIL; a thread that wants it back after a
+# device wait waits up to this long for the holder to yield, and the engine's loop waits for it
+# several times a step (docs/scaling.md).
+SWITCH_INTERVAL_S = 0.001
 STOP_TIMEOUT_S = 10.0  # finalize: streams end at their next chunk or tick; Triton's exit timeout is 30 s
 STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "requests_failed", "steps",
          "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
@@ -135,6 +141,7 @@ class TritonClient:
 
 class TritonPythonModel:
     def initialize(self, args):
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         config, params = io.model_config(args), io.model_parameters(args)
         io.require_decoupled(config)
         device = use_device(resolve_device(params.get("device"), int(args["model_instance_device_id"])))

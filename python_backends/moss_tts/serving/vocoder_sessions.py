@@ -162,23 +162,36 @@ class VocoderSessions:
     # ---------------------------------------------------------------- lifecycle
     def start(self, seq_id: Hashable, is_public: bool = False) -> int:
         """Give `seq_id` a fresh slot and return its index."""
+        result = self.start_many([seq_id], is_public)[seq_id]
+        if isinstance(result, NoFreeSlot):
+            raise result
+        return result
+
+    def start_many(self, seq_ids: list[Hashable], is_public: bool = False) -> dict[Hashable, "int | NoFreeSlot"]:
+        """Give each of `seq_ids` a fresh slot, with one reset for all their rows: {seq: slot, or
+        the NoFreeSlot that refused it}. A sequence already active is a ValueError (nothing starts)."""
         with self._lock:
-            if seq_id in self._sessions:
-                raise ValueError(f"sequence {seq_id!r} is already active; end or cancel it before starting it again")
-            if not self._free:
-                raise NoFreeSlot(f"all {self.config.max_slots} vocoder slots hold active sequences; "
-                                 "retry later or raise max_slots")
+            for seq_id in seq_ids:
+                if seq_id in self._sessions:
+                    raise ValueError(f"sequence {seq_id!r} is already active; end or cancel it before starting it again")
+            results: dict[Hashable, int | NoFreeSlot] = {}
             num_public = sum(s.is_public for s in self._sessions.values())
-            if is_public and num_public >= self.config.max_public_sessions:
-                raise NoFreeSlot(f"{num_public} sequences of direct callers are active, the limit for callers "
-                                 "other than the moss_tts entry (max_public_sessions); retry later")
-            slot = heapq.heappop(self._free)
-            mask = torch.zeros(self.state.batch_size, dtype=torch.bool)
-            mask[slot] = True
-            self.state.reset(mask)
-            self._sessions[seq_id] = _Session(slot, self._clock(), is_public)
-            self._started += 1
-            return slot
+            for seq_id in seq_ids:
+                if not self._free:
+                    results[seq_id] = NoFreeSlot(f"all {self.config.max_slots} vocoder slots hold active sequences; "
+                                                 "retry later or raise max_slots")
+                elif is_public and num_public >= self.config.max_public_sessions:
+                    results[seq_id] = NoFreeSlot(
+                        f"{num_public} sequences of direct callers are active, the limit for callers other than the "
+                        "moss_tts entry (max_public_sessions); retry later")
+                else:
+                    slot = heapq.heappop(self._free)
+                    self._sessions[seq_id] = _Session(slot, self._clock(), is_public)
+                    self._started += 1
+                    num_public += is_public
+                    results[seq_id] = slot
+            self.state.reset_rows([r for r in results.values() if isinstance(r, int)])
+            return results
 
     def end(self, seq_id: Hashable) -> None:
         with self._lock:
@@ -207,9 +220,10 @@ class VocoderSessions:
             return seq_id in self._sessions
 
     # ---------------------------------------------------------------- decode
-    def decode(self, chunks: dict[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
-        """Next frames of several sequences: {seq_id: codes [T_i, n_vq]} -> {seq_id: [2, T_i*3840] fp32 CPU}."""
-        return self._run(chunks, keep_audio=True)
+    def decode(self, chunks: dict[Hashable, torch.Tensor], checked: bool = False) -> dict[Hashable, torch.Tensor]:
+        """Next frames of several sequences: {seq_id: codes [T_i, n_vq]} -> {seq_id: [2, T_i*3840] fp32 CPU}.
+        checked: the caller has validated every chunk (integer, [T, n_vq], in range) already."""
+        return self._run(chunks, keep_audio=True, checked=checked)
 
     def prime(self, seq_id: Hashable, codes: torch.Tensor) -> None:
         """Decode and discard (continuation mode feeds the reference frames first)."""
@@ -252,11 +266,12 @@ class VocoderSessions:
         limit = self.config.max_graph_frames if self.graphs is not None else max(frames, 1)
         return [(start, min(limit, frames - start)) for start in range(0, frames, limit)]
 
-    def _run(self, chunks: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
+    def _run(self, chunks: dict[Hashable, torch.Tensor], keep_audio: bool,
+             checked: bool = False) -> dict[Hashable, torch.Tensor]:
         with self._lock:
             # Validate everything first so a bad chunk leaves every sequence's state untouched.
             slots = {sid: self._session(sid).slot for sid in chunks}
-            codes = {sid: self._check(sid, c) for sid, c in chunks.items()}
+            codes = chunks if checked else {sid: self._check(sid, c) for sid, c in chunks.items()}
             pieces = {sid: self._pieces(c.shape[0]) for sid, c in codes.items()}
             parts: dict[Hashable, list[torch.Tensor]] = {sid: [] for sid in codes}
             try:

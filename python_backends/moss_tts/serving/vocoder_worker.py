@@ -243,11 +243,11 @@ class VocoderWorker:
 
     def _round(self, heads: list[VocodeJob]) -> None:
         pieces: dict[Hashable, torch.Tensor] = {}
+        refused = self._start([job for job in heads if job.start and job.position == 0])
         for job in heads:
-            if job.start and job.position == 0:
-                if not self._start(job):
-                    continue
-            elif job.frames_left and job.seq not in self.sessions:
+            if job in refused:
+                continue
+            if not (job.start and job.position == 0) and job.frames_left and job.seq not in self.sessions:
                 # Checked per job: VocoderSessions would refuse the whole call, every stream of it.
                 self._fail([job], ChildError(f"vocoder sequence {job.seq!r} has no codec state (never started, "
                                              "ended, or idle-expired)", ErrorKind.INTERNAL))
@@ -259,7 +259,7 @@ class VocoderWorker:
                 pieces[job.seq] = torch.from_numpy(job.codes[job.position:job.position + frames])
         if pieces:
             try:
-                audio = self.sessions.decode(pieces)
+                audio = self.sessions.decode(pieces, checked=True)  # checked at submit
             except Exception as exc:  # VocoderSessions ended every sequence of the call
                 kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
                 log.exception("vocoder decode failed for %d sequences", len(pieces))
@@ -275,15 +275,17 @@ class VocoderWorker:
             if not job.done() and not job.frames_left:
                 self._complete(job)
 
-    def _start(self, job: VocodeJob) -> bool:
-        try:
+    def _start(self, jobs: list[VocodeJob]) -> list[VocodeJob]:
+        """Open the sequences of the round's START jobs, with one reset of all their rows; returns
+        the jobs refused (failed with UNAVAILABLE: every slot is taken)."""
+        for job in jobs:
             if job.seq in self.sessions:
                 self.sessions.end(job.seq)  # a restarted id starts from fresh state
-            self.sessions.start(job.seq)
-            return True
-        except NoFreeSlot as exc:
-            self._fail([job], ChildError(str(exc), ErrorKind.UNAVAILABLE))
-            return False
+        results = self.sessions.start_many([job.seq for job in jobs])
+        refused = [job for job in jobs if isinstance(results[job.seq], NoFreeSlot)]
+        for job in refused:
+            self._fail([job], ChildError(str(results[job.seq]), ErrorKind.UNAVAILABLE))
+        return refused
 
     def _complete(self, job: VocodeJob) -> None:
         """Answer `job`, and at once any END-only calls queued right behind it (no GPU work: the
