@@ -75,3 +75,16 @@ def test_ref_encoder_queue_holds_every_stream():
     text = (REPO / "ref_encoder" / "config.pbtxt").read_text()
     queue = int(re.search(r"max_queue_size: (\d+)", text).group(1))
     assert queue >= parameter("moss_tts", "max_streams")  # a soak at 256 streams overflowed a queue of 64
+
+
+def test_the_h200_memory_plan_fits():
+    # The engine sizes nothing itself: a parameter lost from config.pbtxt falls back to the
+    # EngineConfig default and the real-size engine refused to load on the H200 (2026-12-01).
+    # Figures of that load: 139.8 GiB to torch, this process holds 36.5 GiB before its KV cache
+    # (engine weights, the in-process codec's weights, 288-slot state and graph pool), the KV
+    # cache with its prefix pool needs 73.1 GiB, 4 GiB activation reserve.
+    text = (REPO / "moss_tts" / "config.pbtxt").read_text()
+    utilization = float(string_parameter(text, "gpu_memory_utilization"))
+    budget = utilization * 139.8 - parameter("moss_tts", "reserved_memory_gib") - 36.5 - 4.0
+    assert budget >= 73.1, f"the KV cache (73.1 GiB) would not fit the {budget:.1f} GiB budget"
+    assert parameter("moss_tts", "reserved_memory_gib") >= 8  # the vocoder model and ref_encoder beside it

@@ -173,7 +173,7 @@ class TritonPythonModel:
                                 after=self._flush_metrics, instance=instance)
         # The server's shutdown reaches the streams: over BLS a refused call said so, in process
         # nothing does (streams would run on until Triton's exit timeout).
-        self.stop_watch = io.ServerStopWatch(args["model_name"], self._server_stopping)
+        self.stop_watch = io.ServerStopWatch(self._server_stopping)
         self.vocoder_gauges = None if self.worker is None else io.Gauges(
             "moss_tts_vocoder", "moss_tts in-process vocoder counters", VOCODER_STATS,
             lambda: vars(self.worker.stats()), interval_s=0.5, instance=instance)

@@ -101,27 +101,35 @@ class Heartbeat:
 class ServerStopWatch:
     """Calls `on_stop()` once when tritonserver begins to shut down, seen from inside a stub.
 
-    At SIGTERM Triton stops taking requests and waits up to its exit timeout for the requests in
-    flight to finish before it unloads (and so finalizes) a model: `finalize` comes too late to
-    end the streams of a decoupled model. Streams that called other models over BLS used to learn
-    it from the refused call ("Server not ready"); streams whose work stays in this process ask
-    the server whether `model` is still ready, every `interval_s` (one IPC call), and the first
-    "no" (or refusal) is the signal."""
+    At SIGTERM Triton refuses new requests and unloads the models at once, but a model's unload
+    (and so its `finalize`) waits for its requests in flight: `finalize` comes too late to end a
+    decoupled model's streams. Streams that called other models over BLS used to learn it from
+    the refused call ("Server not ready"). Streams whose work stays in this process ask the same
+    way: every `interval_s`, one BLS call to a model that does not exist, answered at once with
+    "not ready" while the server runs and with "Server not ready" once it shuts down. Not
+    `pb_utils.is_model_ready`: while the calling model unloads, 24.10 never answers it (seen in
+    1 of 5 shutdowns here, the stream threads then held the exit for its whole timeout)."""
 
-    def __init__(self, model: str, on_stop: Callable[[], None], interval_s: float = 0.5) -> None:
-        self.model, self.on_stop, self.interval_s = model, on_stop, interval_s
+    PROBE_MODEL = "moss_tts_shutdown_probe"  # no such model: the answer costs no model any work
+
+    def __init__(self, on_stop: Callable[[], None], interval_s: float = 0.5) -> None:
+        self.on_stop, self.interval_s = on_stop, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="moss-server-stop-watch", daemon=True)
         self._thread.start()
 
     def _watch(self) -> None:
+        from ..contract import is_shutting_down
+
         while not self._stop.wait(self.interval_s):
             try:
-                is_ready = pb_utils.is_model_ready(self.model)
-            except Exception as exc:  # "Server not ready" once the shutdown has begun
-                log.info("readiness of %s refused (%s): the server is shutting down", self.model, exc)
-                is_ready = False
-            if not is_ready:
+                response = pb_utils.InferenceRequest(model_name=self.PROBE_MODEL, inputs=[],
+                                                     requested_output_names=[]).exec()
+                message = response.error().message() if response.has_error() else ""
+            except Exception as exc:
+                message = str(exc)
+            if is_shutting_down(message):
+                log.info("tritonserver is shutting down (%s)", message)
                 self.on_stop()
                 return
 
