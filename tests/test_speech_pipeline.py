@@ -32,7 +32,7 @@ class FakeChildren:
     def abort_codes(self):
         self.log.append("aborted")
 
-    def vocode(self, c, start, end):
+    def vocode(self, c, start, end, deadline=None):
         self.vocoder_calls.append((c.shape[0], start, end))
         if start and getattr(self, "fail_start", False):
             raise ChildError("[UNAVAILABLE] all 288 vocoder slots hold active sequences", ErrorKind.UNAVAILABLE)
@@ -158,7 +158,7 @@ def test_child_error_becomes_one_final_error_and_closes_vocoder():
 
 def test_unexpected_exception_is_one_internal_error():
     class Broken(FakeChildren):
-        def vocode(self, c, start, end):
+        def vocode(self, c, start, end, deadline=None):
             raise RuntimeError("boom")
     children, client = Broken([CodesChunk(codes(2), EMPTY)]), FakeClient()
     SpeechStream(children, client, stream=True).run()
@@ -204,7 +204,7 @@ class AsyncChildren(FakeChildren):
 
     def __init__(self, chunks, error_at=None):
         super().__init__(chunks)
-        self.pending, self.error_at = [], error_at
+        self.pending, self.error_at, self.deadlines = [], error_at, []
 
     def stream_codes(self):
         for chunk in super().stream_codes():
@@ -215,8 +215,9 @@ class AsyncChildren(FakeChildren):
             if answered:
                 yield AUDIO_READY
 
-    def vocode(self, c, start, end):
+    def vocode(self, c, start, end, deadline=None):
         self.vocoder_calls.append((c.shape[0], start, end))
+        self.deadlines.append(deadline)
         self.log.append(("vocode", c.shape[0], end))
         error = None
         if self.error_at is not None and len(self.vocoder_calls) - 1 == self.error_at:
@@ -272,3 +273,14 @@ def test_offline_waits_for_its_one_call_and_sends_one_final_response():
     SpeechStream(children, client, stream=False).run()
     assert client.sent == [(6, 6, 3)] and client.finals == 1 and not client.errors
     assert children.vocoder_calls == [(3, True, False), (6, False, True)]  # prime, then all + END, no extra END
+
+
+def test_each_chunk_is_due_when_the_audio_before_it_has_played_out():
+    children = AsyncChildren([CodesChunk(codes(n), EMPTY) for n in (2, 4, 8)])
+    SpeechStream(children, FakeClient(), stream=True).run()
+    first, second, third, end = children.deadlines
+    # Chunk 2 goes in before any audio left: due 2 frames (160 ms) after now; chunk 3 is due
+    # 6 frames after playback began (chunk 1's audio was sent in between).
+    assert second - first == pytest.approx(0.16, abs=0.05)
+    assert third - first == pytest.approx(0.48, abs=0.05)
+    assert end is None  # END: due now (it only frees the slot)

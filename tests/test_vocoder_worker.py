@@ -281,3 +281,41 @@ def test_the_starts_of_a_round_share_one_reset_and_a_full_state_refuses_only_the
     finally:
         gate.release.set()
         worker.stop()
+
+
+def test_a_round_takes_the_most_urgent_streams_first_up_to_round_rows(codec, streams):
+    worker = make(codec, max_slots=4, round_rows=2)
+    gate = Gate(worker.sessions)
+    try:
+        worker.submit("warm", streams[0, :2], start=True, end=True)
+        assert gate.entered.wait(TIMEOUT_S)
+        # Queued behind round 1: three new streams due at different times.
+        jobs = {seq: worker.submit(seq, streams[i, :2], start=True, end=True, deadline=due)
+                for i, (seq, due) in enumerate((("late", 30.0), ("soon", 10.0), ("sooner", 5.0)))}
+        gate.release.set()
+        for job in jobs.values():
+            job.result(TIMEOUT_S)
+        assert [sorted(r) for r in gate.rounds] == [["warm"], ["soon", "sooner"], ["late"]]
+    finally:
+        gate.release.set()
+        worker.stop()
+
+
+def test_chunks_that_queued_up_decode_as_one_row(codec, streams, offline):
+    worker = make(codec)
+    gate = Gate(worker.sessions)
+    try:
+        first = worker.submit(1, streams[0, :2], start=True, end=False)
+        assert gate.entered.wait(TIMEOUT_S)
+        queued = [worker.submit(1, streams[0, a:b], start=False, end=False) for a, b in ((2, 6), (6, 14), (14, 30))]
+        end = worker.submit(1, np.zeros((0, 12), np.int64), start=False, end=True)
+        gate.release.set()
+        audio = np.concatenate([job.result(TIMEOUT_S) for job in [first, *queued]], axis=-1)
+        close(audio, offline[0])
+        assert [job.result(TIMEOUT_S).shape[1] for job in queued] == [4 * SPF, 8 * SPF, 16 * SPF]
+        # Round 2: 4 + 6 of the next 8 frames in one 10-frame row; then 2 + 8, then the last 8.
+        assert gate.rounds == [{1: 2}, {1: 10}, {1: 10}, {1: 8}]
+        assert end.result(TIMEOUT_S).shape == (2, 0) and 1 not in worker.sessions
+    finally:
+        gate.release.set()
+        worker.stop()

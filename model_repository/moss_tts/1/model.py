@@ -95,10 +95,10 @@ class TritonChildren:
     def abort_codes(self):
         self.codes.abort()
 
-    def vocode(self, codes, start, end):
+    def vocode(self, codes, start, end, deadline=None):
         if self.worker is not None:
             # The job's completion wakes this stream's wait for its next engine chunk.
-            return self.worker.submit(self.sequence_id, codes, start, end, on_done=self.codes.wake)
+            return self.worker.submit(self.sequence_id, codes, start, end, on_done=self.codes.wake, deadline=deadline)
         flags = (START if start else 0) | (END if end else 0)
         request = pb_utils.InferenceRequest(
             model_name="vocoder", correlation_id=self.sequence_id, flags=flags, parameters=self.parameters,
@@ -191,7 +191,7 @@ class TritonPythonModel:
             max_slots=slots, max_public_sessions=slots, device=str(codec_device),
             dtype="bfloat16" if dtype == torch.bfloat16 else "float32", cuda_graphs=True,
             max_step_rows=placement.vocoder_step_rows))
-        return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s)
+        return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s, round_rows=placement.vocoder_round_rows)
 
     def execute(self, requests):
         for request in requests:

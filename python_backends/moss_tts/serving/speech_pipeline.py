@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from contextlib import closing
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
-from ..contract import N_VQ, ErrorKind, ServingError, classify, is_shutting_down
+from ..contract import N_VQ, SAMPLE_RATE, SAMPLES_PER_FRAME, ErrorKind, ServingError, classify, is_shutting_down
 
 log = logging.getLogger(__name__)
 NO_CODES = np.zeros((0, N_VQ), np.int32)
@@ -90,8 +91,9 @@ class Children(Protocol):
     # early ends the request in the engine.
     def stream_codes(self) -> Iterator[object]: ...
     def abort_codes(self) -> None: ...
-    # One call of the stream's vocoder sequence, in order; raises ChildError when refused at once.
-    def vocode(self, codes: np.ndarray, start: bool, end: bool) -> Pending: ...
+    # One call of the stream's vocoder sequence, in order, its audio due by `deadline`
+    # (time.monotonic(); None = now); raises ChildError when refused at once.
+    def vocode(self, codes: np.ndarray, start: bool, end: bool, deadline: Optional[float] = None) -> Pending: ...
 
 
 class Client(Protocol):
@@ -111,6 +113,7 @@ def new_sequence_id() -> int:
 
 
 WAIT_S = 1.0  # how often a stream waiting for the vocoder checks for a cancel
+FRAME_S = SAMPLES_PER_FRAME / SAMPLE_RATE  # seconds of audio per codec frame (0.08)
 END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then the idle timeout frees it)
 
 
@@ -129,6 +132,10 @@ class SpeechStream:
         self._gathered: list[np.ndarray] = []
         self._context: Optional[np.ndarray] = None
         self._is_context_sent = False
+        # When the listener started playing (the first audio sent) and how much audio went to
+        # the vocoder since: each call's deadline is when playback would run dry without it.
+        self._play_start: Optional[float] = None
+        self._frames_submitted = 0
 
     def run(self) -> None:
         try:
@@ -180,8 +187,12 @@ class SpeechStream:
         return self._context
 
     def _vocode(self, codes: np.ndarray, start: bool, end: bool, send: Optional[np.ndarray]) -> Pending:
-        pending = self.children.vocode(codes, start=start, end=end)
+        # Due when the audio already on its way has played out (a first chunk: now).
+        playing = self._play_start if self._play_start is not None else time.monotonic()
+        pending = self.children.vocode(codes, start=start, end=end, deadline=playing + self._frames_submitted * FRAME_S)
         self._in_flight.append((pending, send))
+        if send is not None:
+            self._frames_submitted += send.shape[0]
         return pending
 
     def _open_vocoder(self, codes: np.ndarray, send: Optional[np.ndarray], end: bool = False) -> Pending:
@@ -223,6 +234,8 @@ class SpeechStream:
             audio = pending.result()  # raises the call's ChildError
             if codes is not None:
                 self.client.send(audio, codes, self._take_context(), final=False)
+                if self._play_start is None:
+                    self._play_start = time.monotonic()
         return None
 
     def _finish(self) -> Optional[str]:

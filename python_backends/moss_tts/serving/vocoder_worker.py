@@ -9,9 +9,13 @@ shared-memory copies, a sequence-batcher queue and Python on both sides per chun
 processes on one GPU only time-slice; here a chunk crosses no process, and the decode runs on a
 CUDA stream of its own that overlaps the engine's (docs/scaling.md has the numbers).
 
-A round takes the oldest job of every sequence that has one and decodes at most `piece_frames`
-frames of each (the graphs' largest shape): a long job (`STREAM=false`, a primed reference)
-advances one piece per round, so it never holds the streams' chunks back for more than one step.
+A round takes the sequences whose audio is due first (each job carries a deadline: when its
+stream's listener would run out of audio without it), at most `round_rows` of them, and decodes
+up to `piece_frames` frames of each (the graphs' largest shape), drawn from as many of the
+sequence's queued jobs as that takes. So a short round serves the most urgent chunks (a new
+stream's first ones) soon, and a stream whose chunks queued up decodes them as one wide row. A
+long job (`STREAM=false`, a primed reference) advances one piece per round, so it never holds
+the streams' chunks back for more than one step.
 Jobs of one sequence complete in submission order. START resets the sequence's row and END frees
 it, both on this thread (the state is only touched here, in stream order). A cancelled job is
 dropped unread. A decode failure fails every job of its round (their sequences are ended by
@@ -49,14 +53,18 @@ class VocoderPlacement:
     vocoder_slots: int = 0  # in_process: sequences at once; 0 = the model's max_streams
     vocoder_step_rows: int = 256  # in_process: rows per codec step (graph buckets up to this)
     vocoder_idle_s: float = 60.0  # in_process: a sequence without a call this long is ended
+    # in_process: sequences per round, the most urgent first (0 = vocoder_step_rows). Shorter
+    # rounds let a new stream's chunks in sooner; each round is still one wide step.
+    vocoder_round_rows: int = 128
 
     def __post_init__(self):
         if self.vocoder not in PLACEMENTS:
             raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
-        if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0:
-            raise ValueError(f"vocoder_slots must be >= 0 (0 = max_streams), vocoder_step_rows >= 1 and "
-                             f"vocoder_idle_s > 0; got {self.vocoder_slots}, {self.vocoder_step_rows}, "
-                             f"{self.vocoder_idle_s}")
+        if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0 \
+                or self.vocoder_round_rows < 0:
+            raise ValueError(f"vocoder_slots must be >= 0 (0 = max_streams), vocoder_step_rows >= 1, "
+                             f"vocoder_idle_s > 0 and vocoder_round_rows >= 0; got {self.vocoder_slots}, "
+                             f"{self.vocoder_step_rows}, {self.vocoder_idle_s}, {self.vocoder_round_rows}")
 
     @classmethod
     def from_parameters(cls, parameters) -> "VocoderPlacement":
@@ -72,8 +80,9 @@ class VocodeJob:
     """One chunk of one sequence in the worker: `result()` waits for its audio [2, S] float32."""
 
     def __init__(self, seq: Hashable, codes: np.ndarray, start: bool, end: bool,
-                 on_done: Callable[[], None]) -> None:
+                 on_done: Callable[[], None], deadline: float) -> None:
         self.seq, self.codes, self.start, self.end = seq, codes, start, end
+        self.deadline = deadline  # time.monotonic() by which its audio is due
         self.on_done = on_done  # called once, on the worker thread, when the job completes: keep it cheap
         self.position = 0  # frames decoded so far
         self.parts: list[np.ndarray] = []
@@ -133,12 +142,13 @@ class WorkerStats:
 
 class VocoderWorker:
     def __init__(self, sessions: VocoderSessions, idle_seconds: float = 60.0,
-                 stream_priority: int = 0) -> None:
+                 stream_priority: int = 0, round_rows: int = 0) -> None:
         """idle_seconds: a sequence without a job for this long is ended (a stream that died
         without its END). stream_priority: the CUDA stream's priority (0 = normal; the engine
         runs above it)."""
         self.sessions = sessions
         self.piece_frames = sessions.config.max_graph_frames
+        self.round_rows = round_rows or sessions.step_rows  # sequences decoded per round, at most
         self.idle_seconds = idle_seconds
         self.n_vq = sessions.config.n_vq
         self.codebook_size = sessions.codec.codebook_size
@@ -156,16 +166,18 @@ class VocoderWorker:
 
     # ---------------------------------------------------------------- stream threads
     def submit(self, seq: Hashable, codes: np.ndarray, start: bool, end: bool,
-               on_done: Callable[[], None] = lambda: None) -> VocodeJob:
-        """Queue the next chunk of `seq` (START opens it, END frees it after this chunk). Bad codes
-        are refused here (ChildError INVALID_ARGUMENT), before they can fail a round."""
+               on_done: Callable[[], None] = lambda: None, deadline: Optional[float] = None) -> VocodeJob:
+        """Queue the next chunk of `seq` (START opens it, END frees it after this chunk), due by
+        `deadline` (time.monotonic(); None = now). Bad codes are refused here (ChildError
+        INVALID_ARGUMENT), before they can fail a round."""
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[1] != self.n_vq or not np.issubdtype(codes.dtype, np.integer):
             raise ChildError(f"vocoder codes must be integers of shape [frames, {self.n_vq}], got "
                              f"{codes.dtype} {tuple(codes.shape)}", ErrorKind.INVALID_ARGUMENT)
         if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
             raise ChildError(f"vocoder codes must lie in [0, {self.codebook_size})", ErrorKind.INVALID_ARGUMENT)
-        job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done)
+        job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done,
+                        time.monotonic() if deadline is None else deadline)
         with self._cond:
             if self._is_stopping:
                 raise ChildError("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE)
@@ -210,14 +222,15 @@ class VocoderWorker:
                     self._cond.wait_for(lambda: self._is_stopping or self._queues, timeout=1.0)
                     if self._is_stopping:
                         return
-                    heads = self._heads()
-                if heads:
+                    picks = self._heads()
+                if picks:
                     started = self._round_started = time.monotonic()
                     try:
-                        self._round(heads)
+                        self._round(picks)
                     except Exception as exc:  # a defect here: fail the round, keep serving
                         log.exception("vocoder round failed")
-                        self._fail(heads, ChildError(f"vocoder round failed: {exc!r}", ErrorKind.INTERNAL))
+                        self._fail([spans[0][0] for spans in picks],
+                                   ChildError(f"vocoder round failed: {exc!r}", ErrorKind.INTERNAL))
                     finally:
                         self._round_started = None
                         with self._cond:
@@ -225,9 +238,12 @@ class VocoderWorker:
                             self._round_s += time.monotonic() - started
                 self.sessions.expire(self.idle_seconds)
 
-    def _heads(self) -> list[VocodeJob]:
-        """The oldest live job of every sequence (cancelled ones are dropped). Under the lock."""
-        heads = []
+    def _heads(self) -> list[list[tuple[VocodeJob, int]]]:
+        """This round's work, under the lock: per sequence, the jobs and how many of their frames
+        to decode ([(job, frames), ...], the first its oldest live job). Cancelled jobs are
+        dropped first. Sequences with frames are taken by deadline, at most round_rows; START or
+        END alone costs no row and is always taken."""
+        picks, urgent = [], []
         for seq in list(self._queues):
             queue = self._queues[seq]
             while queue and queue[0].is_cancelled:
@@ -235,45 +251,71 @@ class VocoderWorker:
                 if job.end and job.seq in self.sessions:
                     self.sessions.end(job.seq)  # its END will not come again
                 job._finish(None, ChildError("cancelled", ErrorKind.CANCELLED))
-            if queue:
-                heads.append(queue[0])
-            else:
+            if not queue:
                 del self._queues[seq]
-        return heads
-
-    def _round(self, heads: list[VocodeJob]) -> None:
-        pieces: dict[Hashable, torch.Tensor] = {}
-        refused = self._start([job for job in heads if job.start and job.position == 0])
-        for job in heads:
-            if job in refused:
-                continue
-            if not (job.start and job.position == 0) and job.frames_left and job.seq not in self.sessions:
-                # Checked per job: VocoderSessions would refuse the whole call, every stream of it.
-                self._fail([job], ChildError(f"vocoder sequence {job.seq!r} has no codec state (never started, "
-                                             "ended, or idle-expired)", ErrorKind.INTERNAL))
-                continue
-            if not job.frames_left:
-                self._complete(job)  # START or END alone: no GPU work, no reason to wait for the step
+            elif not queue[0].frames_left:
+                picks.append([(queue[0], 0)])
             else:
-                frames = min(self.piece_frames, job.frames_left)
-                pieces[job.seq] = torch.from_numpy(job.codes[job.position:job.position + frames])
-        if pieces:
-            try:
-                audio = self.sessions.decode(pieces, checked=True)  # checked at submit
-            except Exception as exc:  # VocoderSessions ended every sequence of the call
-                kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
-                log.exception("vocoder decode failed for %d sequences", len(pieces))
-                self._fail([job for job in heads if job.seq in pieces],
-                           ChildError(f"vocoder decode failed: {exc}; the stream was ended", kind))
-                return
-            for job in heads:
-                if job.seq in audio:
-                    job.parts.append(audio[job.seq].numpy())
-                    job.position += pieces[job.seq].shape[0]
-                    self._frames += pieces[job.seq].shape[0]
-        for job in heads:
-            if not job.done() and not job.frames_left:
-                self._complete(job)
+                urgent.append(queue)
+        urgent.sort(key=lambda q: q[0].deadline)
+        return picks + [self._spans(queue) for queue in urgent[:self.round_rows]]
+
+    def _spans(self, queue: "deque[VocodeJob]") -> list[tuple[VocodeJob, int]]:
+        """Up to piece_frames frames of one sequence, from its oldest job on: a stream whose
+        chunks queued up decodes them as one row (one step, not one per chunk)."""
+        spans, budget = [], self.piece_frames
+        for job in queue:
+            if budget == 0 or job.is_cancelled or not job.frames_left or (spans and job.start):
+                break
+            take = min(budget, job.frames_left)
+            spans.append((job, take))
+            budget -= take
+            if job.end or take < job.frames_left:
+                break
+        return spans
+
+    def _round(self, picks: list[list[tuple[VocodeJob, int]]]) -> None:
+        heads = [spans[0][0] for spans in picks]
+        refused = self._start([job for job in heads if job.start and job.position == 0])
+        pieces: dict[Hashable, torch.Tensor] = {}
+        plan: dict[Hashable, list[tuple[VocodeJob, int]]] = {}
+        for spans in picks:
+            head = spans[0][0]
+            if head in refused:
+                continue
+            if not (head.start and head.position == 0) and head.frames_left and head.seq not in self.sessions:
+                # Checked per job: VocoderSessions would refuse the whole call, every stream of it.
+                self._fail([head], ChildError(f"vocoder sequence {head.seq!r} has no codec state (never started, "
+                                              "ended, or idle-expired)", ErrorKind.INTERNAL))
+                continue
+            if not head.frames_left:
+                self._complete(head)  # START or END alone: no GPU work, no reason to wait for the step
+                continue
+            codes = [job.codes[job.position:job.position + take] for job, take in spans]
+            pieces[head.seq] = torch.from_numpy(codes[0] if len(codes) == 1 else np.concatenate(codes))
+            plan[head.seq] = spans
+        if not pieces:
+            return
+        try:
+            audio = self.sessions.decode(pieces, checked=True)  # checked at submit
+        except Exception as exc:  # VocoderSessions ended every sequence of the call
+            kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
+            log.exception("vocoder decode failed for %d sequences", len(pieces))
+            self._fail([spans[0][0] for spans in plan.values()],
+                       ChildError(f"vocoder decode failed: {exc}; the stream was ended", kind))
+            return
+        for seq, spans in plan.items():
+            samples = audio[seq].numpy()
+            per_frame = samples.shape[-1] // pieces[seq].shape[0]
+            offset = 0
+            for job, take in spans:
+                job.parts.append(samples[:, offset:offset + take * per_frame])
+                offset += take * per_frame
+                job.position += take
+            self._frames += pieces[seq].shape[0]
+            for job, _ in spans:  # in order: each is its sequence's head when it completes
+                if not job.frames_left:
+                    self._complete(job)
 
     def _start(self, jobs: list[VocodeJob]) -> list[VocodeJob]:
         """Open the sequences of the round's START jobs, with one reset of all their rows; returns
