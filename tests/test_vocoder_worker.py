@@ -5,6 +5,7 @@ stream, shutdown. Tiny codec, fp32 on CPU; audio checked against offline decode.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -60,6 +61,18 @@ def make(codec, max_slots=4, piece_frames=10, **kwargs):
     return VocoderWorker(sessions, **kwargs)
 
 
+@contextmanager
+def gated(codec, **kwargs):
+    """A worker whose decode calls wait at a Gate: a test queues work behind a round in flight."""
+    worker = make(codec, **kwargs)
+    gate = Gate(worker.sessions)
+    try:
+        yield worker, gate
+    finally:
+        gate.release.set()
+        worker.stop()
+
+
 def close(a, b):
     assert a.shape == b.shape
     assert np.abs(a - b).max() <= 1e-4 * max(1.0, np.abs(b).max())
@@ -90,9 +103,7 @@ def test_chunks_in_flight_decode_in_order_and_equal_offline(codec, streams, offl
 
 
 def test_a_long_job_goes_one_piece_per_round_beside_the_streams(codec, streams, offline):
-    worker = make(codec, piece_frames=4)
-    gate = Gate(worker.sessions)
-    try:
+    with gated(codec, piece_frames=4) as (worker, gate):
         first = worker.submit("stream", streams[0, :2], start=True, end=False)
         assert gate.entered.wait(TIMEOUT_S)  # the worker is inside round 1; queue behind it
         long = worker.submit("offline", streams[1], start=True, end=True)  # 30 frames: 8 pieces of <= 4
@@ -104,9 +115,6 @@ def test_a_long_job_goes_one_piece_per_round_beside_the_streams(codec, streams, 
         assert gate.rounds[1] == {"offline": 4, "stream": 4}
         assert all(max(r.values()) <= 4 for r in gate.rounds)
         assert "offline" not in worker.sessions  # its START|END job freed the slot
-    finally:
-        gate.release.set()
-        worker.stop()
 
 
 def test_bad_codes_are_refused_at_submit_and_touch_no_round(codec, streams):
@@ -151,9 +159,7 @@ def test_a_full_state_refuses_the_new_stream_with_unavailable(codec, streams):
 
 
 def test_a_decode_failure_fails_its_round_and_the_rest_of_those_streams(codec, streams):
-    worker = make(codec)
-    gate = Gate(worker.sessions)
-    try:
+    with gated(codec) as (worker, gate):
         worker.submit(1, streams[0, :2], start=True, end=False)
         assert gate.entered.wait(TIMEOUT_S)
         later = worker.submit(1, streams[0, 2:4], start=False, end=False)
@@ -168,15 +174,10 @@ def test_a_decode_failure_fails_its_round_and_the_rest_of_those_streams(codec, s
         gate.decode = worker.sessions.__class__.decode.__get__(worker.sessions)  # healthy again
         ok = worker.submit(2, streams[1, :2], start=True, end=True)
         assert ok.result(TIMEOUT_S).shape == (2, 2 * SPF)
-    finally:
-        gate.release.set()
-        worker.stop()
 
 
 def test_cancelled_jobs_are_dropped_and_their_end_still_frees_the_slot(codec, streams):
-    worker = make(codec)
-    gate = Gate(worker.sessions)
-    try:
+    with gated(codec) as (worker, gate):
         worker.submit(1, streams[0, :2], start=True, end=False)
         assert gate.entered.wait(TIMEOUT_S)
         dropped = [worker.submit(1, streams[0, a:a + 2], start=False, end=False) for a in (2, 4)]
@@ -193,9 +194,6 @@ def test_cancelled_jobs_are_dropped_and_their_end_still_frees_the_slot(codec, st
             assert err.value.kind is ErrorKind.CANCELLED
         assert gate.rounds == [{1: 2}]  # nothing cancelled was decoded
         assert worker.sessions.stats().active_slots == 0
-    finally:
-        gate.release.set()
-        worker.stop()
 
 
 def test_stop_fails_what_is_queued_with_unavailable_and_refuses_more(codec, streams):
@@ -263,12 +261,10 @@ def test_on_the_gpu_in_flight_chunks_through_graphs_equal_offline(tiny_dir, stre
 
 
 def test_the_starts_of_a_round_share_one_reset_and_a_full_state_refuses_only_the_rest(codec, streams):
-    worker = make(codec, max_slots=3)
-    gate = Gate(worker.sessions)
-    state, calls = worker.sessions.state, []
-    reset = state.reset_rows
-    state.reset_rows = lambda rows: (calls.append(sorted(rows)), reset(rows))
-    try:
+    with gated(codec, max_slots=3) as (worker, gate):
+        state, calls = worker.sessions.state, []
+        reset = state.reset_rows
+        state.reset_rows = lambda rows: (calls.append(sorted(rows)), reset(rows))
         worker.submit("a", streams[0, :2], start=True, end=False)
         assert gate.entered.wait(TIMEOUT_S)
         jobs = {seq: worker.submit(seq, streams[i, :2], start=True, end=True) for i, seq in enumerate("bcd")}
@@ -278,15 +274,10 @@ def test_the_starts_of_a_round_share_one_reset_and_a_full_state_refuses_only_the
             jobs["d"].result(TIMEOUT_S)
         assert err.value.kind is ErrorKind.UNAVAILABLE and "slots" in str(err.value)
         assert calls == [[0], [1, 2]]  # one reset for round 1's START, one for round 2's two
-    finally:
-        gate.release.set()
-        worker.stop()
 
 
 def test_a_round_takes_the_most_urgent_streams_first_up_to_round_rows(codec, streams):
-    worker = make(codec, max_slots=4, round_rows=2)
-    gate = Gate(worker.sessions)
-    try:
+    with gated(codec, max_slots=4, round_rows=2) as (worker, gate):
         worker.submit("warm", streams[0, :2], start=True, end=True)
         assert gate.entered.wait(TIMEOUT_S)
         # Queued behind round 1: three new streams due at different times.
@@ -296,15 +287,10 @@ def test_a_round_takes_the_most_urgent_streams_first_up_to_round_rows(codec, str
         for job in jobs.values():
             job.result(TIMEOUT_S)
         assert [sorted(r) for r in gate.rounds] == [["warm"], ["soon", "sooner"], ["late"]]
-    finally:
-        gate.release.set()
-        worker.stop()
 
 
 def test_chunks_that_queued_up_decode_as_one_row(codec, streams, offline):
-    worker = make(codec)
-    gate = Gate(worker.sessions)
-    try:
+    with gated(codec) as (worker, gate):
         first = worker.submit(1, streams[0, :2], start=True, end=False)
         assert gate.entered.wait(TIMEOUT_S)
         queued = [worker.submit(1, streams[0, a:b], start=False, end=False) for a, b in ((2, 6), (6, 14), (14, 30))]
@@ -316,6 +302,3 @@ def test_chunks_that_queued_up_decode_as_one_row(codec, streams, offline):
         # Round 2: 4 + 6 of the next 8 frames in one 10-frame row; then 2 + 8, then the last 8.
         assert gate.rounds == [{1: 2}, {1: 10}, {1: 10}, {1: 8}]
         assert end.result(TIMEOUT_S).shape == (2, 0) and 1 not in worker.sessions
-    finally:
-        gate.release.set()
-        worker.stop()
