@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from client.server_health import check
@@ -29,6 +30,16 @@ def fails_fast(server, seconds: float = 15.0, **options) -> InferenceServerExcep
         TTSClient(server.grpc_url).synthesize(build_inputs("Hello.", seed=1, max_frames=3, ignore_stop=True, **options))
     assert time.monotonic() - start < seconds, "the error took too long: something waited instead of failing"
     return info.value
+
+
+def vocode_directly(url: str):
+    """One START|END call of a direct codec client to the vocoder model."""
+    import tritonclient.grpc as grpcclient
+
+    codes = grpcclient.InferInput("CODES", [1, 2, 12], "INT32")
+    codes.set_data_from_numpy(np.zeros((1, 2, 12), np.int32))
+    return grpcclient.InferenceServerClient(url).infer("vocoder", [codes], sequence_id=7, sequence_start=True,
+                                                      sequence_end=True, client_timeout=30)
 
 
 def wait_for(predicate, timeout: float = 15.0):
@@ -60,14 +71,22 @@ def test_a_stream_beyond_capacity_is_unavailable_at_once(server):
     assert TTSClient(server.grpc_url).synthesize(build_inputs("Again.", max_frames=2, ignore_stop=True)).audio.size
 
 
-def test_a_dead_vocoder_stub_fails_requests_fast_and_turns_health_false(server, tmp_path):
+def test_a_dead_vocoder_stub_leaves_speech_working_and_turns_health_false(server, tmp_path):
+    """moss_tts decodes in its own process (vocoder=in_process): the vocoder model serves only
+    direct codec clients, so its death fails those at once and turns health false (Triton never
+    restarts a stub: the operator must), while speech keeps being served."""
     from shim_server import start_shim, stop_shim
 
     assert check(server.metrics_url) is None
     os.kill(stub_pids(server)["vocoder_0_0"], signal.SIGKILL)
-    error = fails_fast(server)
-    assert error_code(error) == "UNAVAILABLE" and "vocoder_0_0" in error.message() and "not healthy" in error.message()
-    codes = TTSClient(server.grpc_url).synthesize(  # codes alone never need the vocoder
+    speech = TTSClient(server.grpc_url).synthesize(build_inputs("Still spoken.", seed=1, max_frames=3, ignore_stop=True))
+    assert speech.audio.shape == (2, 3 * 3840)
+    start = time.monotonic()
+    with pytest.raises(InferenceServerException) as direct:
+        vocode_directly(server.grpc_url)
+    assert time.monotonic() - start < 15.0, "the error took too long: something waited instead of failing"
+    assert "vocoder_0_0" in direct.value.message() and "not healthy" in direct.value.message()
+    codes = TTSClient(server.grpc_url).synthesize(  # codes alone never need a vocoder
         build_inputs("Codes still work.", max_frames=2, ignore_stop=True), output="CODES")
     assert sum(chunk.shape[0] for chunk in codes.chunks) == 2
     problem = wait_for(lambda: check(server.metrics_url), timeout=10)

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.triton
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "moss-tts-triton.json"
 
 
-HISTOGRAMS = ("moss_engine_batch_size", "moss_engine_step_ms", "moss_vocoder_batch_size")
+# The pipeline's in-process histograms (the vocoder model's own, moss_vocoder_batch_size, counts
+# only its direct callers).
+HISTOGRAMS = ("moss_engine_batch_size", "moss_engine_step_ms", "moss_tts_vocoder_round_rows")
 
 
 def test_a_request_shows_in_the_request_series(triton):
@@ -33,7 +35,7 @@ def test_a_request_shows_in_the_request_series(triton):
     assert delta(after, "moss_tts_audio_seconds_total") == pytest.approx(5 / 12.5)
     assert delta(after, "moss_tts_time_to_first_audio_seconds_count") == 1
     assert delta(after, "moss_tts_rtf_count") == 1 and delta(after, "moss_tts_rtf_sum") > 0
-    # the engine's and the vocoder's in-process histograms, published by their gauge threads
+    # the engine's and the in-process vocoder's histograms, published by their gauge threads
     for name in HISTOGRAMS:
         assert delta(after, f"{name}_count") > 0, name
         assert after[f'{name}_bucket{{le="+Inf"}}'] == after[f"{name}_count"], name
@@ -66,4 +68,5 @@ def test_speak_stats_prints_what_each_model_did(triton, tmp_path):
     header = next(i for i, line in enumerate(lines) if line.startswith("model"))
     rows = {line.split()[0]: line.split() for line in lines[header + 1:]}
     assert "moss_tts" in rows and int(rows["moss_tts"][1]) == 1  # one request
-    assert "vocoder" in rows and int(rows["vocoder"][1]) == 1  # STREAM=false: one START|END call
+    # The pipeline decodes in its own process: the vocoder model (direct callers) did nothing.
+    assert "vocoder" not in rows or int(rows["vocoder"][1]) == 0

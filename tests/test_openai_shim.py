@@ -125,10 +125,11 @@ def test_sse_deltas_come_chunk_by_chunk_then_done(openai_shim, pcm_40):
             extra_body=fixed(40, initial_codec_chunk_frames=1)) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = list(iter_sse(response))
-    assert [e["type"] for e in events] == ["speech.audio.delta"] * 5 + ["speech.audio.done"]
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * 6 + ["speech.audio.done"]
     deltas = [base64.b64decode(e["audio"]) for e in events[:-1]]
-    # the server's chunk schedule (first chunk 1 frame, then 10), each delta whole frames
-    assert [len(d) // FRAME_BYTES for d in deltas] == [1, 10, 10, 10, 9]
+    # the server's chunk schedule (first chunk 1 frame, then growing by what was sent, up to 25),
+    # each delta whole frames
+    assert [len(d) // FRAME_BYTES for d in deltas] == [1, 2, 4, 8, 16, 9]
     assert all(len(d) % FRAME_BYTES == 0 for d in deltas)
     assert_same_pcm(b"".join(deltas), pcm_40)
     assert events[-1]["usage"]["output_tokens"] == 40

@@ -174,9 +174,14 @@ class TritonPythonModel:
         # The server's shutdown reaches the streams: over BLS a refused call said so, in process
         # nothing does (streams would run on until Triton's exit timeout).
         self.stop_watch = io.ServerStopWatch(self._server_stopping)
-        self.vocoder_gauges = None if self.worker is None else io.Gauges(
-            "moss_tts_vocoder", "moss_tts in-process vocoder counters", VOCODER_STATS,
-            lambda: vars(self.worker.stats()), interval_s=0.5, instance=instance)
+        self.vocoder_gauges = None
+        if self.worker is not None:
+            rows = io.HistogramGauges("moss_tts_vocoder_round_rows", "streams decoded per in-process vocoder round",
+                                      BATCH_SIZE_BUCKETS, instance)
+            self.vocoder_gauges = io.Gauges(
+                "moss_tts_vocoder", "moss_tts in-process vocoder counters", VOCODER_STATS,
+                lambda: vars(self.worker.stats()), interval_s=0.5, instance=instance,
+                after=lambda: rows.set(self.worker.round_rows_histogram.cumulative()))
 
     @staticmethod
     def _vocoder_worker(placement, device, dtype, max_streams, device_id):

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..contract import ErrorKind
+from ..engine.stats import BATCH_SIZE_BUCKETS, Histogram
 from ..parameters import config_fields
 from .speech_pipeline import ChildError
 from .vocoder_sessions import NoFreeSlot, VocoderSessions
@@ -158,6 +159,8 @@ class VocoderWorker:
         self._round_started: Optional[float] = None
         self._rounds = self._jobs = self._frames = 0
         self._round_s = 0.0
+        # Streams decoded per round (its count is the rounds): published by the adapter's gauge thread.
+        self.round_rows_histogram = Histogram(BATCH_SIZE_BUCKETS)
         device = sessions.config.torch_device
         # Made here, not on the worker thread: the engine may be capturing its graphs by then.
         self._stream = torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None
@@ -296,6 +299,7 @@ class VocoderWorker:
             plan[head.seq] = spans
         if not pieces:
             return
+        self.round_rows_histogram.observe(len(pieces))
         try:
             audio = self.sessions.decode(pieces, checked=True)  # checked at submit
         except Exception as exc:  # VocoderSessions ended every sequence of the call
