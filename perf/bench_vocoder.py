@@ -110,9 +110,7 @@ class Steps:
         return to_host(self.padded.run(slots, codes))
 
     def reset(self, num_rows: int) -> None:
-        mask = torch.zeros(self.state.batch_size, dtype=torch.bool)
-        mask[:num_rows] = True
-        self.state.reset(mask)
+        self.state.reset_rows(list(range(num_rows)))
 
 
 def random_codes(rows: int, frames: int, codebook_size: int, seed: int) -> list[torch.Tensor]:

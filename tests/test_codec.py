@@ -251,7 +251,7 @@ def test_reset_slot_then_reuse(codec, codes50):
     state = codec.new_decode_state(2)
     first_b = [codec.decode_step(torch.stack([a[i:i + 6], b[i:i + 6]]), state)[1] for i in range(0, 18, 6)]
     kept = [c[:, 1].clone() for c in state.caches]
-    state.reset(torch.tensor([True, False]))
+    state.reset_rows([0])
     assert state.frames.tolist() == [0, 18]
     assert all(not c[:, 0].any() for c in state.caches)  # the reset row is zeroed ...
     assert all(torch.equal(c[:, 1], k) for c, k in zip(state.caches, kept))  # ... and only that row

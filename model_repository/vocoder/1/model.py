@@ -15,7 +15,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.contract import CODEBOOK_SIZE, N_VQ, ErrorKind
+from moss_tts.contract import N_VQ, ErrorKind
 from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, Histogram
 from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
@@ -86,9 +86,7 @@ class TritonPythonModel:
             seq = int(get("CORRID").reshape(-1)[0])
             try:
                 # Checked before START takes a slot: a refused first chunk must not hold one.
-                codes = torch.from_numpy(get("CODES")).reshape(-1, N_VQ)
-                if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= CODEBOOK_SIZE):
-                    raise ValueError(f"sequence {seq}: CODES must lie in [0, {CODEBOOK_SIZE})")
+                codes = self.sessions.check(seq, torch.from_numpy(get("CODES")).reshape(-1, N_VQ))
                 if bool(get("START").reshape(-1)[0]):
                     if seq in self.sessions:
                         self.sessions.end(seq)  # a restarted id starts from fresh state
@@ -110,7 +108,8 @@ class TritonPythonModel:
 
     def _decode(self, chunks, responses):
         try:
-            audio = self.sessions.decode({seq: codes for seq, (_, codes) in chunks.items()})
+            # Every chunk was checked as its request was read (before START took a slot).
+            audio = self.sessions.decode({seq: codes for seq, (_, codes) in chunks.items()}, checked=True)
         except Exception as exc:  # one bad chunk must not take the others' state down silently
             # Out of memory is load, not a defect: the caller may retry (with graphs on, every
             # step replays a captured graph and allocates nothing, so only cuda_graphs=false

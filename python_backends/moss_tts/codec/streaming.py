@@ -38,22 +38,15 @@ class CodecDecodeState:
     def batch_size(self) -> int:
         return self.frames.shape[0]
 
-    def reset(self, mask: torch.Tensor) -> None:
-        """Restart the slots where mask [B] is True (slot reuse); other slots are untouched.
+    def reset_rows(self, rows: list[int]) -> None:
+        """Restart the slots listed (slot reuse); other slots are untouched.
 
         Zeroing the frame counter already invalidates every cached key; the caches are zeroed
         too so that non-finite values from a previous stream can never leak through 0 * NaN.
-        Only the chosen rows are written: a masked rewrite of every row moved the whole state
-        (~23 GiB at 289 slots of the real codec) per new stream, ~25+ ms each on the H200.
-        """
-        if mask.shape != self.frames.shape:
-            raise ValueError(f"reset mask must have shape {tuple(self.frames.shape)}, got {tuple(mask.shape)}")
-        # The row list is made on the host (a host mask costs no device sync).
-        self.reset_rows(mask.to(device="cpu", dtype=torch.bool).nonzero().flatten().tolist())
-
-    def reset_rows(self, rows: list[int]) -> None:
-        """reset() of the rows listed: one fill per cache for all of them (a fill per decoder layer
-        is ~90 kernel launches; per new stream they held a vocoder round for ~1 ms each)."""
+        Only the listed rows are written (a rewrite of every row moved the whole state, ~23 GiB at
+        289 slots of the real codec, per new stream), with one fill per cache for all of them: a
+        fill per decoder layer is ~90 kernel launches, and per new stream they held a vocoder
+        round for ~1 ms each."""
         if not rows:
             return
         if min(rows) < 0 or max(rows) >= self.batch_size:

@@ -23,7 +23,7 @@ from ..engine.request import EngineRequest
 from ..engine.scheduler import QueueFull
 from ..processor import PromptBuilder, PromptError
 from .engine_streams import EngineStreams
-from .speech_pipeline import AUDIO_READY, NO_CODES, ChildError, CodesChunk
+from .speech_pipeline import AUDIO_READY, NO_CODES, SHUTTING_DOWN, ChildError, CodesChunk
 from .synthesis_request import SynthesisRequest
 
 WAIT_S = 1.0  # how often a waiting stream gets a chance to notice a cancel
@@ -87,7 +87,7 @@ class EngineCodes:
         except QueueFull as exc:
             raise ChildError(f"server busy: {exc}", ErrorKind.UNAVAILABLE) from None
         except EngineClosed:
-            raise ChildError("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE) from None
+            raise ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE) from None
         except (PromptError, ValueError) as exc:
             raise ChildError(str(exc), ErrorKind.INVALID_ARGUMENT) from None
 

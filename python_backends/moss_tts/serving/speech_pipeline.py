@@ -33,6 +33,7 @@ from ..contract import N_VQ, SAMPLE_RATE, SAMPLES_PER_FRAME, ErrorKind, ServingE
 
 log = logging.getLogger(__name__)
 NO_CODES = np.zeros((0, N_VQ), np.int32)
+SHUTTING_DOWN = "the server is shutting down; retry (on another replica)"  # UNAVAILABLE: what the client is told
 
 
 class ChildError(ServingError):
@@ -44,7 +45,7 @@ class ChildError(ServingError):
         refused because the server is shutting down says so."""
         kind, _ = classify(message)
         if is_shutting_down(message):
-            return cls(f"the server is shutting down; retry (on another replica): {message}", ErrorKind.UNAVAILABLE)
+            return cls(f"{SHUTTING_DOWN}: {message}", ErrorKind.UNAVAILABLE)
         return cls(message, kind)
 
 
@@ -143,7 +144,7 @@ class SpeechStream:
             if ended is None:
                 ended = self._finish()
             if ended == "stopping":
-                self.client.send_error("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE)
+                self.client.send_error(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
             elif ended == "cancelled":
                 self.client.send_error("request cancelled by the client", ErrorKind.CANCELLED)
         except ChildError as exc:

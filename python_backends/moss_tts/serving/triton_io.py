@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..contract import ErrorKind
+from ..contract import ErrorKind, is_shutting_down
 
 # TritonError's code for each kind; the stub binds TritonError only after model.py is imported,
 # so the codes are looked up when an error is made, never at import time.
@@ -119,8 +119,6 @@ class ServerStopWatch:
         self._thread.start()
 
     def _watch(self) -> None:
-        from ..contract import is_shutting_down
-
         while not self._stop.wait(self.interval_s):
             try:
                 response = pb_utils.InferenceRequest(model_name=self.PROBE_MODEL, inputs=[],

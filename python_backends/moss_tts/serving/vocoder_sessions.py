@@ -248,7 +248,8 @@ class VocoderSessions:
         heapq.heappush(self._free, self._session(seq_id).slot)
         del self._sessions[seq_id]
 
-    def _check(self, seq_id: Hashable, codes: torch.Tensor) -> torch.Tensor:
+    def check(self, seq_id: Hashable, codes: torch.Tensor) -> torch.Tensor:
+        """`codes` if they are one chunk this vocoder can decode, else ValueError naming `seq_id`."""
         n_vq, size = self.config.n_vq, self.codec.codebook_size
         if not isinstance(codes, torch.Tensor) or codes.dtype not in INTEGER_DTYPES:
             raise ValueError(f"sequence {seq_id!r}: codes must be an integer tensor [T, {n_vq}]")
@@ -271,7 +272,7 @@ class VocoderSessions:
         with self._lock:
             # Validate everything first so a bad chunk leaves every sequence's state untouched.
             slots = {sid: self._session(sid).slot for sid in chunks}
-            codes = chunks if checked else {sid: self._check(sid, c) for sid, c in chunks.items()}
+            codes = chunks if checked else {sid: self.check(sid, c) for sid, c in chunks.items()}
             pieces = {sid: self._pieces(c.shape[0]) for sid, c in codes.items()}
             parts: dict[Hashable, list[torch.Tensor]] = {sid: [] for sid in codes}
             try:

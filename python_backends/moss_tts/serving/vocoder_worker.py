@@ -37,7 +37,7 @@ import torch
 from ..contract import ErrorKind
 from ..engine.stats import BATCH_SIZE_BUCKETS, Histogram
 from ..parameters import config_fields
-from .speech_pipeline import ChildError
+from .speech_pipeline import SHUTTING_DOWN, ChildError
 from .vocoder_sessions import NoFreeSlot, VocoderSessions
 
 log = logging.getLogger(__name__)
@@ -151,8 +151,6 @@ class VocoderWorker:
         self.piece_frames = sessions.config.max_graph_frames
         self.round_rows = round_rows or sessions.step_rows  # sequences decoded per round, at most
         self.idle_seconds = idle_seconds
-        self.n_vq = sessions.config.n_vq
-        self.codebook_size = sessions.codec.codebook_size
         self._queues: "OrderedDict[Hashable, deque[VocodeJob]]" = OrderedDict()
         self._cond = threading.Condition()
         self._is_stopping = False
@@ -173,17 +171,15 @@ class VocoderWorker:
         """Queue the next chunk of `seq` (START opens it, END frees it after this chunk), due by
         `deadline` (time.monotonic(); None = now). Bad codes are refused here (ChildError
         INVALID_ARGUMENT), before they can fail a round."""
-        codes = np.asarray(codes)
-        if codes.ndim != 2 or codes.shape[1] != self.n_vq or not np.issubdtype(codes.dtype, np.integer):
-            raise ChildError(f"vocoder codes must be integers of shape [frames, {self.n_vq}], got "
-                             f"{codes.dtype} {tuple(codes.shape)}", ErrorKind.INVALID_ARGUMENT)
-        if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
-            raise ChildError(f"vocoder codes must lie in [0, {self.codebook_size})", ErrorKind.INVALID_ARGUMENT)
+        try:
+            codes = self.sessions.check(seq, torch.as_tensor(np.asarray(codes))).numpy()
+        except (TypeError, ValueError) as exc:  # TypeError: an array torch cannot hold
+            raise ChildError(f"vocoder codes refused: {exc}", ErrorKind.INVALID_ARGUMENT) from None
         job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done,
                         time.monotonic() if deadline is None else deadline)
         with self._cond:
             if self._is_stopping:
-                raise ChildError("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE)
+                raise ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
             self._queues.setdefault(seq, deque()).append(job)
             self._cond.notify()
         return job
@@ -210,7 +206,7 @@ class VocoderWorker:
             queued = [job for q in self._queues.values() for job in q]
             self._queues.clear()
         for job in queued:
-            job._finish(None, ChildError("the server is shutting down; retry (on another replica)", ErrorKind.UNAVAILABLE))
+            job._finish(None, ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE))
 
     # ---------------------------------------------------------------- worker thread
     def _loop(self) -> None:
@@ -354,8 +350,8 @@ class VocoderWorker:
             job = follower if is_end_only and not follower.is_cancelled else None
 
     def _fail(self, jobs: list[VocodeJob], error: ChildError) -> None:
-        """Fail `jobs` and every later job of their sequences (their state is gone or never was);
-        a queued END still frees the slot."""
+        """Fail `jobs` and every later job of their sequences (their state is gone or never was),
+        queued ENDs included: the sequences are cancelled here, so their slots are free already."""
         for seq in {job.seq for job in jobs}:
             with self._cond:
                 queue = self._queues.pop(seq, deque())
