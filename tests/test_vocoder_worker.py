@@ -153,6 +153,13 @@ def test_a_full_state_refuses_the_new_stream_with_unavailable(codec, streams):
             with pytest.raises(ChildError) as err:
                 job.result(TIMEOUT_S)
             assert err.value.kind is ErrorKind.UNAVAILABLE
+        # A chunk the stream sent before it saw the refusal fails the same way, until its END.
+        late = worker.submit("b", streams[1, 4:6], start=False, end=False)
+        with pytest.raises(ChildError) as err:
+            late.result(TIMEOUT_S)
+        assert err.value.kind is ErrorKind.UNAVAILABLE and "slots" in str(err.value)
+        assert worker.submit("b", np.zeros((0, 12), np.int64), start=False, end=True).result(TIMEOUT_S).shape == (2, 0)
+        assert "b" not in worker._failed
         assert worker.sessions.stats().active_slots == 1
     finally:
         worker.stop()

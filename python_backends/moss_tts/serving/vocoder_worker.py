@@ -156,6 +156,9 @@ class VocoderWorker:
         self._is_stopping = False
         self._round_started: Optional[float] = None
         self._rounds = self._jobs = self._frames = 0
+        # Worker thread only: why each sequence that failed did, until its END (or a new START),
+        # so its chunks submitted after the failure fail the same way, not as "no codec state".
+        self._failed: dict[Hashable, ChildError] = {}
         self._round_s = 0.0
         # Streams decoded per round (its count is the rounds): published by the adapter's gauge thread.
         self.round_rows_histogram = Histogram(BATCH_SIZE_BUCKETS)
@@ -247,8 +250,10 @@ class VocoderWorker:
             queue = self._queues[seq]
             while queue and queue[0].is_cancelled:
                 job = queue.popleft()
-                if job.end and job.seq in self.sessions:
-                    self.sessions.end(job.seq)  # its END will not come again
+                if job.end:
+                    self._failed.pop(job.seq, None)
+                    if job.seq in self.sessions:
+                        self.sessions.end(job.seq)  # its END will not come again
                 job._finish(None, ChildError("cancelled", ErrorKind.CANCELLED))
             if not queue:
                 del self._queues[seq]
@@ -284,8 +289,9 @@ class VocoderWorker:
                 continue
             if not (head.start and head.position == 0) and head.frames_left and head.seq not in self.sessions:
                 # Checked per job: VocoderSessions would refuse the whole call, every stream of it.
-                self._fail([head], ChildError(f"vocoder sequence {head.seq!r} has no codec state (never started, "
-                                              "ended, or idle-expired)", ErrorKind.INTERNAL))
+                self._fail([head], self._failed.get(head.seq) or ChildError(
+                    f"vocoder sequence {head.seq!r} has no codec state (never started, ended, or idle-expired)",
+                    ErrorKind.INTERNAL))
                 continue
             if not head.frames_left:
                 self._complete(head)  # START or END alone: no GPU work, no reason to wait for the step
@@ -321,6 +327,7 @@ class VocoderWorker:
         """Open the sequences of the round's START jobs, with one reset of all their rows; returns
         the jobs refused (failed with UNAVAILABLE: every slot is taken)."""
         for job in jobs:
+            self._failed.pop(job.seq, None)
             if job.seq in self.sessions:
                 self.sessions.end(job.seq)  # a restarted id starts from fresh state
         results = self.sessions.start_many([job.seq for job in jobs])
@@ -333,8 +340,10 @@ class VocoderWorker:
         """Answer `job`, and at once any END-only calls queued right behind it (no GPU work: the
         stream's final response waits on its END)."""
         while job is not None:
-            if job.end and job.seq in self.sessions:
-                self.sessions.end(job.seq)
+            if job.end:
+                self._failed.pop(job.seq, None)
+                if job.seq in self.sessions:
+                    self.sessions.end(job.seq)
             with self._cond:
                 queue = self._queues.get(job.seq)
                 if queue and queue[0] is job:
@@ -357,5 +366,8 @@ class VocoderWorker:
                 queue = self._queues.pop(seq, deque())
             if seq in self.sessions:
                 self.sessions.cancel(seq)
-            for job in [*(j for j in jobs if j.seq == seq and j not in queue), *queue]:
+            failed = [*(j for j in jobs if j.seq == seq and j not in queue), *queue]
+            if not any(job.end for job in failed):  # its END (or next START) is still to come
+                self._failed[seq] = error
+            for job in failed:
                 job._finish(None, error)
