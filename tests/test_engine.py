@@ -96,6 +96,45 @@ def test_engine_matches_reference_with_staggered_admission(tiny_model, prompts):
     assert_idle(engine, 4)
 
 
+@pytest.mark.parametrize("chunk_tokens", [4096, 200])
+def test_one_step_admits_prompts_of_every_length_and_each_gets_its_own_frames(tiny_model, prompts, chunk_tokens):
+    """All eight prompts (rows 28..94, in no length order) are waiting when the engine starts:
+    the first step admits them together and the runner prefills them longest first, in one
+    launch (4096) or several bounded ones (200); each request still gets its own frames."""
+    params = [SamplingParams(seed=200 + i, max_frames=5 + i, ignore_stop=True) for i in range(8)]
+    reference = generate(tiny_model, prompts, params)
+    ids = [f"all-{i}" for i in range(8)]
+    sink = Collector()
+    engine = make_engine(tiny_model, sink, max_running_requests=8, prefill_chunk_tokens=chunk_tokens)
+    for rid, prompt, p in zip(ids, prompts, params):
+        engine.submit(EngineRequest(rid, prompt, p))
+    engine.start()
+    try:
+        sink.wait_finished(ids)
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    for rid, ref in zip(ids, reference):
+        assert_matches_reference(sink, rid, ref)
+    assert engine.stats().max_batch_size_seen == 8
+    assert_idle(engine, 8)
+
+
+def test_prefill_plan_pads_few_rows_in_few_bounded_launches():
+    from moss_tts.engine.runner import StagedPrompt, _prefill_plan
+
+    def staged(slot, rows):
+        return StagedPrompt(slot, torch.zeros(rows, 13, dtype=torch.long), SamplingParams(seed=0))
+
+    prompts = [staged(0, 14), staged(1, 300), staged(2, 16), staged(3, 5000), staged(4, 14), staged(5, 90)]
+    order, groups = _prefill_plan(prompts, 1024)
+    assert [p.slot for p in order] == [3, 1, 5, 2, 0, 4]  # longest first
+    assert [(first, [p.slot for p in g]) for first, g in groups] == [(0, [3]), (1, [1, 5, 2]), (4, [0, 4])]
+    for _, group in groups[1:]:  # padded to its longest, each launch stays within the budget
+        assert len(group) * (group[0].rows.shape[0]) <= 1024
+    many = [staged(i, 14) for i in range(200)]
+    assert len(_prefill_plan(many, 4096)[1]) == 1  # a wave of short prompts: one launch
+
+
 def test_chunk_sizes_follow_config_and_per_request_override(tiny_model, prompts):
     sink = Collector()
     engine = make_engine(tiny_model, sink, max_running_requests=4, first_chunk_frames=2, chunk_frames=5)
@@ -273,6 +312,25 @@ def test_scheduler_admits_fifo_within_slots_and_prefill_budget(prompts):
     assert [s.request_id for s in plan.cancelled] == ["s2"] and admitted(plan) == ["s3"]
     assert [s.request_id for s in plan.running] == ["s1", "s3"]
     assert not scheduler.abort("s2") and scheduler.num_waiting == 0
+
+
+def test_the_prefill_budget_counts_rows_not_copied_from_the_prefix_pool(prompts):
+    """A prompt whose prefix the pool holds costs only its remaining rows: with a 100-row
+    budget, four 94-row prompts that share 80 rows are one step's admission, not four steps'."""
+    config = EngineConfig(max_running_requests=8, prefill_chunk_tokens=100, prefix_cache_rows=1024)
+    scheduler = Scheduler(config)
+    prompt = prompts[1]  # 94 rows
+    first = RequestState.create(EngineRequest("p0", prompt, SamplingParams(seed=0)), config)
+    scheduler.add(first)
+    plan = scheduler.schedule()
+    assert [s.request_id for s in plan.admitted] == ["p0"]
+    scheduler.cache.plan_step([(first.slot, first.prefix)], [])  # its blocks go to the pool
+    for i in range(1, 5):
+        scheduler.add(RequestState.create(EngineRequest(f"p{i}", prompt, SamplingParams(seed=i)), config))
+    plan = scheduler.schedule()
+    reused = prompt.shape[0] - 1 - (prompt.shape[0] - 1) % 16  # whole blocks, the last row left
+    assert [s.request_id for s in plan.admitted] == ["p1", "p2", "p3", "p4"][:100 // (prompt.shape[0] - reused)]
+    assert all(s.prefix.reused_rows == reused for s in plan.admitted)
 
 
 def test_the_step_histograms_count_every_step():

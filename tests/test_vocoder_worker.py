@@ -43,10 +43,10 @@ class Gate:
     """Holds the worker inside its next decode until released: lets a test queue work mid-round."""
 
     def __init__(self, sessions):
-        self.sessions, self.decode = sessions, sessions.decode
+        self.sessions, self.decode = sessions, sessions.decode_async
         self.entered, self.release = threading.Event(), threading.Event()
         self.rounds: list[dict] = []  # {seq: frames} per decode call
-        sessions.decode = self
+        sessions.decode_async = self  # the worker launches a round with decode_async
 
     def __call__(self, chunks, checked=False):
         self.rounds.append({seq: c.shape[0] for seq, c in chunks.items()})
@@ -178,7 +178,7 @@ def test_a_decode_failure_fails_its_round_and_the_rest_of_those_streams(codec, s
                 job.result(TIMEOUT_S)
             assert err.value.kind is ErrorKind.INTERNAL and "simulated device failure" in str(err.value)
         assert worker.sessions.stats().active_slots == 0
-        gate.decode = worker.sessions.__class__.decode.__get__(worker.sessions)  # healthy again
+        gate.decode = worker.sessions.__class__.decode_async.__get__(worker.sessions)  # healthy again
         ok = worker.submit(2, streams[1, :2], start=True, end=True)
         assert ok.result(TIMEOUT_S).shape == (2, 2 * SPF)
 
@@ -309,3 +309,36 @@ def test_chunks_that_queued_up_decode_as_one_row(codec, streams, offline):
         # Round 2: 4 + 6 of the next 8 frames in one 10-frame row; then 2 + 8, then the last 8.
         assert gate.rounds == [{1: 2}, {1: 10}, {1: 10}, {1: 8}]
         assert end.result(TIMEOUT_S).shape == (2, 0) and 1 not in worker.sessions
+
+
+def test_the_next_round_is_launched_before_the_last_one_lands(codec, streams, offline):
+    """Rounds overlap: with a stream's next chunk waiting, the worker launches it before it waits
+    for the previous round's audio (the GPU decodes while the host hands audio out), and the
+    audio still equals offline decode."""
+    events: list[str] = []
+
+    class Recorded:
+        def __init__(self, pending, k):
+            self.pending, self.k = pending, k
+
+        def wait(self):
+            events.append(f"land {self.k}")
+            return self.pending.wait()
+
+    with gated(codec) as (worker, gate):
+        launch = gate.decode
+
+        def recorded_launch(chunks, checked=False):
+            k = sum(e.startswith("launch") for e in events) + 1
+            events.append(f"launch {k}")
+            return Recorded(launch(chunks, checked), k)
+
+        gate.decode = recorded_launch
+        first = worker.submit(0, streams[0, :2], start=True, end=False)
+        assert gate.entered.wait(TIMEOUT_S)  # round 1 is being launched: queue the next chunk
+        second = worker.submit(0, streams[0, 2:6], start=False, end=True)
+        gate.release.set()
+        audio = np.concatenate([first.result(TIMEOUT_S), second.result(TIMEOUT_S)], axis=-1)
+    assert events == ["launch 1", "launch 2", "land 1", "land 2"]
+    close(audio, offline[0][:, :6 * SPF])
+    assert worker.stats().active_slots == 0

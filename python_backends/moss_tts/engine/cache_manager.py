@@ -55,14 +55,23 @@ class CacheManager:
     def num_free_slots(self) -> int:
         return len(self._free)
 
-    def allocate(self, prompt_rows: torch.Tensor) -> tuple[int, Optional[PrefixMatch]]:
+    def prefill_rows(self, prompt_rows: torch.Tensor) -> tuple[int, Optional[tuple[bytes, ...]]]:
+        """(rows a prefill of this prompt would compute now, its block hashes for allocate):
+        the prompt less the prefix the pool holds. Changes nothing."""
+        if self.prefix is None:
+            return prompt_rows.shape[0], None
+        hashes = self.prefix.block_hashes(prompt_rows)
+        return prompt_rows.shape[0] - self.prefix.reusable_rows(prompt_rows, hashes), hashes
+
+    def allocate(self, prompt_rows: torch.Tensor,
+                 hashes: Optional[tuple[bytes, ...]] = None) -> tuple[int, Optional[PrefixMatch]]:
         """A slot for a newly admitted prompt [T, 13] (int64, CPU), and the pool blocks holding
-        its longest known prefix (None with prefix reuse off)."""
+        its longest known prefix (None with prefix reuse off). `hashes`: from prefill_rows."""
         if not self._free:
             raise RuntimeError("no free KV slot: the scheduler admitted more than max_running_requests")
         slot = heapq.heappop(self._free)
         self._lengths[slot] = prompt_rows.shape[0]
-        return slot, None if self.prefix is None else self.prefix.match(prompt_rows)
+        return slot, None if self.prefix is None else self.prefix.match(prompt_rows, hashes)
 
     def free(self, slot: int) -> None:
         assert slot not in self._free, f"KV slot {slot} freed twice"

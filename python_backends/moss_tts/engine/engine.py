@@ -210,7 +210,9 @@ class Engine:
             state.num_issued += 1
         with self._cond:
             self._counters.record_step(len(set(staged) | set(decoding)), out.graph_use)
-        return Launch(out, staged, [(s, s.slot) for s in decoding])
+        # The runner orders the prefill rows its own way (longest prompt first): map them back by slot.
+        by_slot = {s.slot: s for s in staged}
+        return Launch(out, [by_slot[slot] for slot in out.prefill_slots], [(s, s.slot) for s in decoding])
 
     def _complete(self, launch: Launch) -> float:
         """Apply a finished step's frames: stop, frame budget, chunk emission. Returns the

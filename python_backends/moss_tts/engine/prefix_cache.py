@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -71,10 +72,24 @@ class PrefixCache:
             names.append(parent)
         return tuple(names)
 
-    def match(self, rows: torch.Tensor) -> PrefixMatch:
+    def reusable_rows(self, rows: torch.Tensor, hashes: tuple[bytes, ...]) -> int:
+        """Rows of `rows` (named by `hashes`, its block_hashes) that match() would copy from the
+        pool now; changes nothing (the scheduler's budget asks before it admits)."""
+        return len(self._found(rows, hashes)) * self.block_rows
+
+    def match(self, rows: torch.Tensor, hashes: Optional[tuple[bytes, ...]] = None) -> PrefixMatch:
         """The longest prefix of `rows` in the pool, leaving at least the last row to prefill
-        (its hidden state samples the first frame). Marks the matched blocks as used."""
-        hashes = self.block_hashes(rows)
+        (its hidden state samples the first frame). Marks the matched blocks as used.
+        `hashes`: its block_hashes, when the caller already has them."""
+        hashes = self.block_hashes(rows) if hashes is None else hashes
+        found = self._found(rows, hashes)
+        self._touch(hashes[:len(found)])
+        self._lookups += 1
+        self._prompt_rows += rows.shape[0]
+        self._reused_rows += len(found) * self.block_rows
+        return PrefixMatch(hashes, tuple(found), self.block_rows)
+
+    def _found(self, rows: torch.Tensor, hashes: tuple[bytes, ...]) -> list[int]:
         usable = (rows.shape[0] - 1) // self.block_rows
         found = []
         for name in hashes[:usable]:
@@ -82,11 +97,7 @@ class PrefixCache:
             if block is None:
                 break
             found.append(block)
-        self._touch(hashes[:len(found)])
-        self._lookups += 1
-        self._prompt_rows += rows.shape[0]
-        self._reused_rows += len(found) * self.block_rows
-        return PrefixMatch(hashes, tuple(found), self.block_rows)
+        return found
 
     def store(self, matches: list[PrefixMatch]) -> list[list[tuple[int, int]]]:
         """Claim pool blocks for one step's prompts: per prompt, its full blocks past the reused

@@ -56,8 +56,9 @@ class StagedPrompt:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Host copy of one step's rows [emitted, 12 codes]: prefilled prompts in staging order at
-    rows [0, P), the decode row of slot s at decode_offset + s."""
+    """Host copy of one step's rows [emitted, 12 codes]: the prompt prefilled into slot
+    prefill_slots[i] at row i (the runner's order, not the staging order), the decode row of
+    slot s at decode_offset + s."""
 
     host: torch.Tensor
     ready: Optional["torch.cuda.Event"]
@@ -291,10 +292,21 @@ class ModelRunner:
 
 
 def _prefill_plan(staged: list[StagedPrompt], chunk_tokens: int):
-    """Output order of the prompts, and (first output row, prompts) per prefill launch: every
-    prompt that fits one chunk together, then each longer one alone (run chunk by chunk)."""
-    short = [p for p in staged if p.rows.shape[0] - p.start <= chunk_tokens]
-    long = [p for p in staged if p.rows.shape[0] - p.start > chunk_tokens]
-    groups = [(0, short)] if short else []
-    groups += [(len(short) + i, [p]) for i, p in enumerate(long)]
-    return short + long, groups
+    """Output order of the prompts, and (first output row, prompts) per prefill launch.
+
+    A launch pads its prompts to its longest, so the prompts go longest first into launches of
+    at most chunk_tokens padded rows; a prompt longer than that runs alone, chunk by chunk. Few
+    launches, because an eager prefill costs ~100 ms of host time however few its rows (on the
+    H200), and a bounded one, so a clone's long prompt does not pad fifty short ones to its
+    length."""
+    order = sorted(staged, key=lambda p: p.rows.shape[0] - p.start, reverse=True)
+    groups: list[tuple[int, list[StagedPrompt]]] = []
+    for i, prompt in enumerate(order):
+        if groups:
+            first, group = groups[-1]
+            longest = group[0].rows.shape[0] - group[0].start
+            if longest <= chunk_tokens and (len(group) + 1) * longest <= chunk_tokens:
+                group.append(prompt)
+                continue
+        groups.append((i, [prompt]))
+    return order, groups

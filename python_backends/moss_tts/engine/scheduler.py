@@ -81,15 +81,20 @@ class Scheduler:
         return aborted
 
     def _admit(self) -> list[RequestState]:
-        """FIFO while slots are free and the step's prefill budget lasts (the first always fits)."""
+        """FIFO while slots are free and the step's prefill budget lasts (the first always fits).
+        The budget counts the rows a prompt's prefill computes: not the prefix it copies from
+        the pool (a wave of prompts that share an instruction block or a speaker's reference
+        is admitted in one step, not one step per prompt_len's worth)."""
         admitted: list[RequestState] = []
         budget = self.prefill_budget
         while self.waiting and self.cache.num_free_slots:
-            if admitted and self.waiting[0].prompt_len > budget:
+            rows = self.waiting[0].request.prompt_rows
+            cost, hashes = self.cache.prefill_rows(rows)
+            if admitted and cost > budget:
                 break
             state = self.waiting.popleft()
-            budget -= state.prompt_len
-            state.start(*self.cache.allocate(state.request.prompt_rows))
+            budget -= cost
+            state.start(*self.cache.allocate(rows, hashes))
             self.running.append(state)
             admitted.append(state)
         return admitted

@@ -42,14 +42,18 @@ class VocoderGraphError(RuntimeError):
     """Warm-up or capture failed; the message lists what to try."""
 
 
-def to_host(audio: torch.Tensor) -> torch.Tensor:
+def to_host(audio: torch.Tensor, wait: bool = True) -> torch.Tensor:
     """A new fp32 CPU tensor holding `audio` (a step's output). From a GPU: into pinned memory
-    (the caching host allocator reuses it once its views are gone), waiting for this stream alone."""
+    (the caching host allocator reuses it once its views are gone and its copy is done), waiting
+    for this stream alone; wait=False only enqueues the copy (the caller waits for an event it
+    records after it). Either way the next replay, later on the same stream, cannot overwrite
+    the graph's output before the copy read it."""
     if audio.device.type != "cuda":
         return audio.to("cpu", torch.float32, copy=True)  # copy=True: never the graphs' own buffer
     host = torch.empty(audio.shape, dtype=torch.float32, pin_memory=True)
     host.copy_(audio, non_blocking=True)
-    torch.cuda.current_stream(audio.device).synchronize()
+    if wait:
+        torch.cuda.current_stream(audio.device).synchronize()
     return host
 
 

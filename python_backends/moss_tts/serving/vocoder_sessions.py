@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Mapping, Optional
 
 import torch
 
@@ -101,6 +101,20 @@ class VocoderStats:
     decode_calls: int  # decode_step calls (primes included)
     frames_decoded: int
     graph_calls: int  # of decode_calls, those run by VocoderGraphs (the rest ran eagerly)
+
+
+@dataclass
+class PendingAudio:
+    """The audio of one decode call on its way to host memory: wait() -> {seq_id: [2, S] fp32 CPU}."""
+
+    parts: dict[Hashable, list[torch.Tensor]]  # per sequence, its steps' host tensors in order
+    ready: Optional["torch.cuda.Event"] = None  # recorded after the last copy; None: copied already
+
+    def wait(self) -> dict[Hashable, torch.Tensor]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return {sid: p[0] if len(p) == 1 else torch.cat(p, dim=-1) if p else torch.zeros(2, 0)
+                for sid, p in self.parts.items()}
 
 
 @dataclass
@@ -223,7 +237,13 @@ class VocoderSessions:
     def decode(self, chunks: dict[Hashable, torch.Tensor], checked: bool = False) -> dict[Hashable, torch.Tensor]:
         """Next frames of several sequences: {seq_id: codes [T_i, n_vq]} -> {seq_id: [2, T_i*3840] fp32 CPU}.
         checked: the caller has validated every chunk (integer, [T, n_vq], in range) already."""
-        return self._run(chunks, keep_audio=True, checked=checked)
+        return self.decode_async(chunks, checked).wait()
+
+    def decode_async(self, chunks: dict[Hashable, torch.Tensor], checked: bool = False) -> "PendingAudio":
+        """decode() without waiting for the device: the steps and their copies to host memory are
+        enqueued on the current stream, and the result's wait() returns the audio. The state has
+        advanced already, so the next call may follow at once (it runs after these steps)."""
+        return self._run(chunks, keep_audio=True, checked=checked, wait=False)
 
     def prime(self, seq_id: Hashable, codes: torch.Tensor) -> None:
         """Decode and discard (continuation mode feeds the reference frames first)."""
@@ -268,7 +288,7 @@ class VocoderSessions:
         return [(start, min(limit, frames - start)) for start in range(0, frames, limit)]
 
     def _run(self, chunks: dict[Hashable, torch.Tensor], keep_audio: bool,
-             checked: bool = False) -> dict[Hashable, torch.Tensor]:
+             checked: bool = False, wait: bool = True) -> "PendingAudio":
         with self._lock:
             # Validate everything first so a bad chunk leaves every sequence's state untouched.
             slots = {sid: self._session(sid).slot for sid in chunks}
@@ -284,8 +304,12 @@ class VocoderSessions:
                             start, frames = steps[k]
                             groups.setdefault(frames, {})[sid] = codes[sid][start:start + frames]
                     for frames, piece in groups.items():
-                        for sid, audio in self._step(frames, list(piece), slots, piece, keep_audio).items():
+                        for sid, audio in self._step(frames, list(piece), slots, piece, keep_audio, wait).items():
                             parts[sid].append(audio)
+                ready = None
+                if not wait and keep_audio and self.state.frames.device.type == "cuda":
+                    ready = torch.cuda.Event()
+                    ready.record(torch.cuda.current_stream(self.state.frames.device))
             except BaseException:
                 # Earlier steps advanced their state but their audio never reaches the caller,
                 # so no sequence of this call can continue without a gap: end them all.
@@ -296,13 +320,10 @@ class VocoderSessions:
             now = self._clock()
             for sid in slots:
                 self._sessions[sid].last_used = now
-            if not keep_audio:
-                return {}
-            return {sid: p[0] if len(p) == 1 else torch.cat(p, dim=-1) if p else torch.zeros(2, 0)
-                    for sid, p in parts.items()}
+            return PendingAudio(parts if keep_audio else {}, ready)
 
     def _step(self, frames: int, ids: list[Hashable], slots: dict[Hashable, int],
-              codes: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
+              codes: dict[Hashable, torch.Tensor], keep_audio: bool, wait: bool = True) -> dict[Hashable, torch.Tensor]:
         """Decode the sequences in `ids`, which all bring `frames` frames, step_rows at a time."""
         out = {}
         for first in range(0, len(ids), self.step_rows):
@@ -321,6 +342,6 @@ class VocoderSessions:
             if keep_audio:
                 # The piece's one device-to-host copy, before the next replay overwrites a graph's
                 # static output; the rows are views of one fresh host tensor.
-                out.update(zip(piece, to_host(audio).unbind(0)))
+                out.update(zip(piece, to_host(audio, wait).unbind(0)))
         return out
 

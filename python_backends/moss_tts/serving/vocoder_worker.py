@@ -38,7 +38,7 @@ from ..contract import ErrorKind
 from ..engine.stats import BATCH_SIZE_BUCKETS, Histogram
 from ..parameters import config_fields
 from .speech_pipeline import SHUTTING_DOWN, ChildError
-from .vocoder_sessions import NoFreeSlot, VocoderSessions
+from .vocoder_sessions import NoFreeSlot, PendingAudio, VocoderSessions
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ class VocodeJob:
         self.seq, self.codes, self.start, self.end = seq, codes, start, end
         self.deadline = deadline  # time.monotonic() by which its audio is due
         self.on_done = on_done  # called once, on the worker thread, when the job completes: keep it cheap
-        self.position = 0  # frames decoded so far
+        self.launched = 0  # frames handed to the GPU so far
+        self.position = 0  # frames decoded and back on the host so far
         self.parts: list[np.ndarray] = []
         self.is_cancelled = False
         self._done = threading.Event()
@@ -111,7 +112,13 @@ class VocodeJob:
 
     @property
     def frames_left(self) -> int:
-        return self.codes.shape[0] - self.position
+        """Frames not yet handed to the GPU."""
+        return self.codes.shape[0] - self.launched
+
+    @property
+    def is_in_flight(self) -> bool:
+        """Some of its frames are in a round that has not landed yet."""
+        return self.launched > self.position
 
     def _finish(self, audio: Optional[np.ndarray], error: Optional[ChildError]) -> None:
         if self._done.is_set():
@@ -139,6 +146,18 @@ class WorkerStats:
     sessions_failed: int
     graph_calls: int
     decode_calls: int
+
+
+@dataclass
+class _Round:
+    """A launched round: per sequence, the (job, frames) it decodes, and its audio on the way."""
+
+    plan: dict[Hashable, list[tuple[VocodeJob, int]]]
+    pending: PendingAudio
+
+    @property
+    def heads(self) -> list[VocodeJob]:
+        return [spans[0][0] for spans in self.plan.values()]
 
 
 class VocoderWorker:
@@ -218,38 +237,58 @@ class VocoderWorker:
             # the engine's steps (which run above it when they have a higher priority).
             torch.cuda.set_device(self._stream.device)
             torch.cuda.set_stream(self._stream)
+        # Two rounds overlap: round k+1 is launched before round k's audio is read back and
+        # handed to its streams, so the GPU decodes while this thread does a round's host work
+        # (splitting audio, completing jobs, waking streams), as the engine overlaps its steps.
+        in_flight: Optional[_Round] = None
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._is_stopping or self._queues, timeout=1.0)
-                    if self._is_stopping:
+                    if in_flight is None:
+                        self._cond.wait_for(lambda: self._is_stopping or self._queues, timeout=1.0)
+                    if self._is_stopping and in_flight is None:
                         return
-                    picks = self._heads()
-                if picks:
-                    started = self._round_started = time.monotonic()
-                    try:
-                        self._round(picks)
-                    except Exception as exc:  # a defect here: fail the round, keep serving
-                        log.exception("vocoder round failed")
-                        self._fail([spans[0][0] for spans in picks],
-                                   ChildError(f"vocoder round failed: {exc!r}", ErrorKind.INTERNAL))
-                    finally:
-                        self._round_started = None
-                        with self._cond:
-                            self._rounds += 1
-                            self._round_s += time.monotonic() - started
+                    picks = [] if self._is_stopping else self._heads()
+                launched = self._timed(self._launch, picks) if picks else None
+                if in_flight is not None:
+                    self._timed(self._land, in_flight)
+                elif launched is None and not picks:
+                    # Nothing to launch or land although jobs are queued: cannot happen by design,
+                    # and must never become a loop that spins holding the GIL.
+                    with self._cond:
+                        self._cond.wait(0.01)
+                in_flight = launched
                 self.sessions.expire(self.idle_seconds)
+
+    def _timed(self, step: Callable, work) -> Optional["_Round"]:
+        """Run one half of a round (_launch of picks, or _land of a _Round), its wall time counted
+        as round time; a defect fails the jobs it holds, not the worker."""
+        started = self._round_started = time.monotonic()
+        try:
+            return step(work)
+        except Exception as exc:  # a defect here: fail the round, keep serving
+            log.exception("vocoder round failed")
+            heads = [spans[0][0] for spans in work] if isinstance(work, list) else work.heads
+            self._fail(heads, ChildError(f"vocoder round failed: {exc!r}", ErrorKind.INTERNAL))
+            return None
+        finally:
+            self._round_started = None
+            with self._cond:
+                self._round_s += time.monotonic() - started
 
     def _heads(self) -> list[list[tuple[VocodeJob, int]]]:
         """This round's work, under the lock: per sequence, the jobs and how many of their frames
-        to decode ([(job, frames), ...], the first its oldest live job). Cancelled jobs are
-        dropped first. Sequences with frames are taken by deadline, at most round_rows; START or
-        END alone costs no row and is always taken."""
+        to decode ([(job, frames), ...]). Cancelled jobs at a queue's head are dropped first,
+        unless a round still in flight holds their frames (they go once it lands). Sequences with
+        frames to hand out are taken by deadline, at most round_rows; a START or END alone at
+        its queue's head costs no row and is always taken."""
         picks, urgent = [], []
         for seq in list(self._queues):
             queue = self._queues[seq]
-            while queue and queue[0].is_cancelled:
+            while queue and (queue[0].done() or queue[0].is_cancelled and not queue[0].is_in_flight):
                 job = queue.popleft()
+                if job.done():  # completed or failed behind a cancelled head that was in flight
+                    continue
                 if job.end:
                     self._failed.pop(job.seq, None)
                     if job.seq in self.sessions:
@@ -257,70 +296,98 @@ class VocoderWorker:
                 job._finish(None, ChildError("cancelled", ErrorKind.CANCELLED))
             if not queue:
                 del self._queues[seq]
-            elif not queue[0].frames_left:
+            elif not queue[0].codes.shape[0]:
                 picks.append([(queue[0], 0)])
             else:
-                urgent.append(queue)
-        urgent.sort(key=lambda q: q[0].deadline)
-        return picks + [self._spans(queue) for queue in urgent[:self.round_rows]]
+                spans = self._spans(queue)
+                if spans:
+                    urgent.append(spans)
+        urgent.sort(key=lambda spans: spans[0][0].deadline)
+        return picks + urgent[:self.round_rows]
 
     def _spans(self, queue: "deque[VocodeJob]") -> list[tuple[VocodeJob, int]]:
-        """Up to piece_frames frames of one sequence, from its oldest job on: a stream whose
-        chunks queued up decodes them as one row (one step, not one per chunk)."""
+        """Up to piece_frames frames of one sequence, from its first job with frames not yet
+        handed out: a stream whose chunks queued up decodes them as one row (one step, not one
+        per chunk). A START behind other jobs waits until they are done (it restarts the row)."""
         spans, budget = [], self.piece_frames
-        for job in queue:
-            if budget == 0 or job.is_cancelled or not job.frames_left or (spans and job.start):
+        for i, job in enumerate(queue):
+            if job.is_cancelled or (i and job.start):
                 break
+            if not job.frames_left:
+                if job.codes.shape[0] and not job.end:
+                    continue  # all its frames are in flight: the next job may follow them
+                break  # an END (its frames in flight) or a job without frames: nothing after it
             take = min(budget, job.frames_left)
             spans.append((job, take))
             budget -= take
-            if job.end or take < job.frames_left:
+            if budget == 0 or job.end or take < job.frames_left:
                 break
         return spans
 
-    def _round(self, picks: list[list[tuple[VocodeJob, int]]]) -> None:
+    def _launch(self, picks: list[list[tuple[VocodeJob, int]]]) -> Optional["_Round"]:
+        """Start the round's sequences, answer its START/END-only jobs, and enqueue one decode
+        of every other sequence's frames without waiting for it: the _Round to _land later."""
+        with self._cond:
+            self._rounds += 1
         heads = [spans[0][0] for spans in picks]
-        refused = self._start([job for job in heads if job.start and job.position == 0])
+        refused = self._start([job for job in heads if job.start and job.launched == 0])
         pieces: dict[Hashable, torch.Tensor] = {}
         plan: dict[Hashable, list[tuple[VocodeJob, int]]] = {}
         for spans in picks:
             head = spans[0][0]
             if head in refused:
                 continue
-            if not (head.start and head.position == 0) and head.frames_left and head.seq not in self.sessions:
+            if not head.codes.shape[0]:
+                self._complete(head)  # START or END alone: no GPU work, no reason to wait for the step
+                continue
+            if not (head.start and head.launched == 0) and head.seq not in self.sessions:
                 # Checked per job: VocoderSessions would refuse the whole call, every stream of it.
                 self._fail([head], self._failed.get(head.seq) or ChildError(
                     f"vocoder sequence {head.seq!r} has no codec state (never started, ended, or idle-expired)",
                     ErrorKind.INTERNAL))
                 continue
-            if not head.frames_left:
-                self._complete(head)  # START or END alone: no GPU work, no reason to wait for the step
-                continue
-            codes = [job.codes[job.position:job.position + take] for job, take in spans]
+            codes = [job.codes[job.launched:job.launched + take] for job, take in spans]
             pieces[head.seq] = torch.from_numpy(codes[0] if len(codes) == 1 else np.concatenate(codes))
             plan[head.seq] = spans
         if not pieces:
-            return
+            return None
         self.round_rows_histogram.observe(len(pieces))
         try:
-            audio = self.sessions.decode(pieces, checked=True)  # checked at submit
+            pending = self.sessions.decode_async(pieces, checked=True)  # checked at submit
         except Exception as exc:  # VocoderSessions ended every sequence of the call
             kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
             log.exception("vocoder decode failed for %d sequences", len(pieces))
             self._fail([spans[0][0] for spans in plan.values()],
                        ChildError(f"vocoder decode failed: {exc}; the stream was ended", kind))
+            return None
+        for spans in plan.values():
+            for job, take in spans:
+                job.launched += take
+        return _Round(plan, pending)
+
+    def _land(self, round_: "_Round") -> None:
+        """Wait for a launched round's audio and hand each job its part; complete the jobs
+        whose every frame is back, in order (each is then its sequence's head)."""
+        try:
+            audio = round_.pending.wait()
+        except Exception as exc:  # an error of the device: these sequences' state is lost
+            log.exception("vocoder decode failed for %d sequences", len(round_.plan))
+            for job in round_.heads:
+                job.position = job.launched  # no longer in flight: _fail may drop it
+            self._fail(round_.heads, ChildError(f"vocoder decode failed: {exc}; the stream was ended",
+                                                ErrorKind.INTERNAL))
             return
-        for seq, spans in plan.items():
+        for seq, spans in round_.plan.items():
             samples = audio[seq].numpy()
-            per_frame = samples.shape[-1] // pieces[seq].shape[0]
+            per_frame = samples.shape[-1] // sum(take for _, take in spans)
             offset = 0
             for job, take in spans:
                 job.parts.append(samples[:, offset:offset + take * per_frame])
                 offset += take * per_frame
                 job.position += take
-            self._frames += pieces[seq].shape[0]
-            for job, _ in spans:  # in order: each is its sequence's head when it completes
-                if not job.frames_left:
+            self._frames += offset // per_frame
+            for job, _ in spans:
+                if job.position == job.codes.shape[0] and not job.done() and not job.is_cancelled:
                     self._complete(job)
 
     def _start(self, jobs: list[VocodeJob]) -> list[VocodeJob]:
@@ -355,7 +422,7 @@ class VocoderWorker:
             else:
                 audio = job.parts[0] if len(job.parts) == 1 else np.concatenate(job.parts, axis=-1)
             job._finish(audio, None)
-            is_end_only = follower is not None and not follower.start and not follower.frames_left
+            is_end_only = follower is not None and not follower.start and not follower.codes.shape[0]
             job = follower if is_end_only and not follower.is_cancelled else None
 
     def _fail(self, jobs: list[VocodeJob], error: ChildError) -> None:
