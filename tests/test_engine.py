@@ -127,10 +127,12 @@ def test_prefill_plan_pads_few_rows_in_few_bounded_launches():
 
     prompts = [staged(0, 14), staged(1, 300), staged(2, 16), staged(3, 5000), staged(4, 14), staged(5, 90)]
     order, groups = _prefill_plan(prompts, 1024)
-    assert [p.slot for p in order] == [3, 1, 5, 2, 0, 4]  # longest first
-    assert [(first, [p.slot for p in g]) for first, g in groups] == [(0, [3]), (1, [1, 5, 2]), (4, [0, 4])]
-    for _, group in groups[1:]:  # padded to its longest, each launch stays within the budget
-        assert len(group) * (group[0].rows.shape[0]) <= 1024
+    # Grouped longest first (5000 alone: past the budget; 300 + 90 + 16: 3 x 300 <= 1024), then
+    # run shortest group first: a batched-prefill graph writes its rows from row 0.
+    assert [(first, [p.slot for p in g]) for first, g in groups] == [(0, [0, 4]), (2, [1, 5, 2]), (5, [3])]
+    assert [p.slot for p in order] == [0, 4, 1, 5, 2, 3]
+    for _, group in groups[:-1]:  # padded to its longest, each launch stays within the budget
+        assert len(group) * max(p.rows.shape[0] for p in group) <= 1024
     many = [staged(i, 14) for i in range(200)]
     assert len(_prefill_plan(many, 4096)[1]) == 1  # a wave of short prompts: one launch
 

@@ -45,6 +45,15 @@ def test_buckets_pad_to_the_next_size_and_fall_back_beyond():
     assert len(b.prefix_prefill_shapes) == 4 * 3 and (32, 1000) in b.prefix_prefill_shapes
     big = Buckets.build(16, 5120, 256, 256, 512, is_padded=True)
     assert max(t for t, _ in big.prefix_prefill_shapes) == 256  # longer remainders run eagerly
+    # batched prefills: (prompts, rows) buckets, without a reused prefix or with the smallest window
+    served = Buckets.build(256, 2048, 256, 256, 512, is_padded=True)
+    assert served.batch_prefill_shape(128, 14, 256) == (128, 16)  # a wave after a shared instruction
+    assert served.batch_prefill_shape(146, 14, 0) == (192, 16)
+    assert served.batch_prefill_shape(3, 200, 0) == (4, 256)
+    assert served.batch_prefill_shape(3, 20, 512) == (3, 32)  # no graph for that window: exact prompts
+    assert served.batch_prefill_shape(40, 300, 0) == (40, 304)  # past the largest rows bucket
+    assert all(n * t <= 8192 and w in (0, 256) and t <= (w or t) for n, t, w in served.batch_prefill_shapes)
+    assert cpu.batch_prefill_shape(3, 33, 0) == (3, 33)
 
 
 def test_engine_frame_sampler_equals_model_sample_frame(tiny_model):
@@ -243,18 +252,22 @@ def test_padded_shapes_give_the_reference_codes(tiny_model, builder, max_graph_b
     sink = Collector()
     config = EngineConfig(max_running_requests=4, max_seq_len=128)
     engine = Engine(tiny_model, config, sink)
-    engine._runner.buckets = Buckets.build(4, 128, max_graph_batch, 32, 64, is_padded=True)
-    engine.submit(EngineRequest("p0", prompts[0], params[0]))
-    engine.submit(EngineRequest("p1", prompts[1], params[1]))
+    runner = engine._runner
+    runner.buckets = Buckets.build(4, 128, max_graph_batch, 32, 128, is_padded=True)
+    shapes = []  # (prompts of the group, prompts it ran as)
+    inputs = runner._inputs
+    runner._inputs = lambda group, n, t: shapes.append((len(group), n)) or inputs(group, n, t)
+    for i in range(3):  # admitted together: 3 prompts padded to the 4-prompt bucket
+        engine.submit(EngineRequest(f"p{i}", prompts[i], params[i]))
     engine.start()
     try:
-        engine.submit(EngineRequest("p2", prompts[2], params[2]))
         engine.submit(EngineRequest("p3", prompts[3], params[3]))
         sink.wait_finished([f"p{i}" for i in range(4)])
     finally:
         engine.shutdown(TIMEOUT_S)
     for i, ref in enumerate(reference):
         assert torch.equal(sink.codes(f"p{i}"), ref.codes), f"p{i}"
+    assert shapes[0] == (3, 4)  # the padding prompt went to the scratch slot and changed nothing
 
 
 def test_config_from_triton_parameters():

@@ -66,7 +66,8 @@ def test_graphed_engine_equals_eager_engine(real_model):
     for rid in graphed:
         assert torch.equal(graphed[rid], eager[rid]), f"{rid}: graphed codes differ from eager"
     assert stats.decode_graph_hits > 0 and stats.decode_graph_fallbacks == 0, stats
-    assert stats.prefill_graph_hits == 3 and stats.prefill_graph_fallbacks == 1, stats  # r0-r2 batched
+    # r0-r2 batched (3 prompts padded to the 4 x 256 graph, one in the scratch slot), r3-r5 alone
+    assert stats.prefill_graph_hits == 4 and stats.prefill_graph_fallbacks == 0, stats
     assert eager_stats.decode_graph_hits == eager_stats.decode_graph_fallbacks == 0, eager_stats
 
 
@@ -92,3 +93,38 @@ def test_kv_cache_over_the_memory_budget_is_refused(real_model):
     engine = Engine(real_model, EngineConfig(max_running_requests=4096, max_seq_len=32768), lambda e: None)
     with pytest.raises(EngineConfigError, match="lower max_running_requests"):
         engine.start()
+
+
+def _run_after_a_prefix(model, config: EngineConfig):
+    """p0 alone stores an 80-row prefix in the pool; at its first event p1-p3 (that prefix +
+    their own 9-30 rows) are submitted and admitted together: one batched prefill after a
+    reused prefix, 3 prompts padded to 4."""
+    prefix = random_prompt_rows(80, 7)[:-1]
+    prompts = [torch.cat([prefix, random_prompt_rows(n, 10 + i)]) for i, n in enumerate((20, 9, 30, 14))]
+    params = [SamplingParams(seed=20 + i, max_frames=10, ignore_stop=True) for i in range(4)]
+    sink, ids = Collector(), [f"q{i}" for i in range(4)]
+
+    def on_event(event):
+        if event.request_id == "q0" and not sink.events["q0"]:
+            for i in range(1, 4):
+                engine.submit(EngineRequest(ids[i], prompts[i], params[i]))
+        sink(event)
+
+    engine = Engine(model, config, on_event)
+    engine.submit(EngineRequest(ids[0], prompts[0], params[0]))
+    engine.start()
+    try:
+        sink.wait_finished(ids, TIMEOUT_S)
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    return {rid: sink.codes(rid) for rid in ids}, engine.stats()
+
+
+def test_batched_prefill_after_a_shared_prefix_graphed_equals_eager(real_model):
+    config = EngineConfig(max_running_requests=8, max_seq_len=256, cuda_graph_prefill_tokens=256)
+    graphed, stats = _run_after_a_prefix(real_model, config)
+    eager, _ = _run_after_a_prefix(real_model, replace(config, enforce_eager=True))
+    for rid in graphed:
+        assert graphed[rid].shape == (10, 12) and torch.equal(graphed[rid], eager[rid]), rid
+    assert stats.prefix_reused_rows == 3 * 64, stats  # 79 prefix rows: 4 whole blocks of 16 each
+    assert stats.prefill_graph_hits == 2 and stats.prefill_graph_fallbacks == 0, stats

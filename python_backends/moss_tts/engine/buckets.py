@@ -16,6 +16,15 @@ BATCH_TOKEN_MULTIPLE = 16  # several prompts prefilled together: rows padded to 
 # A single prompt after a reused prefix has a graph per (rows left, key window) up to this many
 # rows left: after a speaker's reference that is the text, rarely longer; longer runs eagerly.
 PREFIX_GRAPH_TOKENS = 256
+# Several prompts prefilled together: a graph per (prompts, rows) bucket pair of at most
+# BATCH_PREFILL_GRAPH_TOKENS padded rows, without a reused prefix or after one with a key window
+# of the smallest KV bucket (an instruction block or a short reference, then the text). Why:
+# an eager batched prefill costs ~100 ms of host time on the H200 however few its rows, and
+# every running stream waits for it; a replay costs well under a millisecond. Prompts past the
+# largest bucket are padded to the scratch slot (ModelRunner), so their rows are thrown away.
+BATCH_PREFILL_PROMPTS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256)
+BATCH_PREFILL_ROWS = (16, 32, 64, 128, 256)
+BATCH_PREFILL_GRAPH_TOKENS = 8192
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -28,6 +37,8 @@ class Buckets:
     kv: tuple[int, ...]  # attention windows of a decode step, ascending, last = max_seq_len
     prefill_tokens: tuple[int, ...]  # single-prompt prefill lengths with a graph, ascending
     is_padded: bool  # False on the CPU: exact shapes everywhere
+    # (prompts, rows) of the batched prefills with a graph (no reused prefix, or key window kv[0])
+    prefill_batches: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def build(cls, max_running: int, max_seq_len: int, max_graph_batch: int, min_kv: int,
@@ -42,7 +53,11 @@ class Buckets:
             window *= 2
         kv.append(max_seq_len)
         tokens = tuple(range(TOKEN_BUCKET, min(prefill_tokens, max_seq_len) + 1, TOKEN_BUCKET))
-        return cls(batch, tuple(kv), tokens, True)
+        prompts = tuple(n for n in BATCH_PREFILL_PROMPTS if n < max_running) + (max_running,) \
+            if max_running > 1 else ()
+        rows = tuple(t for t in BATCH_PREFILL_ROWS if t <= min(prefill_tokens, max_seq_len))
+        batches = tuple((n, t) for n in prompts for t in rows if n * t <= BATCH_PREFILL_GRAPH_TOKENS)
+        return cls(batch, tuple(kv), tokens, True, batches)
 
     def decode_shape(self, num_slots: int, kv_len: int) -> tuple[int, int]:
         """(S, K) a decode step over slots [0, num_slots) needing kv_len keys runs at."""
@@ -53,6 +68,28 @@ class Buckets:
         if not self.is_padded:
             return num_tokens
         return _round_up(num_tokens, TOKEN_BUCKET if num_prompts == 1 else BATCH_TOKEN_MULTIPLE)
+
+    def batch_prefill_shape(self, num_prompts: int, num_tokens: int, window: int) -> tuple[int, int]:
+        """(prompts, rows) a prefill of num_prompts >= 2 prompts, the longest num_tokens rows
+        after their reused prefixes, with key window `window` (0 = no reused prefix), runs at:
+        the smallest batched-prefill bucket pair holding it, else num_prompts exactly."""
+        if self.is_padded and window in self.batch_prefill_windows:
+            n = next((n for n, _ in self.prefill_batches if n >= num_prompts), None)
+            t = next((t for m, t in self.prefill_batches if m == n and t >= num_tokens), None)
+            if t is not None:
+                return n, t
+        return num_prompts, self.prefill_len(num_prompts, num_tokens)
+
+    @property
+    def batch_prefill_windows(self) -> tuple[int, ...]:
+        """Key windows of the batched-prefill graphs: none (0) and the smallest KV bucket."""
+        return (0, self.kv[0]) if self.kv else ()
+
+    @property
+    def batch_prefill_shapes(self) -> tuple[tuple[int, int, int], ...]:
+        """(prompts, rows, key window) of every batched-prefill graph, largest first."""
+        return tuple(sorted(((n, t, w) for n, t in self.prefill_batches for w in self.batch_prefill_windows
+                             if w == 0 or t <= w), key=lambda s: (s[0] * s[1], s), reverse=True))
 
     def has_decode_graph(self, num_slots: int, kv_len: int) -> bool:
         return num_slots in self.batch and kv_len in self.kv

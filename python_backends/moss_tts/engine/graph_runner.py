@@ -3,8 +3,9 @@
 One graph per (batch bucket, KV window) covers a full decode step — backbone, stop decision,
 12 codebooks with feedback, sampling and the state updates — and one per prompt-length bucket
 covers a single prompt's prefill + first frame (and, with prefix reuse on, one per length of
-the rows left after a reused prefix and key window). The decode step reads only persistent slot state, so its
-graphs have no inputs; a prefill graph keeps its own static PrefillInputs.
+the rows left after a reused prefix and key window); one per (prompts, rows, key window) bucket
+covers a batched prefill (Buckets.batch_prefill_shapes). The decode step reads only persistent
+slot state, so its graphs have no inputs; a prefill graph keeps its own static PrefillInputs.
 Graphs are captured largest first into one memory pool, so smaller ones reuse its blocks.
 """
 
@@ -37,8 +38,8 @@ class GraphRunner:
     def __init__(self, buckets: Buckets) -> None:
         self.buckets = buckets
         self._decode: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        # (rows, key window; 0 = no reused prefix) -> graph and its static inputs
-        self._prefill: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, PrefillInputs]] = {}
+        # (prompts, rows, key window; 0 = no reused prefix) -> graph and its static inputs
+        self._prefill: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, PrefillInputs]] = {}
         self._pool = None
 
     @property
@@ -46,26 +47,27 @@ class GraphRunner:
         return len(self._decode) + len(self._prefill)
 
     def capture(self, decode: Callable[[int, int], None], prefill: Callable[[PrefillInputs], None],
-                make_inputs: Callable[[int], PrefillInputs],
+                make_inputs: Callable[[int, int], PrefillInputs],
                 prefix_prefill: Optional[Callable[[PrefillInputs, int], None]] = None) -> None:
-        """Capture every bucket: decode(S, K), prefill(static inputs of T rows) and, when given,
-        prefix_prefill(static inputs of T rows after a reused prefix, key window W)."""
+        """Capture every bucket: decode(S, K), prefill(static inputs of N prompts x T rows) and,
+        when given, prefix_prefill(static inputs after a reused prefix, key window W)."""
         start = time.perf_counter()
         self._pool = torch.cuda.graph_pool_handle()
         try:
             for size in sorted(self.buckets.batch, reverse=True):
                 for kv_len in sorted(self.buckets.kv, reverse=True):
                     self._decode[size, kv_len] = self._capture(lambda: decode(size, kv_len))
-            shapes = [(t, 0) for t in self.buckets.prefill_tokens]
+            shapes = [(1, t, 0) for t in self.buckets.prefill_tokens]
+            shapes += [s for s in self.buckets.batch_prefill_shapes if prefix_prefill is not None or not s[2]]
             if prefix_prefill is not None:
-                shapes += list(self.buckets.prefix_prefill_shapes)
-            for num_tokens, window in sorted(shapes, reverse=True):
-                inputs = make_inputs(num_tokens)
+                shapes += [(1, t, w) for t, w in self.buckets.prefix_prefill_shapes]
+            for num_prompts, num_tokens, window in sorted(shapes, key=lambda s: (s[0] * s[1], s), reverse=True):
+                inputs = make_inputs(num_prompts, num_tokens)
                 if window:
                     graph = self._capture(lambda: prefix_prefill(inputs, window))
                 else:
                     graph = self._capture(lambda: prefill(inputs))
-                self._prefill[num_tokens, window] = (graph, inputs)
+                self._prefill[num_prompts, num_tokens, window] = (graph, inputs)
         except Exception as exc:  # incl. Triton compile errors (not RuntimeErrors)
             self.destroy()
             raise GraphCaptureError(f"CUDA graph capture failed ({exc}). {REMEDIES}") from exc
@@ -88,11 +90,10 @@ class GraphRunner:
         self._decode[num_slots, kv_len].replay()
 
     def can_replay_prefill(self, inputs: PrefillInputs, window: int = 0) -> bool:
-        num_prompts, num_tokens = inputs.shape
-        return num_prompts == 1 and (num_tokens, window) in self._prefill
+        return (*inputs.shape, window) in self._prefill
 
     def replay_prefill(self, inputs: PrefillInputs, window: int = 0) -> None:
-        graph, static = self._prefill[inputs.shape[1], window]
+        graph, static = self._prefill[(*inputs.shape, window)]
         static.copy_from(inputs)
         graph.replay()
 

@@ -79,7 +79,10 @@ class ModelRunner:
         self.dtype = model.dtype
         b = model.cfg.backbone
         config.check_model(self.device, self.dtype, b.max_position_embeddings)
-        self.kv = StaticKVCache(b.num_hidden_layers, config.max_running_requests, config.max_seq_len,
+        # One slot more than the scheduler hands out: the scratch slot, where the padding
+        # prompts of a batched prefill (to a graph's bucket) write and are forgotten.
+        self.scratch_slot = config.max_running_requests
+        self.kv = StaticKVCache(b.num_hidden_layers, config.max_running_requests + 1, config.max_seq_len,
                                 b.num_key_value_heads, b.head_dim, config.prefix_blocks,
                                 config.prefix_block_rows)
         is_cuda = self.device.type == "cuda"
@@ -106,7 +109,7 @@ class ModelRunner:
         self.kv.setup(self.device, self.dtype)
         with torch.inference_mode():
             backbone.merge_projections(self.model.transformer)
-        cfg, slots = self.model.cfg, self.config.max_running_requests
+        cfg, slots = self.model.cfg, self.kv.num_slots
         fusions = Fusions.for_device(self.device, self.config.fuse_kernels)
         ctx = StepContext(self.model, self.kv, SlotState.allocate(slots, cfg, self.device), fusions,
                           LocalRope(self.model.local_transformer, cfg.n_vq + 1, self.device, self.dtype),
@@ -126,7 +129,7 @@ class ModelRunner:
                     self.graphs = GraphRunner(self.buckets)
                     self.graphs.capture(lambda s, k: step.decode_step(ctx, s, k),
                                         lambda inputs: step.prefill_step(ctx, inputs),
-                                        lambda t: self._dummy_inputs(1, t),
+                                        self._dummy_inputs,
                                         prefix_prefill if self.config.prefix_blocks else None)
                 ctx.state.reset()  # warm-up and capture runs wrote into slots
         self.ctx = ctx
@@ -223,13 +226,18 @@ class ModelRunner:
         ctx = self.ctx
         if len(group) == 1 and group[0].rows.shape[0] - group[0].start > self.config.prefill_chunk_tokens:
             hidden = self._prefill_long(group[0])
-            step.prefill_step(ctx, self._inputs(group, 1).to(self.device), offset, hidden)
+            step.prefill_step(ctx, self._inputs(group, 1, 1).to(self.device), offset, hidden)
             use.count_prefill(False, self.uses_graphs)
             return
         longest = max(p.rows.shape[0] - p.start for p in group)
-        num_tokens = min(self.buckets.prefill_len(len(group), longest), self.config.max_seq_len)
-        host = self._inputs(group, num_tokens)
         window = self._prefix_window(group)
+        if len(group) == 1:
+            num_prompts, num_tokens = 1, self.buckets.prefill_len(1, longest)
+        else:
+            num_prompts, num_tokens = self.buckets.batch_prefill_shape(len(group), longest, window)
+        host = self._inputs(group, num_prompts, min(num_tokens, self.config.max_seq_len))
+        # A graph writes its output rows from 0: the runner's plan puts the group it can
+        # replay first (the shortest prompts), the others run eagerly at their offsets.
         if self.graphs is not None and offset == 0 and self.graphs.can_replay_prefill(host, window):
             self.graphs.replay_prefill(host, window)
             use.count_prefill(True, True)
@@ -255,12 +263,17 @@ class ModelRunner:
                                                 embeds, start)
         return hidden
 
-    def _inputs(self, group: list[StagedPrompt], num_tokens: int) -> PrefillInputs:
-        """Right-padded prompt rows and parameters, pinned for an asynchronous upload."""
+    def _inputs(self, group: list[StagedPrompt], num_prompts: int, num_tokens: int) -> PrefillInputs:
+        """Right-padded prompt rows and parameters, pinned for an asynchronous upload; prompts
+        past the group's (padding to num_prompts) are one pad row each in the scratch slot."""
         cfg = self.model.cfg
-        host = PrefillInputs.empty(len(group), num_tokens, cfg.row_width, "cpu", pin=self.device.type == "cuda")
+        host = PrefillInputs.empty(num_prompts, num_tokens, cfg.row_width, "cpu", pin=self.device.type == "cuda")
         host.rows[..., 0] = cfg.pad_token_id
         host.rows[..., 1:] = cfg.audio_pad_code
+        if num_prompts > len(group):
+            floats, ints = param_rows(SamplingParams(seed=0, max_frames=1))
+            host.slots[len(group):], host.lengths[len(group):] = self.scratch_slot, 1
+            host.floats[len(group):], host.ints[len(group):] = torch.tensor(floats), torch.tensor(ints)
         for i, p in enumerate(group):
             t = min(p.rows.shape[0] - p.start, num_tokens)
             host.rows[i, :t] = p.rows[p.start:p.start + t]
@@ -294,19 +307,22 @@ class ModelRunner:
 def _prefill_plan(staged: list[StagedPrompt], chunk_tokens: int):
     """Output order of the prompts, and (first output row, prompts) per prefill launch.
 
-    A launch pads its prompts to its longest, so the prompts go longest first into launches of
-    at most chunk_tokens padded rows; a prompt longer than that runs alone, chunk by chunk. Few
+    A launch pads its prompts to its longest, so the prompts are grouped longest first into
+    launches of at most chunk_tokens padded rows; a prompt longer than that runs alone, chunk by
+    chunk. Few
     launches, because an eager prefill costs ~100 ms of host time however few its rows (on the
     H200), and a bounded one, so a clone's long prompt does not pad fifty short ones to its
     length."""
-    order = sorted(staged, key=lambda p: p.rows.shape[0] - p.start, reverse=True)
-    groups: list[tuple[int, list[StagedPrompt]]] = []
-    for i, prompt in enumerate(order):
+    groups: list[list[StagedPrompt]] = []
+    for prompt in sorted(staged, key=lambda p: p.rows.shape[0] - p.start, reverse=True):
         if groups:
-            first, group = groups[-1]
-            longest = group[0].rows.shape[0] - group[0].start
-            if longest <= chunk_tokens and (len(group) + 1) * longest <= chunk_tokens:
-                group.append(prompt)
+            longest = groups[-1][0].rows.shape[0] - groups[-1][0].start
+            if longest <= chunk_tokens and (len(groups[-1]) + 1) * longest <= chunk_tokens:
+                groups[-1].append(prompt)
                 continue
-        groups.append((i, [prompt]))
-    return order, groups
+        groups.append([prompt])
+    # The shortest prompts' launch first: it is the one a batched-prefill graph can replay,
+    # and a graph writes its output rows from row 0.
+    groups.reverse()
+    offsets = [sum(len(g) for g in groups[:i]) for i in range(len(groups))]
+    return [p for g in groups for p in g], list(zip(offsets, groups))
