@@ -11,6 +11,8 @@
 #   perf/h200_scaling.sh soak SECONDS          # single layout, perf/soak.py (the mixed load: cancels,
 #                                              # bad input, clones, continuations, codes, ensemble,
 #                                              # offline) at CONCURRENCY (256), then SIGTERM + checks
+#   BENCH=1 perf/h200_scaling.sh soak SECONDS  # the single layout's bench levels first, then the
+#                                              # soak, against one server (one device call)
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
 # VOCODER=bls (single): moss_tts calls the vocoder model over BLS (288 slots) instead of decoding
 # in its own process (the comparison of docs/scaling.md).
@@ -184,6 +186,18 @@ soak() {
     sleep 1
   done
   log "soak: ready after $((SECONDS - t0)) s; ${CONCURRENCY:-256} streams for $1 s"
+  # BENCH=1: first the layout's bench levels (REPEAT runs, LEVELS, MODE) against this same server,
+  # so one call measures both within the device tool's 10 minutes (bench_soak_K.json).
+  if [ -n "${BENCH:-}" ]; then
+    sample_metrics soak & local sampler=$!
+    for k in $(seq "${REPEAT:-1}"); do
+      log "soak: bench run $k"
+      PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "${LEVELS:-1,128,256}" \
+        --mode "${MODE:-stream,offline}" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
+        --warmup 2 --timeout 120 --out "$R/bench_soak_$k.json" 2>&1 | tee -a "$R/scaling.log"
+    done
+    kill "$sampler" 2>/dev/null
+  fi
   PYTHONUNBUFFERED=1 python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
     --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" --cancel-fraction 0.2 \
     --min-frames 40 --max-frames 112 --settle 60 --out "$R/soak.json" > "$R/soak.log" 2>&1

@@ -65,7 +65,7 @@ class PrefixCache:
 
     def block_hashes(self, rows: torch.Tensor) -> tuple[bytes, ...]:
         """Chained names of the full blocks of `rows` [T, width] (int64)."""
-        data = np.ascontiguousarray(rows.cpu().numpy(), dtype=np.int64)
+        data = np.ascontiguousarray(rows.numpy() if rows.device.type == "cpu" else rows.cpu().numpy(), dtype=np.int64)
         b, names, parent = self.block_rows, [], b""
         for start in range(0, data.shape[0] - b + 1, b):
             parent = xxhash.xxh3_128_digest(parent + data[start:start + b].tobytes())

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 from torch.nn.attention import sdpa_kernel
 
@@ -265,22 +266,27 @@ class ModelRunner:
 
     def _inputs(self, group: list[StagedPrompt], num_prompts: int, num_tokens: int) -> PrefillInputs:
         """Right-padded prompt rows and parameters, pinned for an asynchronous upload; prompts
-        past the group's (padding to num_prompts) are one pad row each in the scratch slot."""
+        past the group's (padding to num_prompts) are one pad row each in the scratch slot.
+
+        Filled through numpy views of the pinned buffers, not tensor item by item: each torch
+        call on this thread gives up the GIL and must win it back, which costs up to the switch
+        interval whenever stream threads are busy (under a mixed load, ~8 calls a prompt made
+        the engine's host time per step several times its GPU time)."""
         cfg = self.model.cfg
         host = PrefillInputs.empty(num_prompts, num_tokens, cfg.row_width, "cpu", pin=self.device.type == "cuda")
-        host.rows[..., 0] = cfg.pad_token_id
-        host.rows[..., 1:] = cfg.audio_pad_code
-        if num_prompts > len(group):
-            floats, ints = param_rows(SamplingParams(seed=0, max_frames=1))
-            host.slots[len(group):], host.lengths[len(group):] = self.scratch_slot, 1
-            host.floats[len(group):], host.ints[len(group):] = torch.tensor(floats), torch.tensor(ints)
+        rows, slots, lengths, starts, floats, ints = (t.numpy() for t in (
+            host.rows, host.slots, host.lengths, host.starts, host.floats, host.ints))
+        rows[..., 0] = cfg.pad_token_id
+        rows[..., 1:] = cfg.audio_pad_code
+        pad = param_rows(SamplingParams(seed=0, max_frames=1))
+        slots[len(group):], lengths[len(group):] = self.scratch_slot, 1
         for i, p in enumerate(group):
             t = min(p.rows.shape[0] - p.start, num_tokens)
-            host.rows[i, :t] = p.rows[p.start:p.start + t]
-            host.slots[i], host.lengths[i], host.starts[i] = p.slot, p.rows.shape[0], p.start
-            floats, ints = param_rows(p.params)
-            host.floats[i] = torch.tensor(floats, dtype=torch.float32)
-            host.ints[i] = torch.tensor(ints, dtype=torch.long)
+            rows[i, :t] = p.rows.numpy()[p.start:p.start + t]
+            slots[i], lengths[i], starts[i] = p.slot, p.rows.shape[0], p.start
+        params = [param_rows(p.params) for p in group] + [pad] * (num_prompts - len(group))
+        floats[:] = np.array([f for f, _ in params], dtype=np.float32)
+        ints[:] = np.array([i for _, i in params], dtype=np.int64)
         return host
 
     def _run_decode(self, slots: list[int], kv_len: int, use: GraphUse) -> None:
