@@ -71,6 +71,34 @@ def test_a_stream_beyond_capacity_is_unavailable_at_once(server):
     assert TTSClient(server.grpc_url).synthesize(build_inputs("Again.", max_frames=2, ignore_stop=True)).audio.size
 
 
+def test_a_refused_vocoder_request_leaves_no_session(server):
+    """Direct codec calls that the vocoder refuses (codes out of range, a wrong shape, a sequence
+    that never started) get INVALID_ARGUMENT and hold no slot: the slot count is back at once,
+    not after the 20 s idle timeout."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def call(codes: np.ndarray, seq: int, start: bool, end: bool):
+        tensor = grpcclient.InferInput("CODES", list(codes.shape), "INT32")
+        tensor.set_data_from_numpy(codes)
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("vocoder", [tensor], sequence_id=seq, sequence_start=start, sequence_end=end,
+                         client_timeout=30)
+        return err.value
+
+    cases = [(np.full((1, 2, 12), 99999, np.int32), 71, True, False),  # START, codes out of range
+             (np.zeros((1, 2, 11), np.int32), 72, True, False),  # START, 11 codebooks
+             (np.full((1, 2, 12), -1, np.int32), 73, True, True),  # START|END, negative codes
+             (np.zeros((1, 2, 12), np.int32), 74, False, False)]  # never started
+    for codes, seq, start, end in cases:
+        error = call(codes, seq, start, end)
+        assert error_code(error) == "INVALID_ARGUMENT", (seq, error.message())
+    # The gauge refreshes every 0.25 s; a session a refused call left would stay for 20 s.
+    held = lambda m: m.get('moss_vocoder_sessions{state="active"}')  # noqa: E731
+    assert held(server.wait_for_metrics(lambda m: held(m) == 0, timeout=3)) == 0, "a refused call left a session"
+
+
 def test_a_dead_vocoder_stub_leaves_speech_working_and_turns_health_false(server, tmp_path):
     """moss_tts decodes in its own process (vocoder=in_process): the vocoder model serves only
     direct codec clients, so its death fails those at once and turns health false (Triton never

@@ -80,7 +80,8 @@ class TritonServer:
 
 
 def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: float = 240.0,
-                 repository: Path | None = None) -> TritonServer:
+                 repository: Path | None = None, args: tuple[str, ...] = ()) -> TritonServer:
+    """tritonserver through scripts/serve.sh (its flags + `args`), ready to serve."""
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     env = dict(os.environ, MOSS_TTS_MODEL_DIR=str(model_dir), MOSS_TTS_CODEC_DIR=str(codec_dir),
                HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics),
@@ -88,8 +89,8 @@ def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: floa
     if repository is not None:
         env["MODEL_REPOSITORY"] = str(repository)
     log = open(log_path, "w")
-    process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh"), *args], env=env, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
     server = TritonServer(process, f"127.0.0.1:{grpc}", f"127.0.0.1:{http}",
                           f"http://127.0.0.1:{metrics}/metrics", log_path)
     deadline = time.monotonic() + timeout
@@ -161,7 +162,7 @@ def stub_pids(server: TritonServer) -> dict[str, int]:
 
 def live_stubs(stubs: dict[str, int], wait_s: float = 5.0) -> dict[str, int]:
     """Those of `stubs` ({name: pid}, from stub_pids) still running after up to `wait_s` seconds:
-    a stub whose tritonserver is gone ends itself within a second (triton_io.exit_when_orphaned)."""
+    a stub whose tritonserver is gone is killed by its guard within 0.2 s (serving/stub_guard.py)."""
     deadline = time.monotonic() + wait_s
     while True:
         alive = {name: pid for name, pid in stubs.items() if _is_running(pid)}

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
-import time
 from typing import Callable, Optional
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..contract import ErrorKind, is_shutting_down
+from .stub_guard import guard_stub
 
 # TritonError's code for each kind; the stub binds TritonError only after model.py is imported,
 # so the codes are looked up when an error is made, never at import time.
@@ -79,7 +78,7 @@ class Heartbeat:
         self._was_stalled = False
         self._thread = threading.Thread(target=self._beat, name="moss-heartbeat", daemon=True)
         self._thread.start()
-        exit_when_orphaned()
+        guard_stub()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
@@ -136,31 +135,6 @@ class ServerStopWatch:
         self._thread.join(2 * self.interval_s)
 
 
-def exit_when_orphaned(interval_s: float = 1.0) -> None:
-    """Start (once per process) a thread that ends this stub when tritonserver is gone.
-
-    A 24.10 stub is meant to notice a dead parent and exit, but it does that through a mutex that
-    a thread blocked in a metrics IPC call can hold forever; after Triton's "Exit timeout expired"
-    such stubs lived on as orphans (seen in CI). This thread never touches IPC: when the parent
-    pid changes it exits the process at once.
-    """
-    global _orphan_watch
-    if _orphan_watch is not None:
-        return
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            if os.getppid() != parent:
-                log.error("tritonserver (pid %d) is gone: this stub exits", parent)
-                os._exit(1)
-
-    _orphan_watch = threading.Thread(target=watch, name="moss-orphan-watch", daemon=True)
-    _orphan_watch.start()
-
-
-_orphan_watch: Optional[threading.Thread] = None
 
 
 def instance_label(instance: Optional[str]) -> dict[str, str]:
