@@ -268,6 +268,8 @@ def sum_instances(text: str) -> dict[str, float]:
 
 
 IN_PROCESS_SESSIONS = 'moss_tts_vocoder{stat="active_slots"}'  # moss_tts's own vocoder (vocoder=in_process)
+IN_FLIGHT = 'moss_tts_requests{stat="in_flight"}'  # moss_tts's requests without their final flag yet
+DOUBLE_FINALS = 'moss_tts_requests{stat="double_finals"}'
 
 
 def vocoder_sessions(m: dict[str, float]) -> float:
@@ -280,8 +282,9 @@ def idle_problems(m: dict[str, float], max_running: int) -> list[str]:
     wanted = {'moss_engine{stat="streams"}': 0, 'moss_engine{stat="running"}': 0,
               'moss_engine{stat="waiting"}': 0, 'moss_engine{stat="free_slots"}': max_running,
               'moss_vocoder_sessions{state="active"}': 0}
-    if IN_PROCESS_SESSIONS in m:
-        wanted[IN_PROCESS_SESSIONS] = 0
+    for name in (IN_PROCESS_SESSIONS, IN_FLIGHT, DOUBLE_FINALS):
+        if name in m:  # series of the current moss_tts (older servers lack them)
+            wanted[name] = 0
     return [f"{name} is {m.get(name)}, want {value}" for name, value in wanted.items() if m.get(name) != value]
 
 

@@ -39,6 +39,11 @@ def test_a_request_shows_in_the_request_series(triton):
     for name in HISTOGRAMS:
         assert delta(after, f"{name}_count") > 0, name
         assert after[f'{name}_bucket{{le="+Inf"}}'] == after[f"{name}_count"], name
+    # The model's ledger: both requests entered and got their final flag; none is in flight.
+    ledger = lambda m, stat: m.get(f'moss_tts_requests{{stat="{stat}"}}')  # noqa: E731
+    after = triton.wait_for_metrics(lambda m: delta(m, 'moss_tts_requests{stat="finals"}') == 2, timeout=5)
+    assert delta(after, 'moss_tts_requests{stat="entered"}') == 2
+    assert (ledger(after, "in_flight"), ledger(after, "double_finals"), ledger(after, "send_errors")) == (0, 0, 0)
 
 
 def test_every_series_the_dashboard_reads_exists(triton):

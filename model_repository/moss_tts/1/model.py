@@ -31,6 +31,7 @@ from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.engine_codes import EngineCodes
 from moss_tts.serving.engine_streams import EngineStreams
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
+from moss_tts.serving.request_ledger import RequestLedger
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
 from moss_tts.serving.speech_pipeline import ChildError, Ready, SpeechStream, new_sequence_id
@@ -57,6 +58,7 @@ STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "reques
          "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms", "streams")
 VOCODER_STATS = ("rounds", "jobs", "frames", "round_ms", "queued_jobs", "active_slots", "free_slots",
                  "sessions_started", "sessions_ended", "sessions_failed", "graph_calls", "decode_calls")
+LEDGER_STATS = ("entered", "finals", "in_flight", "send_errors", "double_finals")
 
 
 def _call(request, output: str, watch: StallWatch) -> np.ndarray:
@@ -165,6 +167,11 @@ class TritonPythonModel:
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
         self.metrics = io.RequestMetrics()
         instance = args["model_instance_name"]
+        # Requests in, final flags out: the model's view of what is in flight, beside Triton's.
+        self.ledger = RequestLedger(FINAL)
+        self.ledger_gauges = io.Gauges("moss_tts_requests", "moss_tts requests entered, final flags sent, in flight",
+                                       LEDGER_STATS, lambda: vars(self.ledger.stats()), interval_s=0.5,
+                                       instance=instance)
         self.histograms = {name: io.HistogramGauges(f"moss_engine_{name}", description, bounds, instance)
                            for name, description, bounds
                            in (("batch_size", "rows per engine step", BATCH_SIZE_BUCKETS),
@@ -200,7 +207,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
+            sender = self.ledger.track(request.get_response_sender())
             try:
                 stream = self._prepare(request, sender)
             except InvalidRequest as exc:
@@ -261,4 +268,5 @@ class TritonPythonModel:
             self.worker.stop(STOP_TIMEOUT_S)
             self.vocoder_gauges.stop()
         self.gauges.stop()
+        self.ledger_gauges.stop()
         self.heartbeat.stop()
