@@ -44,6 +44,9 @@ def test_a_request_shows_in_the_request_series(triton):
     after = triton.wait_for_metrics(lambda m: delta(m, 'moss_tts_requests{stat="finals"}') == 2, timeout=5)
     assert delta(after, 'moss_tts_requests{stat="entered"}') == 2
     assert (ledger(after, "in_flight"), ledger(after, "double_finals"), ledger(after, "send_errors")) == (0, 0, 0)
+    from moss_tts.serving.request_ledger import PATHS
+
+    assert all(ledger(after, f"in_flight_{path}") == 0 for path in PATHS)  # per path, published too
 
 
 def test_every_series_the_dashboard_reads_exists(triton):

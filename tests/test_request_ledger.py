@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moss_tts.serving.request_ledger import RequestLedger
+from moss_tts.serving.request_ledger import PATHS, RequestLedger
 
 FINAL = 1
 
@@ -42,3 +42,21 @@ def test_a_final_that_could_not_be_sent_leaves_the_request_in_flight():
         sender.send(flags=FINAL)
     stats = ledger.stats()
     assert (stats.in_flight, stats.send_errors) == (1, 1)
+
+
+def test_in_flight_per_path_follows_each_request_to_its_final():
+    ledger = RequestLedger(FINAL)
+    a, b, c = (ledger.track(Sender()) for _ in range(3))
+    assert ledger.stats().in_flight_unread == 3
+    ledger.classify(a, "stream")
+    ledger.classify(b, "refused")
+    b.send("error", flags=FINAL)
+    stats = ledger.stats()
+    assert (stats.in_flight_unread, stats.in_flight_stream, stats.in_flight_refused) == (1, 1, 0)
+    ledger.classify(c, "long_form")
+    a.send(flags=FINAL)
+    c.send(flags=FINAL)
+    stats = ledger.stats()
+    assert stats.in_flight == 0 and all(getattr(stats, f"in_flight_{p}") == 0 for p in PATHS)
+    with pytest.raises(ValueError):
+        ledger.classify(a, "teleport")

@@ -31,7 +31,7 @@ from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.engine_codes import EngineCodes
 from moss_tts.serving.engine_streams import EngineStreams
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
-from moss_tts.serving.request_ledger import RequestLedger
+from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
 from moss_tts.serving.speech_pipeline import ChildError, Ready, SpeechStream, new_sequence_id
@@ -58,7 +58,8 @@ STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "reques
          "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms", "streams")
 VOCODER_STATS = ("rounds", "jobs", "frames", "round_ms", "queued_jobs", "active_slots", "free_slots",
                  "sessions_started", "sessions_ended", "sessions_failed", "graph_calls", "decode_calls")
-LEDGER_STATS = ("entered", "finals", "in_flight", "send_errors", "double_finals")
+LEDGER_STATS = ("entered", "finals", "in_flight", "send_errors", "double_finals",
+                *(f"in_flight_{path}" for path in LEDGER_PATHS))
 
 
 def _call(request, output: str, watch: StallWatch) -> np.ndarray:
@@ -211,10 +212,12 @@ class TritonPythonModel:
             try:
                 stream = self._prepare(request, sender)
             except InvalidRequest as exc:
+                self.ledger.classify(sender, "refused")
                 sender.send(io.error_response(str(exc)), flags=FINAL)
                 self.metrics.count("invalid")
                 continue
             if not self.pool.try_start(stream.run):
+                self.ledger.classify(sender, "refused")
                 self.metrics.count("busy" if not self.pool.is_stopping() else "unavailable")
                 reason = "is shutting down" if self.pool.is_stopping() else f"is busy: {self.pool.max_streams} streams"
                 sender.send(io.error_response(f"server {reason}; retry later", ErrorKind.UNAVAILABLE), flags=FINAL)
@@ -239,6 +242,8 @@ class TritonPythonModel:
         requested = set(request.requested_output_names()) or set(OUTPUTS)
         reference = (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
         codes = codes_for(self.streams, self.builder, synthesis, reference)  # long text: one request per segment
+        self.ledger.classify(sender, "long_form" if isinstance(codes, SegmentedCodes) else
+                             "codes" if "AUDIO" not in requested else "stream" if synthesis.stream else "offline")
         children = TritonChildren(codes, self.key, self.watch, self.worker)
         client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
         return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
