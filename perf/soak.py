@@ -331,7 +331,8 @@ def soak(config: SoakConfig, metrics_url: str, max_running: int, settle_s: float
         with ProcessPoolExecutor(len(configs)) as pool:
             report = merge(list(pool.map(_load_in_process, configs)))
     metrics, report.end_problems = settle(metrics_url, max_running, settle_s)
-    report.end_state = {k: v for k, v in metrics.items() if "engine" in k or "vocoder" in k or "heartbeat" in k}
+    report.end_state = {k: v for k, v in metrics.items()
+                        if "engine" in k or "vocoder" in k or "heartbeat" in k or k.startswith("moss_tts_requests{")}
     return report
 
 
