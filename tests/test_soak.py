@@ -1,7 +1,7 @@
 """Stress on the real server: concurrent streams, random cancels at random points and bad input
 for a few minutes (perf/soak.py), then every engine row and vocoder slot free, every model
 instance's heartbeat moving, no crash in the log, and a shutdown inside Triton's exit timeout
-that leaves no stub behind. MOSS_SOAK_SECONDS sets the length (150); from 600 s on, the RSS of
+that leaves no stub behind. MOSS_SOAK_SECONDS sets the length (90); from 600 s on, the RSS of
 tritonserver and of every stub must stay within 5% from a quarter of the run to its end
 (MOSS_SOAK_REPORT=path writes the soak's report and the RSS samples as JSON).
 
@@ -26,7 +26,7 @@ from perf.soak import SoakConfig, soak
 from triton_server import live_stubs, start_server, stop_server, stub_pids
 
 pytestmark = pytest.mark.triton
-SECONDS = float(os.environ.get("MOSS_SOAK_SECONDS", "150"))
+SECONDS = float(os.environ.get("MOSS_SOAK_SECONDS", "90"))
 REPORT = Path(os.environ["MOSS_SOAK_REPORT"]) if os.environ.get("MOSS_SOAK_REPORT") else None
 SHUTDOWN_S = 25.0  # under Triton's 30 s exit timeout, with room
 EXIT_TIMEOUT_S = 30.0  # Triton's default --exit-timeout-secs: it exits by then whatever holds it
