@@ -119,6 +119,17 @@ record_stub() {
   done
 }
 
+# REPEAT runs of the bench levels against the server now up (the spread of runs):
+# bench_runs NAME LEVELS MODE writes bench_NAME_K.json.
+bench_runs() {
+  for k in $(seq "${REPEAT:-1}"); do
+    log "$1: bench run $k"
+    PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "$2" \
+      --mode "$3" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
+      --warmup 2 --timeout 120 --out "$R/bench_$1_$k.json" 2>&1 | tee -a "$R/scaling.log"
+  done
+}
+
 layout() {
   env_pack
   prepare_repo  # a clean copy of the repository: only models with a config
@@ -152,13 +163,7 @@ layout() {
     # GPU busy fraction every 0.5 s while the levels run (time stamps line up with scaling.log).
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "$R/gpu_util_$name.txt" 2>&1 &
     local smi=$!
-    # REPEAT runs of every level against this one server (the spread of runs), bench_NAME_K.json.
-    for k in $(seq "${REPEAT:-1}"); do
-      log "layout $name: run $k"
-      PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "${LEVELS:-1,128,256,512}" \
-        --mode "${MODE:-stream}" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
-        --warmup 2 --timeout 120 --out "$R/bench_${name}_$k.json" 2>&1 | tee -a "$R/scaling.log"
-    done
+    bench_runs "$name" "${LEVELS:-1,128,256,512}" "${MODE:-stream}"
     kill "$smi" "$sampler" 2>/dev/null
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
       > "$W/metrics_$name.txt" 2>/dev/null
@@ -190,12 +195,7 @@ soak() {
   # so one call measures both within the device tool's 10 minutes (bench_soak_K.json).
   if [ -n "${BENCH:-}" ]; then
     sample_metrics soak & local sampler=$!
-    for k in $(seq "${REPEAT:-1}"); do
-      log "soak: bench run $k"
-      PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "${LEVELS:-1,128,256}" \
-        --mode "${MODE:-stream,offline}" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
-        --warmup 2 --timeout 120 --out "$R/bench_soak_$k.json" 2>&1 | tee -a "$R/scaling.log"
-    done
+    bench_runs soak "${LEVELS:-1,128,256}" "${MODE:-stream,offline}"
     kill "$sampler" 2>/dev/null
   fi
   PYTHONUNBUFFERED=1 python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \

@@ -48,32 +48,43 @@ def guards_started(stubs: dict[str, int]) -> None:
         assert any(b"stub_guard.sh" in c for c in cmdlines), f"{name} (pid {pid}) has no guard"
 
 
-def test_no_stub_outlives_a_sigkilled_server_even_a_stopped_one(tiny_dir, tmp_path):
-    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path / "server.log")
+def kill_all(stubs: dict[str, int]) -> None:
+    """Whatever the test left running (a stub the guard missed is the failure, not the cleanup)."""
+    for pid in stubs.values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def loaded_server(tiny_dir, tmp_path, *args: str):
+    """A server with streams running and every stub guarded: (server, its stubs)."""
+    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path / "server.log", args=args)
     stubs = stub_pids(server)
     try:
         guards_started(stubs)
         load(server)
+    except BaseException:
+        kill_all(stubs)
+        raise
+    return server, stubs
+
+
+def test_no_stub_outlives_a_sigkilled_server_even_a_stopped_one(tiny_dir, tmp_path):
+    server, stubs = loaded_server(tiny_dir, tmp_path)
+    try:
         os.kill(stubs["moss_tts_0_0"], signal.SIGSTOP)
         os.kill(server.process.pid, signal.SIGKILL)  # tritonserver alone: serve.sh exec'd it
         server.process.wait()
         alive = live_stubs(stubs, wait_s=GONE_S)
         assert not alive, f"stubs alive {GONE_S} s after tritonserver was killed: {alive}"
     finally:
-        for pid in stubs.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(stubs)
 
 
 def test_no_stub_outlives_an_exit_timeout_with_a_dead_sibling(tiny_dir, tmp_path):
-    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path / "server.log",
-                          args=("--exit-timeout-secs=3",))
-    stubs = stub_pids(server)
+    server, stubs = loaded_server(tiny_dir, tmp_path, "--exit-timeout-secs=3")
     try:
-        guards_started(stubs)
-        load(server)
         os.kill(stubs["vocoder_0_0"], signal.SIGKILL)  # a dead sibling
         os.kill(stubs["moss_tts_0_0"], signal.SIGSTOP)  # it cannot unload: Triton waits out its timeout
         os.killpg(server.process.pid, signal.SIGTERM)
@@ -89,8 +100,4 @@ def test_no_stub_outlives_an_exit_timeout_with_a_dead_sibling(tiny_dir, tmp_path
         alive = live_stubs(stubs, wait_s=GONE_S)
         assert not alive, f"stubs alive {time.monotonic() - exited:.1f} s after tritonserver exited: {alive}"
     finally:
-        for pid in stubs.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(stubs)

@@ -315,9 +315,8 @@ def _prefill_plan(staged: list[StagedPrompt], chunk_tokens: int):
 
     A launch pads its prompts to its longest, so the prompts are grouped longest first into
     launches of at most chunk_tokens padded rows; a prompt longer than that runs alone, chunk by
-    chunk. Few
-    launches, because an eager prefill costs ~100 ms of host time however few its rows (on the
-    H200), and a bounded one, so a clone's long prompt does not pad fifty short ones to its
+    chunk. Few launches, because an eager prefill costs ~100 ms of host time however few its rows
+    (on the H200), and bounded ones, so a clone's long prompt does not pad fifty short ones to its
     length."""
     groups: list[list[StagedPrompt]] = []
     for prompt in sorted(staged, key=lambda p: p.rows.shape[0] - p.start, reverse=True):

@@ -243,7 +243,7 @@ class VocoderSessions:
         """decode() without waiting for the device: the steps and their copies to host memory are
         enqueued on the current stream, and the result's wait() returns the audio. The state has
         advanced already, so the next call may follow at once (it runs after these steps)."""
-        return self._run(chunks, keep_audio=True, checked=checked, wait=False)
+        return self._run(chunks, keep_audio=True, checked=checked)
 
     def prime(self, seq_id: Hashable, codes: torch.Tensor) -> None:
         """Decode and discard (continuation mode feeds the reference frames first)."""
@@ -288,7 +288,7 @@ class VocoderSessions:
         return [(start, min(limit, frames - start)) for start in range(0, frames, limit)]
 
     def _run(self, chunks: dict[Hashable, torch.Tensor], keep_audio: bool,
-             checked: bool = False, wait: bool = True) -> "PendingAudio":
+             checked: bool = False) -> "PendingAudio":
         with self._lock:
             # Validate everything first so a bad chunk leaves every sequence's state untouched.
             slots = {sid: self._session(sid).slot for sid in chunks}
@@ -304,10 +304,10 @@ class VocoderSessions:
                             start, frames = steps[k]
                             groups.setdefault(frames, {})[sid] = codes[sid][start:start + frames]
                     for frames, piece in groups.items():
-                        for sid, audio in self._step(frames, list(piece), slots, piece, keep_audio, wait).items():
+                        for sid, audio in self._step(frames, list(piece), slots, piece, keep_audio).items():
                             parts[sid].append(audio)
                 ready = None
-                if not wait and keep_audio and self.state.frames.device.type == "cuda":
+                if keep_audio and self.state.frames.device.type == "cuda":  # the copies' end
                     ready = torch.cuda.Event()
                     ready.record(torch.cuda.current_stream(self.state.frames.device))
             except BaseException:
@@ -323,7 +323,7 @@ class VocoderSessions:
             return PendingAudio(parts if keep_audio else {}, ready)
 
     def _step(self, frames: int, ids: list[Hashable], slots: dict[Hashable, int],
-              codes: dict[Hashable, torch.Tensor], keep_audio: bool, wait: bool = True) -> dict[Hashable, torch.Tensor]:
+              codes: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
         """Decode the sequences in `ids`, which all bring `frames` frames, step_rows at a time."""
         out = {}
         for first in range(0, len(ids), self.step_rows):
@@ -342,6 +342,6 @@ class VocoderSessions:
             if keep_audio:
                 # The piece's one device-to-host copy, before the next replay overwrites a graph's
                 # static output; the rows are views of one fresh host tensor.
-                out.update(zip(piece, to_host(audio, wait).unbind(0)))
+                out.update(zip(piece, to_host(audio, wait=False).unbind(0)))
         return out
 
