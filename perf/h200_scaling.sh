@@ -106,16 +106,24 @@ sample_metrics() {
   done > "$R/metrics_series_$1.txt"
 }
 
-# py-spy records of the moss_tts stub (RECORD="START:SECONDS[:gil],..." from the levels' start;
-# carry .whl): collapsed stacks, where the stub's Python time (or its GIL) goes.
+# py-spy records of the moss_tts stub (RECORD="START:SECONDS[:MODE],..." from the load's start;
+# carry .whl): collapsed stacks per thread, where the stub's Python time goes. MODE: gil (only the
+# thread holding the GIL), native (every thread with its C frames, e.g. take_gil: pauses the
+# process at each sample), none = every thread, idle ones too. gil and none use --nonblocking, so
+# the load's own numbers stand while they run.
 record_stub() {
   [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl
-  local pid last=0; pid=$(pgrep -f "repo/moss_tts/1/model.py" | head -1)
+  local pid last=0 flags; pid=$(pgrep -f "repo/moss_tts/1/model.py" | head -1)
   for spec in ${RECORD//,/ }; do
-    IFS=: read -r at dur gil <<< "$spec"
+    IFS=: read -r at dur mode <<< "$spec"
     sleep $((at - last)); last=$((at + dur))
-    /tmp/pyspy/bin/py-spy record --pid "$pid" -d "$dur" -r 100 -f raw ${gil:+--gil} -o "$R/record_$1_${at}s${gil:+_gil}.txt" \
-      > /dev/null 2>&1
+    case "$mode" in
+      gil) flags="--gil --nonblocking" ;;
+      native) flags="--native --idle" ;;
+      *) flags="--idle --nonblocking"; mode=all ;;
+    esac
+    /tmp/pyspy/bin/py-spy record --pid "$pid" -d "$dur" -r 50 -f raw --threads $flags -o "$R/record_$1_${at}s_$mode.txt" \
+      > "$R/record_$1_${at}s_$mode.log" 2>&1
   done
 }
 
@@ -198,10 +206,13 @@ soak() {
     bench_runs soak "${LEVELS:-1,128,256}" "${MODE:-stream,offline}"
     kill "$sampler" 2>/dev/null
   fi
+  [ -n "${RECORD:-}" ] && record_stub soak &
+  sample_metrics soak_load & local soak_sampler=$!
   PYTHONUNBUFFERED=1 python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
     --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" --cancel-fraction 0.2 \
     --min-frames 40 --max-frames 112 --settle 60 --out "$R/soak.json" > "$R/soak.log" 2>&1
   log "soak: exit $? after $((SECONDS - t0)) s"
+  kill "$soak_sampler" 2>/dev/null
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
     2>/dev/null | grep -E '^moss_' > "$R/metrics_soak.txt"
   local pid t1=$SECONDS; pid=$(cat "$W/server.pid")
