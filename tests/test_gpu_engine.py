@@ -128,3 +128,31 @@ def test_batched_prefill_after_a_shared_prefix_graphed_equals_eager(real_model):
         assert graphed[rid].shape == (10, 12) and torch.equal(graphed[rid], eager[rid]), rid
     assert stats.prefix_reused_rows == 3 * 64, stats  # 79 prefix rows: 4 whole blocks of 16 each
     assert stats.prefill_graph_hits == 2 and stats.prefill_graph_fallbacks == 0, stats
+
+
+def _never_waits(fn):
+    """fn with torch's sync debug mode at "error": any call that waits for the device raises."""
+    def strict(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return strict
+
+
+def test_launching_a_step_and_releasing_a_slot_never_wait_for_the_device(real_model, monkeypatch):
+    """The engine keeps one step in flight: launching the next (prefills with and without a
+    reused prefix, prefix stores, the decode) and freeing the slots of ended requests must only
+    enqueue work. A wait there costs a whole step per call (a freed slot used to cost one: a
+    blocking copy of a pageable scalar). A raise inside fails the step's requests, and _run
+    requires every request to end by stop or max_frames."""
+    from moss_tts.engine.runner import ModelRunner
+
+    monkeypatch.setattr(ModelRunner, "run_step", _never_waits(ModelRunner.run_step))
+    monkeypatch.setattr(ModelRunner, "release_slot", _never_waits(ModelRunner.release_slot))
+    config = EngineConfig(max_running_requests=8, max_seq_len=256, cuda_graph_prefill_tokens=256)
+    prompts, params = _requests()
+    _run(real_model, config, prompts, params)
+    codes, _ = _run_after_a_prefix(real_model, config)
+    assert all(c.shape == (10, 12) for c in codes.values())

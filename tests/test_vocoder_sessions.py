@@ -257,3 +257,28 @@ def test_failed_decode_step_ends_the_sequences_of_the_call(codec, streams):
         sessions.decode({"a": streams[0, :2], "b": streams[1, :2]})
     assert "a" not in sessions and "b" not in sessions and "c" in sessions
     assert_stats(sessions, sessions_failed=2, active_slots=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_on_the_gpu_starting_and_launching_a_round_never_wait_for_the_device(tiny_dir, streams, cuda_graphs):
+    """The in-process worker launches round k+1 before it lands round k: starting sessions (the
+    slots' reset) and launching a round (inputs copied into a graph's static buffers, or the
+    eager step's inputs) must only enqueue work. Under torch's sync debug mode "error" any wait
+    raises; the audio read back afterwards still equals offline decode."""
+    codec = load_codec(tiny_dir / "codec", torch.device("cuda"), torch.float32).eval()
+    sessions = VocoderSessions(codec, VocoderConfig(max_slots=4, max_public_sessions=4, device="cuda",
+                                                    cuda_graphs=cuda_graphs, max_step_rows=4))
+    chunks = {0: streams[0, :2], 1: streams[1, :2]}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sessions.start_many([0, 1])
+        pending = [sessions.decode_async(chunks), sessions.decode_async({0: streams[0, 2:6], 1: streams[1, 2:6]})]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    audio = [p.wait() for p in pending]
+    with torch.inference_mode():
+        expected = codec.decode(streams[:, :6].cuda()).float().cpu()
+    for seq in (0, 1):
+        got = torch.cat([audio[0][seq], audio[1][seq]], dim=-1)
+        assert (got - expected[seq]).abs().max() <= 1e-4 * expected[seq].abs().max(), seq

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..uploads import upload_index
+
 
 @dataclass
 class CodecDecodeState:
@@ -51,7 +53,7 @@ class CodecDecodeState:
             return
         if min(rows) < 0 or max(rows) >= self.batch_size:
             raise ValueError(f"reset rows must lie in [0, {self.batch_size}), got {rows}")
-        index = torch.tensor(rows, dtype=torch.long).to(self.frames.device, non_blocking=True)
+        index = upload_index(rows, self.frames.device)  # pinned: no wait for the stream's last round
         self.frames.index_fill_(0, index, 0)
         for cache in self.caches:
             cache.index_fill_(1, index, 0)

@@ -83,9 +83,10 @@ class SlotState:
         s.seen.index_fill_(0, slots, False)
         self.frame_index.index_fill_(0, slots, 0)
 
-    def release(self, slot: int) -> None:
-        """A freed slot stops generating; no host sync (a one-element fill on the stream)."""
-        self.active[slot] = False
+    def deactivate(self, slots: torch.Tensor) -> None:
+        """Freed slots stop generating: one fill on the stream for all of them, no host sync
+        (slots: a device index tensor, uploaded without waiting: runner.upload_index)."""
+        self.active.index_fill_(0, slots, False)
 
     def reset(self) -> None:
         """Every slot idle (after graph capture, whose warm-up runs wrote slot rows)."""

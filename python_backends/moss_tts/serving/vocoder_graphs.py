@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..codec.streaming import CodecDecodeState
+from ..uploads import copy_into
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class StepInputs:
         pad = num_rows - len(slots)
         host = torch.cat([torch.tensor(slots + [scratch_row] * pad, dtype=torch.long),
                           *(c.reshape(-1) for c in codes), torch.zeros(pad * frames * n_vq, dtype=torch.long)])
-        self.flat.copy_(host)
+        copy_into(self.flat, host)  # pinned, non-blocking: the previous replay may still run
 
 
 class VocoderGraphs:

@@ -30,6 +30,7 @@ from typing import Callable, Hashable, Mapping, Optional
 import torch
 
 from ..parameters import config_fields
+from ..uploads import to_device, upload_index
 from .vocoder_graphs import GIB, VocoderGraphs, to_host
 
 log = logging.getLogger(__name__)
@@ -335,8 +336,8 @@ class VocoderSessions:
                 self._graph_calls += 1
             else:
                 device = self.state.frames.device
-                audio = self.codec.decode_step(torch.stack(host).to(device), self.state,
-                                               torch.tensor(rows, device=device))
+                audio = self.codec.decode_step(to_device(torch.stack(host), device), self.state,
+                                               upload_index(rows, device))
             self._decode_calls += 1
             self._frames_decoded += frames * len(piece)
             if keep_audio:
