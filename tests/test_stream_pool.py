@@ -85,3 +85,23 @@ def test_stall_watch_forgets_a_unit_that_raised():
         with watch.working():
             raise KeyError("x")
     assert watch.stalled_seconds() == 0.0
+
+
+def test_a_finished_stream_leaves_its_thread_for_the_next_one():
+    pool, names, done = StreamPool(4), [], threading.Semaphore(0)
+
+    def stream():
+        names.append(threading.current_thread().name)
+        done.release()
+
+    for _ in range(5):  # one after another: each start finds the thread of the one before idle
+        assert pool.try_start(stream) and done.acquire(timeout=5)
+        while pool.num_active:  # the thread is idle once its stream is counted done
+            pass
+    assert len(set(names)) == 1, names
+    # Two at once: the idle thread takes one, a new thread the other, never more than max_streams.
+    gate = threading.Event()
+    assert pool.try_start(lambda: (gate.wait(5), stream())) and pool.try_start(lambda: (gate.wait(5), stream()))
+    gate.set()
+    assert done.acquire(timeout=5) and done.acquire(timeout=5) and pool.stop(5)
+    assert len(set(names)) == 2 and pool.num_active == 0
