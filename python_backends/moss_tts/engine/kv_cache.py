@@ -31,6 +31,7 @@ class StaticKVCache:
         self.v: list[torch.Tensor] = []
         self._k_all = self._v_all = None  # [layers, num_slots, slot_rows, kv_heads, head_dim]
         self._pool_k = self._pool_v = None  # [layers, prefix_blocks, block_rows, kv_heads, head_dim]
+        self._blocks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (pool, slots as blocks) for K, V
 
     @property
     def is_ready(self) -> bool:
@@ -57,6 +58,9 @@ class StaticKVCache:
             pool = (self.num_layers, self.prefix_blocks, self.prefix_block_rows, self.kv_heads, self.head_dim)
             self._pool_k = torch.zeros(pool, device=device, dtype=dtype)
             self._pool_v = torch.zeros(pool, device=device, dtype=dtype)
+        # The slots as blocks, viewed once: per copy a view would be one more torch call, and
+        # each call on the engine thread gives up the GIL and must win it back.
+        self._blocks = [(self._pool_k, self._blocks_of(self._k_all)), (self._pool_v, self._blocks_of(self._v_all))]
         log.info("KV cache allocated%s", _free_memory(device))
 
     def write_range(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor):
@@ -82,13 +86,13 @@ class StaticKVCache:
     def load_prefix(self, slot_blocks: torch.Tensor, pool_blocks: torch.Tensor) -> None:
         """Copy pool blocks into slots, every layer at once: slot_blocks [n] = slot x
         (max_seq_len / block_rows) + block index in the slot; pool_blocks [n] (device)."""
-        for pool, cache in ((self._pool_k, self._k_all), (self._pool_v, self._v_all)):
-            self._blocks_of(cache).index_copy_(1, slot_blocks, pool.index_select(1, pool_blocks))
+        for pool, blocks in self._blocks:
+            blocks.index_copy_(1, slot_blocks, pool.index_select(1, pool_blocks))
 
     def store_prefix(self, slot_blocks: torch.Tensor, pool_blocks: torch.Tensor) -> None:
         """The reverse of load_prefix: slot blocks into pool blocks, every layer at once."""
-        for pool, cache in ((self._pool_k, self._k_all), (self._pool_v, self._v_all)):
-            pool.index_copy_(1, pool_blocks, self._blocks_of(cache).index_select(1, slot_blocks))
+        for pool, blocks in self._blocks:
+            pool.index_copy_(1, pool_blocks, blocks.index_select(1, slot_blocks))
 
     def slot_block(self, slot: int, index: int) -> int:
         """The flat block number load_prefix/store_prefix take for block `index` of `slot`."""

@@ -173,7 +173,7 @@ class ModelRunner:
 
     def release_slot(self, slot: int) -> None:
         """The slot's request ended: drop its staged prompt, and the slot stops generating from
-        the next step on. The device write waits for that step's launch (_deactivate_released),
+        the next step on. The device write waits for that step's launch (run_step),
         one fill for all of a step's ended slots: `active[slot] = False` from the host is a
         blocking copy of a pageable scalar, a wait for the step in flight (~20 ms at 256 rows)
         per ended request, which under a mixed load was ~45% of the engine thread's time."""
@@ -199,40 +199,47 @@ class ModelRunner:
         staged, groups = _prefill_plan(self._staged, self.config.prefill_chunk_tokens)
         self._staged = []
         use = GraphUse()
+        released, loads, stores = self._released, self._load_pairs(staged), self._store_pairs(plan.stores)
+        self._released = []
+        deactivate, load_slots, load_pool, store_slots, store_pool = self._upload_indices(released, loads, stores)
         # Before any prefill: a slot released and handed out again in this step is reactivated
         # by its prompt's prefill, which must come after.
-        self._deactivate_released()
+        if released:
+            self.ctx.state.deactivate(deactivate)
         # Every reused prefix is copied in before any prefill of this step, and new blocks are
         # stored after all of them, so no copy reads a pool block a store of this step rewrote.
-        self._load_prefixes(staged)
+        for start in range(0, len(loads), COPY_BLOCKS):
+            self.kv.load_prefix(load_slots[start:start + COPY_BLOCKS], load_pool[start:start + COPY_BLOCKS])
         for offset, group in groups:
             self._run_prefill(group, offset, use)
-        self._store_prefixes(plan.stores)
+        for start in range(0, len(stores), COPY_BLOCKS):
+            self.kv.store_prefix(store_slots[start:start + COPY_BLOCKS], store_pool[start:start + COPY_BLOCKS])
         num_rows = len(staged)
         if slots:
             self._run_decode(slots, plan.kv_len, use)
             num_rows = self.ctx.decode_offset + max(slots) + 1
         return self._download(num_rows, [p.slot for p in staged], use)
 
-    def _load_prefixes(self, staged: list[StagedPrompt]) -> None:
-        pairs = [(self.kv.slot_block(p.slot, i), block) for p in staged if p.start
-                 for i, block in enumerate(p.prefix.pool_blocks)]
-        for start in range(0, len(pairs), COPY_BLOCKS):
-            self.kv.load_prefix(*self._block_indices(pairs[start:start + COPY_BLOCKS]))
+    def _load_pairs(self, staged: list[StagedPrompt]) -> list[tuple[int, int]]:
+        """(slot block, pool block) of every reused prefix block of this step's prompts."""
+        return [(self.kv.slot_block(p.slot, i), block) for p in staged if p.start
+                for i, block in enumerate(p.prefix.pool_blocks)]
 
-    def _store_prefixes(self, stores: tuple[PrefixStore, ...]) -> None:
-        pairs = [(self.kv.slot_block(s.slot, s.index), s.pool_block) for s in stores]
-        for start in range(0, len(pairs), COPY_BLOCKS):
-            self.kv.store_prefix(*self._block_indices(pairs[start:start + COPY_BLOCKS]))
+    def _store_pairs(self, stores: tuple[PrefixStore, ...]) -> list[tuple[int, int]]:
+        return [(self.kv.slot_block(s.slot, s.index), s.pool_block) for s in stores]
 
-    def _deactivate_released(self) -> None:
-        if self._released:
-            self.ctx.state.deactivate(upload_index(self._released, self.device))
-            self._released = []
-
-    def _block_indices(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        both = to_device(torch.tensor(pairs, dtype=torch.long).T.contiguous(), self.device)
-        return both[0], both[1]
+    def _upload_indices(self, released: list[int], loads: list[tuple[int, int]],
+                        stores: list[tuple[int, int]]) -> list[Optional[torch.Tensor]]:
+        """The step's index tensors (slots to mark idle; slot and pool blocks of the prefix
+        loads; of the stores) in one upload that never waits (uploads.py): 4 torch calls
+        instead of ~5 per kind and chunk, each of which gives up the GIL on this thread and,
+        under a mixed load, waits about a switch interval to win it back."""
+        sizes = [len(released), len(loads), len(loads), len(stores), len(stores)]
+        if not any(sizes):
+            return [None] * len(sizes)
+        values = (released + [s for s, _ in loads] + [b for _, b in loads]
+                  + [s for s, _ in stores] + [b for _, b in stores])
+        return list(upload_index(values, self.device).split(sizes))
 
     def _run_prefill(self, group: list[StagedPrompt], offset: int, use: GraphUse) -> None:
         ctx = self.ctx
