@@ -56,7 +56,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev l
 WORKDIR /opt/moss-tts-triton
 
 # 1. .venv with the whole pin list, as `make setup` makes it (a layer of its own: a code change does
-#    not reinstall the ~6 GB of wheels). Then: is this torch the CUDA build the list names?
+#    not reinstall several GB of wheels). Then: is this torch the CUDA build the list names?
 COPY requirements.txt ./
 COPY scripts/pins.py scripts/setup_env.sh scripts/
 RUN PIP_NO_CACHE_DIR=1 scripts/setup_env.sh pins \
@@ -75,8 +75,8 @@ RUN scripts/setup_env.sh && ln -s /opt/moss-tts-triton/scripts/tritonserver /usr
 
 # .venv first on PATH: `python3 -m client.*` (probes, drain) runs with the pinned packages.
 # GPUs come from `docker run --gpus` or the Kubernetes device plugin (NVIDIA_VISIBLE_DEVICES is
-# theirs to set); `compute` is the driver capability CUDA needs (unset, the runtime gives only
-# `utility`).
+# theirs to set); `compute` is the driver capability CUDA needs (some runtime versions mount only
+# `utility` when this is unset).
 ENV PATH=/opt/moss-tts-triton/.venv/bin:$PATH \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA="cuda>=13.0" \
