@@ -1,6 +1,7 @@
-# moss-tts-triton on the NGC Triton image of the same version the tests run (2.51.0 = 24.10).
-# Not buildable on the development machines (no Docker engine there); kept in step with
-# scripts/setup_env.sh + scripts/serve.sh, which do the same without Docker.
+# moss-tts-triton: the stack `make test` tests and the H200 measurements use, from the project's one
+# pin list (requirements.txt). Not buildable on the development machines (no Docker engine there):
+# tests/test_image_stack.py checks this file against the pin list and runs its environment without
+# Docker (docs/kubernetes.md, "One stack").
 #
 #   docker build -t moss-tts-triton .
 #   docker run --gpus all --shm-size=2g -p 8000:8000 -p 8001:8001 -p 8002:8002 \
@@ -9,15 +10,35 @@
 # The OpenAI-compatible shim is a separate process (make serve runs both); in containers run it
 # beside this one: python -m client.openai_shim --port 8080 --triton-url <this-container>:8001
 # Its image is the `shim` stage below (the last stage, tritonserver's, is the default target).
+#
+# Why this base and not NGC's tritonserver:24.10-py3 (the same server, 2.51.0): that image's Python
+# is 3.10, and the tested stack needs 3.11 (transformers 5.24 requires it; torch 2.13 and the
+# engine's Triton kernels are what the tests run). So both stages start from python:3.11-slim-bookworm:
+# Debian 12 and CPython 3.11 with a shared libpython, the OS and Python minor of the development
+# machines and CI. Everything else is requirements.txt, installed by scripts/setup_env.sh, the script
+# `make setup` runs:
+# - tritonserver 2.51.0: the binary, its libraries, its python backend and one stub per Python
+#   (3.8-3.13) come in the nvidia-pytriton 0.7.0 wheel; setup_triton.sh puts the 3.11 stub in the
+#   backend, and `tritonserver` (scripts/tritonserver) starts it with scripts/triton_env.sh, exactly
+#   as scripts/serve.sh does in the tests.
+# - torch 2.13.0: PyPI's Linux wheel of that version is the CUDA 13.0 build, and it brings the CUDA
+#   libraries as wheels (cuda-toolkit 13.0.3, cuDNN, NCCL) and triton 3.7.1. A CUDA base image would
+#   be a second copy of those libraries: none is used, and the build fails below if the torch it got
+#   is not a CUDA 13.0 build. The host needs only the NVIDIA driver: >= 580.65.06 (CUDA 13.0; any
+#   CUDA 13.x needs >= 580); NVIDIA_REQUIRE_CUDA makes the NVIDIA container runtime refuse to start
+#   the container on an older one.
 
-# The shim alone, for deploy/k8s/shim.yaml: no torch, no tritonserver. Its pins are those of
-# requirements.txt (tests/test_k8s_manifests.py checks); FastAPI needs Python >= 3.11, which the
-# Triton image (3.10) lacks.
+# ---------------------------------------------------------------------------------------------
+# The shim alone, for deploy/k8s/shim.yaml: no torch, no tritonserver. Its packages at the pin
+# list's versions (scripts/pins.py prints NAME==VERSION from requirements.txt).
 #   docker build --target shim -t moss-tts-shim .
-FROM python:3.11-slim AS shim
-RUN pip install --no-cache-dir "numpy==1.26.4" "soundfile==0.14.0" "tritonclient[grpc]==2.51.0" \
-    "fastapi==0.165.0" "python-multipart==0.0.20" "uvicorn==0.54.0" "pydantic==2.14.4" "httpx==0.28.1"
+FROM python:3.11-slim-bookworm AS shim
 WORKDIR /opt/moss-tts-triton
+COPY requirements.txt ./
+COPY scripts/pins.py scripts/
+RUN python3 scripts/pins.py numpy soundfile "tritonclient[grpc]" fastapi python-multipart uvicorn pydantic httpx \
+      > /tmp/shim-requirements.txt \
+ && pip install --no-cache-dir -r /tmp/shim-requirements.txt && rm /tmp/shim-requirements.txt
 # The client imports moss_tts.contract (torch-free); the rest of the package is never imported.
 COPY python_backends/moss_tts/ python_backends/moss_tts/
 COPY client/ client/
@@ -25,27 +46,42 @@ ENV PYTHONPATH=/opt/moss-tts-triton/python_backends
 EXPOSE 8080
 CMD ["python", "-m", "client.openai_shim", "--port", "8080"]
 
-FROM nvcr.io/nvidia/tritonserver:24.10-py3
-
-# The image's Python (3.10) runs our Python-backend models. torch: a CUDA 12.4 build, which the
-# image's CUDA 12.6 driver stack runs. numpy<2: the 24.10 stub mis-reads BYTES tensors with numpy 2.
-# The engine's Triton kernels (decode attention, the draw) were built and measured with torch
-# 2.11 + Triton 3.6 (perf/RESULTS.md); with an older torch, if their compile fails at start-up,
-# set attention_kernel/sampler_kernel to "false" in model_repository/moss_tts/config.pbtxt.
-ARG TORCH_VERSION=2.5.1
-RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cu124 \
- && pip install --no-cache-dir "numpy<2" "transformers>=4.51" tokenizers safetensors soundfile xxhash
-
+# ---------------------------------------------------------------------------------------------
+# tritonserver with the whole pipeline (the default target).
+FROM python:3.11-slim-bookworm AS triton
+# gcc + libc6-dev: Triton (the engine's kernels, torch.compile) builds its small launcher with the
+# system C compiler at first use (this image has the Python headers). libb64: perf_analyzer.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libb64-0d \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/moss-tts-triton
+
+# 1. .venv with the whole pin list, as `make setup` makes it (a layer of its own: a code change does
+#    not reinstall several GB of wheels). Then: is this torch the CUDA build the list names?
+COPY requirements.txt ./
+COPY scripts/pins.py scripts/setup_env.sh scripts/
+RUN PIP_NO_CACHE_DIR=1 scripts/setup_env.sh pins \
+ && .venv/bin/python -c "import sys, torch; sys.exit(0 if (torch.version.cuda or '').startswith(sys.argv[1]) \
+      else f'torch {torch.__version__} is not a CUDA {sys.argv[1]} build: see requirements.txt')" \
+      "$(python3 scripts/pins.py --fact torch-cuda)"
+
+# 2. The project, then the rest of `make setup`: the project editable in .venv, the 3.11 stub in the
+#    wheel's python backend, the .pth through which the stub imports .venv (scripts/setup_triton.sh).
+COPY pyproject.toml README.md ./
+COPY scripts/ scripts/
 COPY python_backends/ python_backends/
 COPY model_repository/ model_repository/
-# The stub's interpreter ignores PYTHONPATH (isolated config): put our package on its path.
-RUN echo /opt/moss-tts-triton/python_backends > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/moss_tts.pth"
-
-ENV MOSS_TTS_MODEL_DIR=/models/moss-tts \
-    MOSS_TTS_CODEC_DIR=/models/moss-codec
 COPY client/ client/
-RUN pip install --no-cache-dir "tritonclient[grpc]==2.51.0"
+RUN scripts/setup_env.sh && ln -s /opt/moss-tts-triton/scripts/tritonserver /usr/local/bin/tritonserver
+
+# .venv first on PATH: `python3 -m client.*` (probes, drain) runs with the pinned packages.
+# GPUs come from `docker run --gpus` or the Kubernetes device plugin (NVIDIA_VISIBLE_DEVICES is
+# theirs to set); `compute` is the driver capability CUDA needs (some runtime versions mount only
+# `utility` when this is unset).
+ENV PATH=/opt/moss-tts-triton/.venv/bin:$PATH \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=13.0" \
+    MOSS_TTS_MODEL_DIR=/models/moss-tts \
+    MOSS_TTS_CODEC_DIR=/models/moss-codec
 # Readiness stays 200 when a Python stub has died (24.10 does not restart stubs): check the
 # models' heartbeats and probe one frame end to end.
 HEALTHCHECK --interval=30s --timeout=40s --start-period=300s CMD python3 -m client.healthcheck --probe --timeout 30

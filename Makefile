@@ -1,5 +1,5 @@
 # The two set-up commands of README.md. Both are idempotent.
-.PHONY: test serve setup
+.PHONY: test serve setup image device-pack
 
 setup:
 	@scripts/setup_env.sh
@@ -9,3 +9,12 @@ test: setup
 
 serve: setup
 	@scripts/serve.sh
+
+# Everything below reads the same pin list, requirements.txt (docs/kubernetes.md, "One stack").
+# The two images (needs a Docker engine; the development machines have none).
+image:
+	docker build -t moss-tts-triton . && docker build --target shim -t moss-tts-shim .
+
+# .device/triton-pack.tar.xz for the H200 machine (its header says how it is used there).
+device-pack: setup
+	@scripts/device_triton_pack.sh

@@ -8,8 +8,13 @@
 # soundfile, tritonclient + python-rapidjson, fastapi/uvicorn/pydantic/httpx/python-multipart, tritonserver; and its
 # transformers 5.17 cannot import AutoTokenizer next to numpy<2 (its scipy/sklearn need numpy 2), so the
 # pack brings the project's transformers 5.24 + tokenizers, which import neither.
+# Versions: the pack's packages and tritonserver come from the project's one pin list, requirements.txt
+# (scripts/pins.py; tritonserver is .venv's nvidia-pytriton). Python and torch are the box's own (3.12,
+# torch 2.11 + Triton 3.6; neither can be replaced there): env.sh prints them beside the pack's pins
+# when sourced, and perf/h200_*.sh record torch in each run's gpu.txt (docs/kubernetes.md, "One stack").
 set -euo pipefail
 root="$(pwd)"; [ -x .venv/bin/python ] || { echo "run the README set-up first (.venv missing)"; exit 1; }
+box_python=3.12  # the H200 box's Python: its stub, and the ABI of the wheels below
 site="$(.venv/bin/python -c 'import site; print(site.getsitepackages()[0])')"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 p="$work/moss-pack"; mkdir -p "$p/bin" "$p/lib" "$p/backends/python" "$p/site"
@@ -17,19 +22,21 @@ p="$work/moss-pack"; mkdir -p "$p/bin" "$p/lib" "$p/backends/python" "$p/site"
 cp "$site/pytriton/tritonserver/bin/tritonserver" "$p/bin/"
 cp "$site"/nvidia_pytriton.libs/* "$p/lib/"; rm -f "$p"/lib/libpython3*
 cp -r "$site/pytriton/tritonserver/backends/python/." "$p/backends/python/"
-cp "$site/pytriton/tritonserver/python_backend_stubs/3.12/triton_python_backend_stub" "$p/backends/python/"
+cp "$site/pytriton/tritonserver/python_backend_stubs/$box_python/triton_python_backend_stub" "$p/backends/python/"
 # 2. perf_analyzer (tritonclient 2.51.0 wheel) + libb64 + libcudart.so.12.
 cp "$(readlink -f .venv/bin/perf_analyzer)" "$p/bin/perf_analyzer"
 cp "$(ldconfig -p | awk '/libb64.so.0d/{print $NF; exit}')" "$p/lib/libb64.so.0d"
 cp "$site/nvidia/cuda_runtime/lib/libcudart.so.12" "$p/lib/"
-# 3. Python packages for cp312 the box lacks (binary wheels only, unpacked flat into site/).
-# With dependencies, so the closure is complete whatever the box has; numpy pinned <2 for the stub.
-.venv/bin/pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux1_x86_64 \
+# 3. Python packages for the box's Python that it lacks (binary wheels only, unpacked flat into site/),
+# at the pin list's versions. With dependencies, so the closure is complete whatever the box has;
+# numpy<2 for the stub (the list's numpy).
+.venv/bin/python scripts/pins.py numpy soundfile "tritonclient[grpc]" python-rapidjson xxhash safetensors \
+  fastapi uvicorn pydantic httpx python-multipart transformers tokenizers > "$p/PINS"
+.venv/bin/pip download -q --only-binary=:all: --python-version "$box_python" --platform manylinux1_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-  --implementation cp -d "$work/whl" \
-  numpy==1.26.4 soundfile==0.14.0 "tritonclient[grpc]==2.51.0" python-rapidjson==1.25 xxhash==4.1.0 \
-  safetensors==0.8.0 fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 httpx==0.28.1 python-multipart==0.0.20 \
-  transformers==5.24.0 tokenizers==0.23.3 2>&1 | grep -v "^WARNING: Location" || true
+  --implementation cp -d "$work/whl" -r "$p/PINS" 2>&1 | grep -v "^WARNING: Location" || true
+echo "nvidia-pytriton==$(.venv/bin/python -c 'from importlib.metadata import version; print(version("nvidia-pytriton"))')" \
+  "# tritonserver 2.51.0 (bin/, lib/, backends/)" >> "$p/PINS"
 # The box has these (and they are large): use its grpcio/protobuf, never a second torch.
 rm -f "$work"/whl/grpcio-* "$work"/whl/protobuf-* "$work"/whl/torch-* "$work"/whl/nvidia_* "$work"/whl/triton-* "$work"/whl/hf_xet-*
 for w in "$work"/whl/*.whl; do (cd "$p/site" && python3 -m zipfile -e "$w" . ); done
@@ -53,6 +60,16 @@ export MOSS_TTS_STUB_PATH="$PWD/python_backends:$_pack/site" PYTHONPATH="$PWD:$P
 _base_site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo 'import os, sys; sys.path[:0] = [p for p in os.environ.get("MOSS_TTS_STUB_PATH", "").split(os.pathsep) if p and p not in sys.path]' > "$_base_site/moss_tts_stub_path.pth"
 chmod +x "$TRITONSERVER" "$PERF_ANALYZER" "$_pack/backends/python/triton_python_backend_stub"
+# What a measurement ran on: the pack's pins (requirements.txt) and the box's own Python and torch.
+echo "moss-pack: $(grep -o '^[^ #]*' "$_pack/PINS" | tr '\n' ' ')" >&2
+python3 -c 'import sys
+from importlib.metadata import version, PackageNotFoundError
+def v(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "none"
+print("this box: python", sys.version.split()[0], "torch", v("torch"), "triton", v("triton"), file=sys.stderr)'
 unset _pack _base_site
 ENV
 mkdir -p .device; tar -C "$work" -cJf .device/triton-pack.tar.xz moss-pack

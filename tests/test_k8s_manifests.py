@@ -233,11 +233,9 @@ def test_services_and_autoscaler_point_at_the_triton_pods():
 
 
 def test_the_shim_image_pins_requirements_and_needs_no_model_stack():
-    pins = dict(re.findall(r"^([\w\-\[\]]+)==(\S+)", (ROOT / "requirements.txt").read_text(), re.M))
-    pins["tritonclient[grpc]"] = pins.pop("tritonclient[all]")
+    # Its packages at requirements.txt's versions, through scripts/pins.py (tests/test_image_stack.py).
     shim_stage = next(stage for stage in dockerfile_stages() if stage.split()[2] == "shim")
-    image_pins = dict(re.findall(r'"([\w\-\[\]]+)==([^"]+)"', shim_stage))
-    assert image_pins and all(pins.get(name) == version for name, version in image_pins.items()), image_pins
+    assert "scripts/pins.py" in shim_stage
     assert re.findall(r"^WORKDIR (\S+)$", shim_stage, re.M) == [container("moss-tts-shim", "shim")["workingDir"]]
     blocked = ("torch", "transformers", "tokenizers", "safetensors", "triton", "xxhash")
     code = (f"import sys\nfor name in {blocked!r}: sys.modules[name] = None\n"
