@@ -26,6 +26,7 @@ SAMPLES_PER_FRAME = 3840  # SAMPLE_RATE / FRAME_RATE
 # Request limits. A request also has to fit the engine's row budget (moss_tts parameter
 # max_seq_len): prompt rows + frames <= max_seq_len; the server says so when it does not.
 MAX_TEXT_CHARS = 20000
+MAX_SESSION_ID_CHARS = 128  # SESSION_ID: a client-chosen string (a uuid4 is 36)
 MAX_REFERENCE_SECONDS = 100.0
 MAX_FRAMES = 22500  # 30 min: the most MAX_FRAMES / TOKENS may ask for on any engine size
 DEFAULT_MAX_FRAMES = 4096  # without MAX_FRAMES: what fits in max_seq_len, at most this
@@ -92,6 +93,10 @@ MOSS_TTS_INPUTS = (
     _option("FIRST_CHUNK_FRAMES", "INT32"),
     _option("CHUNK_FRAMES", "INT32"),
     _option("REQUEST_ID", "BYTES"),
+    # Text sessions (serving/text_sessions.py): consecutive requests with one SESSION_ID speak as
+    # one stream, one voice; SESSION_END (TEXT may be empty) ends it after its earlier requests.
+    _option("SESSION_ID", "BYTES"),
+    _option("SESSION_END", "BOOL"),
 )
 MOSS_TTS_OUTPUTS = (
     Tensor("AUDIO", "FP32", (CHANNELS, -1)),
@@ -101,7 +106,8 @@ MOSS_TTS_OUTPUTS = (
 # The ensemble always takes REFERENCE_AUDIO ([1, 1], empty = none) because ref_encoder runs first;
 # it fills REFERENCE_CODES itself and always streams (no STREAM input).
 MOSS_TTS_CODES_INPUTS = tuple(Tensor(t.name, t.dtype, (1, 1), optional=False) if t.name == "REFERENCE_AUDIO" else t
-                              for t in MOSS_TTS_INPUTS if t.name not in ("REFERENCE_CODES", "STREAM"))
+                              for t in MOSS_TTS_INPUTS
+                              if t.name not in ("REFERENCE_CODES", "STREAM", "SESSION_ID", "SESSION_END"))
 MOSS_TTS_CODES_OUTPUTS = MOSS_TTS_OUTPUTS[1:]
 # Batched models: dims without the batch dimension.
 REF_ENCODER_INPUTS = (Tensor("REFERENCE_AUDIO", "BYTES", (1,)),)

@@ -15,13 +15,14 @@ heap and deadlock it under concurrency (see docs/structure.md).
 import logging
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.contract import MOSS_TTS_OUTPUTS, N_VQ, ErrorKind, InvalidRequest
+from moss_tts.contract import MOSS_TTS_OUTPUTS, N_VQ, ErrorKind, InvalidRequest, ServingError
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
 from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS
@@ -34,10 +35,12 @@ from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_
 from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
-from moss_tts.serving.speech_pipeline import ChildError, Ready, SpeechStream, new_sequence_id
+from moss_tts.serving.session_stream import SessionChildren, SessionClient, SessionCodes, SessionRequest, first_reference
+from moss_tts.serving.speech_pipeline import END_WAIT_S, NO_CODES, ChildError, Ready, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stream_pool import StreamPool
-from moss_tts.serving.synthesis_request import parse_synthesis_request
+from moss_tts.serving.synthesis_request import parse_session_inputs, parse_synthesis_request
+from moss_tts.serving.text_sessions import SESSION_STATS, SessionConfig, SessionRegistry
 from moss_tts.serving.vocoder_sessions import VocoderConfig, VocoderSessions
 from moss_tts.serving.vocoder_worker import VocoderPlacement, VocoderWorker
 
@@ -156,13 +159,20 @@ class TritonPythonModel:
         max_streams = int(params.get("max_streams", "320"))
         # Before the engine: its KV budget counts what this process already holds (the codec's
         # state and graphs among it).
-        self.worker = self._vocoder_worker(VocoderPlacement.from_parameters(params), device, dtype, max_streams,
-                                           int(args["model_instance_device_id"]))
+        placement = VocoderPlacement.from_parameters(params)
+        session_config = SessionConfig.from_parameters(params)
+        if placement.is_in_process and session_config.session_idle_timeout_s >= placement.vocoder_idle_s:
+            raise pb_utils.TritonModelException(
+                f"session_idle_timeout_s ({session_config.session_idle_timeout_s:g}) must be below vocoder_idle_s "
+                f"({placement.vocoder_idle_s:g}): the vocoder would end an idle session's sequence under it")
+        self.worker = self._vocoder_worker(placement, device, dtype, max_streams, int(args["model_instance_device_id"]))
         self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event))
         self.streams.start()
         self.key = internal_key.internal_key()
         self.pool = StreamPool(max_streams, name=f"{args['model_instance_name']}-stream")
         self.watch = StallWatch()  # the streams' BLS calls and sends
+        self.sessions = SessionRegistry(session_config, self._end_sequence, new_sequence_id)
+        self.sessions.start_reaper()
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds(),
                                                         self.worker.stalled_seconds() if self.worker else 0.0))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
@@ -173,6 +183,9 @@ class TritonPythonModel:
         self.ledger_gauges = io.Gauges("moss_tts_requests", "moss_tts requests entered, final flags sent, in flight",
                                        LEDGER_STATS, lambda: vars(self.ledger.stats()), interval_s=0.5,
                                        instance=instance)
+        self.session_gauges = io.Gauges("moss_tts_sessions", "moss_tts text sessions (open now, and counters)",
+                                        SESSION_STATS, lambda: vars(self.sessions.stats()), interval_s=0.5,
+                                        instance=instance)
         self.histograms = {name: io.HistogramGauges(f"moss_engine_{name}", description, bounds, instance)
                            for name, description, bounds
                            in (("batch_size", "rows per engine step", BATCH_SIZE_BUCKETS),
@@ -211,12 +224,14 @@ class TritonPythonModel:
             sender = self.ledger.track(request.get_response_sender())
             try:
                 stream = self._prepare(request, sender)
-            except InvalidRequest as exc:
+            except ServingError as exc:  # InvalidRequest, or UNAVAILABLE (max_sessions)
                 self.ledger.classify(sender, "refused")
-                sender.send(io.error_response(str(exc)), flags=FINAL)
-                self.metrics.count("invalid")
+                sender.send(io.error_response(str(exc), exc.kind), flags=FINAL)
+                self.metrics.count("invalid" if exc.kind is ErrorKind.INVALID_ARGUMENT else "busy")
                 continue
             if not self.pool.try_start(stream.run):
+                if isinstance(stream, SessionRequest):  # its turn never comes: the session closes
+                    self.sessions.finish(stream.session, "failed")
                 self.ledger.classify(sender, "refused")
                 self.metrics.count("busy" if not self.pool.is_stopping() else "unavailable")
                 reason = "is shutting down" if self.pool.is_stopping() else f"is busy: {self.pool.max_streams} streams"
@@ -226,10 +241,21 @@ class TritonPythonModel:
     def _prepare(self, request, sender):
         started = time.monotonic()
         get = io.getter(request)
-        synthesis = parse_synthesis_request(get, "")
-        # Client request ids repeat across clients ("1", ...): the engine id is made unique.
-        synthesis = synthesis.with_request_id(f"{synthesis.request_id or request.request_id() or 'req'}-"
-                                              f"{new_sequence_id():x}")
+        session = parse_session_inputs(get)
+        if session is not None:
+            return self._prepare_session(request, sender, get, session, started)
+        synthesis = self._synthesis(request, get)
+        reference = self._reference(get, synthesis)
+        requested = set(request.requested_output_names()) or set(OUTPUTS)
+        codes = codes_for(self.streams, self.builder, synthesis, reference)  # long text: one request per segment
+        self.ledger.classify(sender, "long_form" if isinstance(codes, SegmentedCodes) else
+                             "codes" if "AUDIO" not in requested else "stream" if synthesis.stream else "offline")
+        children = TritonChildren(codes, self.key, self.watch, self.worker)
+        client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
+        return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
+
+    def _reference(self, get, synthesis):
+        """The request's reference codes, as a callable the stream thread runs (ref_encoder over BLS)."""
         # Copies: the stream outlives execute(), and with it the request's input buffers.
         audio = get("REFERENCE_AUDIO")
         audio = b"" if audio is None else bytes(audio.reshape(-1)[0])
@@ -239,14 +265,58 @@ class TritonPythonModel:
             raise InvalidRequest("send REFERENCE_AUDIO or REFERENCE_CODES, not both")
         if synthesis.mode == "continuation" and not audio and (given is None or not given.size):
             raise InvalidRequest("MODE=continuation needs REFERENCE_AUDIO (or REFERENCE_CODES): the audio to continue")
+        return (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
+
+    @staticmethod
+    def _synthesis(request, get):
+        synthesis = parse_synthesis_request(get, "")
+        # Client request ids repeat across clients ("1", ...): the engine id is made unique.
+        return synthesis.with_request_id(f"{synthesis.request_id or request.request_id() or 'req'}-"
+                                         f"{new_sequence_id():x}")
+
+    def _prepare_session(self, request, sender, get, inputs, started):
+        """One request of a text session (serving/text_sessions.py): checked here, run in order."""
+        synthesis = self._synthesis(request, get) if inputs.has_text else None
         requested = set(request.requested_output_names()) or set(OUTPUTS)
-        reference = (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
-        codes = codes_for(self.streams, self.builder, synthesis, reference)  # long text: one request per segment
-        self.ledger.classify(sender, "long_form" if isinstance(codes, SegmentedCodes) else
-                             "codes" if "AUDIO" not in requested else "stream" if synthesis.stream else "offline")
-        children = TritonChildren(codes, self.key, self.watch, self.worker)
-        client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
-        return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
+        if "AUDIO" not in requested:
+            raise InvalidRequest("a text session streams audio: request AUDIO (CODES may come with it)")
+        if synthesis is not None and (not synthesis.stream or synthesis.fields.tokens is not None):
+            raise InvalidRequest("a text session streams each segment: drop STREAM=false and TOKENS")
+        voice_inputs = [name for name in ("REFERENCE_AUDIO", "REFERENCE_CODES", "REFERENCE_TEXT", "MODE")
+                        if get(name) is not None]
+        if voice_inputs and self.sessions.is_open(inputs.session_id):
+            raise InvalidRequest(f"{', '.join(voice_inputs)}: the voice of text session {inputs.session_id!r} was "
+                                 f"set by its first request; send these only there")
+        reference = self._reference(get, synthesis) if synthesis is not None else (lambda: None)
+        session, ticket, is_new = self.sessions.join(inputs.session_id, inputs.is_end, inputs.has_text)
+        self.ledger.classify(sender, "stream")
+        on_final = (lambda: self.sessions.close(session, "ended")) if inputs.is_end else (lambda: None)
+        client = SessionClient(RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe,
+                                               started), on_final)
+        stream = None
+        if synthesis is not None:
+            if is_new:
+                codes = codes_for(self.streams, self.builder, synthesis, first_reference(session, reference))
+            else:
+                codes = codes_for(self.streams, self.builder, replace(synthesis, mode="clone"), session.voice_codes)
+            children = TritonChildren(SessionCodes(codes, session, is_new), self.key, self.watch, self.worker)
+            children.sequence_id = session.sequence_id
+            stream = SpeechStream(SessionChildren(children, session, inputs.is_end, client), client, True, True,
+                                  self.pool.is_stopping)
+        return SessionRequest(self.sessions, session, ticket, stream, client, self.pool.is_stopping)
+
+    def _end_sequence(self, sequence_id):
+        """End a text session's vocoder sequence (closed by SESSION_END, cancel, failure or timeout)."""
+        try:
+            if self.worker is not None:
+                self.worker.submit(sequence_id, NO_CODES, start=False, end=True).result(timeout=END_WAIT_S)
+                return
+            request = pb_utils.InferenceRequest(
+                model_name="vocoder", correlation_id=sequence_id, flags=END, parameters=internal_key.parameters(self.key),
+                inputs=[pb_utils.Tensor("CODES", NO_CODES[None])], requested_output_names=["AUDIO"])
+            _call(request, "AUDIO", self.watch)
+        except Exception as exc:  # the vocoder's own idle timeout reclaims the sequence
+            log.warning("ending text session sequence %x failed: %s", sequence_id, exc)
 
     def _server_stopping(self):
         log.info("tritonserver is shutting down: %d streams end with UNAVAILABLE, new ones are refused",
@@ -267,6 +337,8 @@ class TritonPythonModel:
         # wait), abort, and answer UNAVAILABLE; then the engine stops.
         if not self.pool.stop(STOP_TIMEOUT_S):
             log.warning("%d streams still running at shutdown (blocked on a child?)", self.pool.num_active)
+        self.sessions.stop()
+        self.session_gauges.stop()
         self.streams.shutdown(STOP_TIMEOUT_S)
         self.stop_watch.stop()
         if self.worker is not None:

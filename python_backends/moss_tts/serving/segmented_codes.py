@@ -28,6 +28,24 @@ from .synthesis_request import SynthesisRequest
 VOICE_FRAMES = 125  # 10 s of the first segment carry the voice into the others
 
 
+class VoiceFrames:
+    """The first `VOICE_FRAMES` code frames of a segment: the reference of the segments after it
+    (long-form here, a text session's later requests in text_sessions)."""
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []
+        self._num_frames = 0
+
+    def add(self, codes: np.ndarray) -> None:
+        if self._num_frames < VOICE_FRAMES and codes.shape[0]:
+            self._parts.append(codes)
+            self._num_frames += codes.shape[0]
+
+    def codes(self) -> Optional[np.ndarray]:
+        """[<= VOICE_FRAMES, 12], or None before any frame came."""
+        return np.concatenate(self._parts)[:VOICE_FRAMES] if self._parts else None
+
+
 class SegmentedCodes:
     def __init__(self, make_codes: Callable[[SynthesisRequest, Callable[[], Optional[np.ndarray]]], object],
                  synthesis: SynthesisRequest, segments: list[str],
@@ -54,7 +72,7 @@ class SegmentedCodes:
     def chunks(self) -> Iterator[Optional[CodesChunk]]:
         reference = self.reference_codes()
         reference = None if reference is None or not np.size(reference) else np.asarray(reference).reshape(-1, N_VQ)
-        voice: list[np.ndarray] = []  # the first segment's frames, when there is no reference
+        voice = VoiceFrames()  # the first segment's frames, when there is no reference
         for index, text in enumerate(self.segments):
             if self._is_aborted:
                 return
@@ -63,11 +81,11 @@ class SegmentedCodes:
             if index == 0 or reference is not None:
                 given = reference
             else:
-                given = np.concatenate(voice)[:VOICE_FRAMES] if voice else None
+                given = voice.codes()
             self._current = self.make_codes(request, lambda given=given: given)
             for chunk in self._current.chunks():
-                if isinstance(chunk, CodesChunk) and index == 0 and reference is None and sum(len(v) for v in voice) < VOICE_FRAMES:
-                    voice.append(chunk.codes)
+                if isinstance(chunk, CodesChunk) and index == 0 and reference is None:
+                    voice.add(chunk.codes)
                 yield chunk
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..contract import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P, DEFAULT_MAX_FRAMES,
-                        MAX_CHUNK_FRAMES, MAX_TEXT_CHARS, MODES, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P,
+                        MAX_CHUNK_FRAMES, MAX_SESSION_ID_CHARS, MAX_TEXT_CHARS, MODES, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P,
                         InvalidRequest)
 from ..prompt_fields import PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
 from ..sampling_params import ChannelParams, SamplingError, SamplingParams
@@ -60,6 +60,31 @@ class SynthesisRequest:
 
 
 Getter = Callable[[str], Optional[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class SessionInputs:
+    session_id: str
+    is_end: bool  # SESSION_END: the session ends after this request
+    has_text: bool  # False: a SESSION_END alone (TEXT empty)
+
+
+def parse_session_inputs(get: Getter) -> Optional[SessionInputs]:
+    """SESSION_ID / SESSION_END, or None for a request outside any text session."""
+    session_id = _string(get, "SESSION_ID")
+    is_end = bool(_scalar(get, "SESSION_END") or False)
+    if session_id is None:
+        if is_end:
+            raise InvalidRequest("SESSION_END needs SESSION_ID: the session to end")
+        return None
+    if not session_id or len(session_id) > MAX_SESSION_ID_CHARS or not session_id.isprintable():
+        raise InvalidRequest(f"input SESSION_ID must be 1 to {MAX_SESSION_ID_CHARS} printable characters, got "
+                             f"{session_id[:MAX_SESSION_ID_CHARS + 1]!r}")
+    text = _string(get, "TEXT")
+    has_text = bool(text and text.strip())
+    if not has_text and not is_end:
+        raise InvalidRequest("input TEXT is empty: give the words to speak (an empty TEXT only with SESSION_END)")
+    return SessionInputs(session_id, is_end, has_text)
 
 
 def _scalar(get: Getter, name: str):

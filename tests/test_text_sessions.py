@@ -1,0 +1,169 @@
+"""Text sessions without Triton: the registry (fake clock) and a session's requests in order."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from moss_tts.contract import ErrorKind, InvalidRequest, ServingError
+from moss_tts.serving.segmented_codes import VOICE_FRAMES
+from moss_tts.serving.session_stream import SessionChildren, SessionClient, SessionCodes, SessionRequest
+from moss_tts.serving.speech_pipeline import CodesChunk, SpeechStream
+from moss_tts.serving.synthesis_request import parse_session_inputs
+from moss_tts.serving.text_sessions import SessionConfig, SessionRegistry
+from test_speech_pipeline import EMPTY, FakeChildren, FakeClient, codes
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def registry(**config):
+    ended, clock = [], Clock()
+    ids = iter(range(1, 1000))
+    return SessionRegistry(SessionConfig(**config), ended.append, lambda: next(ids), clock), ended, clock
+
+
+def assert_all_free(reg):
+    stats = reg.stats()
+    assert stats.open == 0 and stats.waiting == 0, stats
+
+
+class FakeCodes:
+    def __init__(self, chunks):
+        self.chunk_list = chunks
+
+    def chunks(self):
+        yield from self.chunk_list
+
+    def wake(self):
+        pass
+
+    def abort(self):
+        pass
+
+
+def speak(reg, session_id, frames, is_end=False, cancel_after=None, children_log=None):
+    """One request of a session, run to the end on this thread: (client, vocoder calls)."""
+    session, ticket, is_new = reg.join(session_id, is_end, frames is not None)
+    fake = FakeClient(cancel_after)
+    client = SessionClient(fake, (lambda: reg.close(session, "ended")) if is_end else (lambda: None))
+    stream = None
+    children = None
+    if frames is not None:
+        chunks = [CodesChunk(codes(n, 10 * i), EMPTY) for i, n in enumerate(frames)]
+        inner = SessionCodes(FakeCodes(chunks), session, is_new)
+        children = FakeChildren(list(inner.chunks()))
+        stream = SpeechStream(SessionChildren(children, session, is_end, client), client, True, True)
+    SessionRequest(reg, session, ticket, stream, client).run()
+    return fake, [] if children is None else children.vocoder_calls, session
+
+
+def test_one_vocoder_sequence_across_requests_ended_by_session_end():
+    reg, ended, _ = registry()
+    first, calls1, session = speak(reg, "s1", [2, 4])
+    second, calls2, _ = speak(reg, "s1", [3])
+    third, calls3, _ = speak(reg, "s1", None, is_end=True)
+    assert calls1 == [(2, True, False), (4, False, False)]  # no END after a segment
+    assert calls2 == [(3, False, False)]  # no START: the sequence continues
+    assert ended == [session.sequence_id]  # the SESSION_END alone ended it (through the registry)
+    assert [c.finals for c in (first, second, third)] == [1, 1, 1] and not third.errors
+    assert_all_free(reg)
+    assert reg.stats().ended == 1
+
+
+def test_session_end_with_text_ends_the_sequence_before_its_final():
+    reg, ended, _ = registry()
+    speak(reg, "s", [2])
+    _, calls, _ = speak(reg, "s", [1], is_end=True)
+    assert calls == [(1, False, False), (0, False, True)] and ended == []
+    assert_all_free(reg)
+
+
+def test_the_first_segment_gives_its_voice_to_the_later_ones():
+    reg, _, _ = registry()
+    _, _, session = speak(reg, "v", [VOICE_FRAMES - 5, 20])
+    voice = session.voice_codes()
+    assert voice.shape == (VOICE_FRAMES, 12)
+    speak(reg, "v", [3])
+    assert np.array_equal(session.voice_codes(), voice)  # later segments do not change it
+    speak(reg, "v", None, is_end=True)
+    assert session.voice_codes() is None  # freed
+
+
+def test_a_cancel_frees_the_whole_session_and_later_requests_are_told():
+    reg, ended, _ = registry()
+    speak(reg, "c", [2, 2])
+    client, calls, session = speak(reg, "c", [2, 2, 2], cancel_after=1)
+    assert client.errors[0][0] is ErrorKind.CANCELLED
+    assert calls[-1] == (0, False, True)  # the failed request ended the sequence itself
+    assert ended == [] and reg.stats().cancelled == 1
+    assert_all_free(reg)
+    with pytest.raises(InvalidRequest, match="'c' is closed: a request of it was cancelled"):
+        reg.join("c", False, True)
+
+
+def test_requests_run_in_order_and_waiters_are_released_by_a_close():
+    reg, _, _ = registry()
+    session, first, _ = reg.join("o", False, True)
+    _, second, _ = reg.join("o", False, True)
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(session.wait_turn(second, lambda: False, wait_s=0.01)))
+    waiter.start()
+    waiter.join(0.1)
+    assert waiter.is_alive()  # the first request still runs
+    reg.finish(session, "failed")
+    waiter.join(2)
+    assert results == [False] and reg.stats().failed == 1
+
+
+def test_idle_sessions_expire_and_a_late_request_is_told_why():
+    reg, ended, clock = registry(session_idle_timeout_s=5)
+    speak(reg, "idle", [2])
+    busy, ticket, _ = reg.join("busy", False, True)  # a request still running is never idle
+    clock.now += 4
+    assert reg.expire() == 0
+    clock.now += 2
+    assert reg.expire() == 1 and len(ended) == 1
+    with pytest.raises(InvalidRequest, match=r"'idle' is closed: it was idle for more than 5 s"):
+        reg.join("idle", False, True)
+    reg.finish(busy)
+    reg.close(busy, "ended")
+    assert_all_free(reg)
+    assert reg.stats().expired == 1
+
+
+def test_limits_and_bad_input():
+    reg, _, _ = registry(max_sessions=1)
+    reg.join("a", False, True)
+    with pytest.raises(ServingError) as exc:
+        reg.join("b", False, True)
+    assert exc.value.kind is ErrorKind.UNAVAILABLE and "max_sessions" in str(exc.value)
+    with pytest.raises(InvalidRequest, match="SESSION_END for unknown session 'x'"):
+        reg.join("x", True, False)
+    with pytest.raises(ValueError, match="session_idle_timeout_s"):
+        SessionConfig(session_idle_timeout_s=0)
+    assert SessionConfig.from_parameters({"max_sessions": "3", "session_idle_timeout_s": "2.5"}) == SessionConfig(3, 2.5)
+
+
+def inputs(**values):
+    arrays = {k: np.array([v], dtype=object if isinstance(v, str) else None) for k, v in values.items()}
+    return lambda name: arrays.get(name)
+
+
+def test_session_inputs_are_validated():
+    assert parse_session_inputs(inputs(TEXT="hi")) is None
+    s = parse_session_inputs(inputs(TEXT=" ", SESSION_ID="abc", SESSION_END=True))
+    assert (s.session_id, s.is_end, s.has_text) == ("abc", True, False)
+    for bad, message in ((dict(TEXT="hi", SESSION_END=True), "SESSION_END needs SESSION_ID"),
+                         (dict(TEXT="hi", SESSION_ID="x" * 129), "1 to 128 printable"),
+                         (dict(TEXT="hi", SESSION_ID="a\nb"), "printable"),
+                         (dict(TEXT="", SESSION_ID="a"), "only with SESSION_END")):
+        with pytest.raises(InvalidRequest, match=message):
+            parse_session_inputs(inputs(**bad))
