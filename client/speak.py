@@ -2,6 +2,7 @@
 
   python -m client.speak "Hello world" -o out.wav [--reference ref.wav --reference-text "..."]
          [--stream] [--seed 1] [--url localhost:8001]
+  some_llm | python -m client.speak --text-stdin -o out.wav   # text spoken as it arrives
 
 Prints the time to first audio, the total time and the real-time factor.
 """
@@ -9,7 +10,10 @@ Prints the time to first audio, the total time and the real-time factor.
 from __future__ import annotations
 
 import argparse
+import codecs
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +28,10 @@ from .voices import VoiceStore
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m client.speak", description=__doc__.split("\n\n")[0])
-    p.add_argument("text")
+    p.add_argument("text", nargs="?", help="the text to speak (or --text-stdin)")
+    p.add_argument("--text-stdin", action="store_true",
+                   help="read the text from stdin as it arrives and speak it in one text session (one voice, "
+                        "one audio stream); each sentence is spoken as soon as it is complete")
     p.add_argument("-o", "--output", type=Path, required=True, help="output .wav (48 kHz stereo)")
     p.add_argument("--url", default="localhost:8001", help="tritonserver gRPC address")
     p.add_argument("--reference", type=Path, help="reference audio to clone (wav/flac/ogg, <= 100 s)")
@@ -51,6 +58,9 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if (args.text is None) == (not args.text_stdin):
+        print("error: give the text as an argument or --text-stdin, not both", file=sys.stderr)
+        return 2
     reference, codes, reference_text = None, None, args.reference_text
     if args.voice is not None:
         if args.reference is not None or args.voices_dir is None:
@@ -67,6 +77,8 @@ def main(argv=None) -> int:
             print(f"error: {args.reference}: file not found", file=sys.stderr)
             return 2
         reference = args.reference.read_bytes()
+    if args.text_stdin:
+        return speak_stdin(args, reference, codes, reference_text)
     inputs = build_inputs(args.text, reference, reference_codes=codes, reference_text=reference_text, mode=args.mode,
                           language=args.language, instructions=args.instructions, tokens=args.tokens,
                           stream=args.stream, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
@@ -97,6 +109,51 @@ def main(argv=None) -> int:
     if before is not None:
         print(model_stats.table(model_stats.deltas(before, model_stats.snapshot(args.url))))
     return 0
+
+
+def speak_stdin(args, reference, codes, reference_text) -> int:
+    """Text from stdin, read as it arrives (a thread), into one text session; audio to the WAV."""
+    options = dict(reference_audio=reference, reference_codes=codes, reference_text=reference_text, mode=args.mode,
+                   language=args.language, instructions=args.instructions, seed=args.seed,
+                   temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                   repetition_penalty=args.repetition_penalty, max_frames=args.max_frames)
+    session = TTSClient(args.url).text_session(**{k: v for k, v in options.items() if v is not None})
+    reader = threading.Thread(target=_read_stdin, args=(session,), daemon=True)
+    start = time.perf_counter()
+    first, samples = None, 0
+    reader.start()
+    try:
+        with sf.SoundFile(str(args.output), "w", SAMPLE_RATE, 2, subtype="FLOAT") as out:
+            for chunk in session.chunks():
+                first = time.perf_counter() - start if first is None else first
+                out.write(chunk.audio.T)
+                samples += chunk.audio.shape[1]
+                if chunk.is_final and not args.quiet:
+                    print(f"segment {chunk.segment + 1} spoken ({samples / SAMPLE_RATE:.1f} s of audio, "
+                          f"{time.perf_counter() - start:.1f} s): {session.segments[chunk.segment][:60]!r}",
+                          file=sys.stderr, flush=True)
+    except InferenceServerException as exc:
+        print(f"error: {exc.status() or 'server'}: {exc.message()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        session.cancel()
+        return 130
+    seconds = samples / SAMPLE_RATE
+    print(f"wrote {args.output}: {seconds:.2f} s of 48 kHz stereo audio in {len(session.segments)} segment(s)")
+    print(f"time to first audio: {first * 1000:.0f} ms" if first is not None else "time to first audio: n/a")
+    return 0
+
+
+def _read_stdin(session) -> None:
+    """Each piece of stdin as it arrives (not line by line: an LLM writes words), then end()."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    try:
+        while piece := os.read(sys.stdin.fileno(), 4096):
+            session.send_text(decoder.decode(piece))
+        session.send_text(decoder.decode(b"", final=True))
+        session.end()
+    except Exception as exc:  # the session failed (chunks() raises it) or was cancelled
+        print(f"stdin reader stopped: {exc}", file=sys.stderr)
 
 
 class Progress:

@@ -2,12 +2,15 @@
 
 One gRPC stream per utterance: responses of one request arrive in order, and cancelling the
 stream cancels exactly this utterance on the server (engine rows and vocoder slot are freed).
+A text session (`text_session()`) is one gRPC stream too, carrying one request per segment.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -105,7 +108,140 @@ class TTSClient:
         return utterance
 
 
-__all__ = ["TTSClient", "Utterance", "build_inputs", "error_code", "InferenceServerException", "SAMPLE_RATE"]
+    def text_session(self, model: str = "moss_tts", codes: bool = False, **options) -> "TextSession":
+        """A text session on one gRPC stream: send_text() pieces as they are written, end(), and
+        read the audio from chunks(). `options` as build_inputs' (reference_audio, seed, ...)."""
+        return TextSession(self.url, model=model, codes=codes, **options)
+
+
+@dataclass(frozen=True)
+class SessionChunk:
+    segment: int  # which segment (request) of the session this audio speaks
+    audio: np.ndarray  # [2, n] float32
+    codes: Optional[np.ndarray]  # [n, 12] when the session was opened with codes=True
+    is_final: bool  # the segment's last response
+
+
+# The voice is the first request's: these inputs go with it only.
+VOICE_OPTIONS = ("reference_audio", "reference_codes", "reference_text", "mode")
+
+
+class TextSession:
+    """Text in as it is written, one continuous audio stream out, one voice (moss_tts text sessions).
+
+    The text is cut by moss_tts.text_segments.TextSegmenter (by the text alone: sentence ends,
+    long clauses); each segment is one request on ONE gRPC stream, all naming a SESSION_ID made
+    here; the last carries SESSION_END. The server speaks them in order and continues one
+    vocoder sequence across them. `chunks()` yields the audio as it comes; `cancel()` (or
+    leaving a `with` block early) stops the stream and frees the session on the server at once.
+    send_text/flush/end may be called from another thread than the one reading chunks().
+    """
+
+    def __init__(self, url: str, model: str = "moss_tts", codes: bool = False, timeout: float = 600.0,
+                 session_id: Optional[str] = None, segmenter=None, **options) -> None:
+        from moss_tts.text_segments import TextSegmenter
+
+        self.session_id = session_id or uuid.uuid4().hex
+        self.model = model
+        self.timeout = timeout
+        self.segmenter = segmenter or TextSegmenter()
+        self.outputs = ["AUDIO", "CODES"] if codes else ["AUDIO"]
+        self.voice = {k: options.pop(k) for k in VOICE_OPTIONS if k in options}
+        self.options = options
+        self.segments: list[str] = []  # sent so far, in order
+        self._events: "queue.Queue" = queue.Queue()
+        self._lock = threading.Lock()
+        self._is_ended = False
+        self._is_done = False
+        self._end_id: Optional[str] = None  # the SESSION_END request: its final ends chunks()
+        self._client = grpcclient.InferenceServerClient(url)
+        self._client.start_stream(callback=lambda result, error: self._events.put((result, error)))
+
+    def send_text(self, delta: str) -> list[str]:
+        """Add text; sends (and returns) the segments it completed."""
+        return self._send(self.segmenter.push(delta))
+
+    def flush(self) -> list[str]:
+        """Speak what is buffered now, complete or not."""
+        return self._send(self.segmenter.flush())
+
+    def end(self) -> list[str]:
+        """No more text: the rest is sent, the last request ends the session."""
+        with self._lock:
+            if self._is_ended:
+                return []
+            rest = self.segmenter.end()
+            sent = [self._request(text, is_end=i == len(rest) - 1) for i, text in enumerate(rest)]
+            if not rest and self.segments:
+                self._request("", is_end=True)
+            self._is_ended = True
+            if not self.segments:
+                self._events.put((None, None))  # nothing was said: chunks() ends at once
+            return sent
+
+    def _send(self, texts: list[str]) -> list[str]:
+        with self._lock:
+            if self._is_ended:
+                raise ValueError("the session has ended: start a new one")
+            return [self._request(text) for text in texts]
+
+    def _request(self, text: str, is_end: bool = False) -> str:
+        options = dict(self.options, **(self.voice if not self.segments else {}))
+        inputs = build_inputs(text, session_id=self.session_id, session_end=True if is_end else None, **options)
+        request_id = f"{self.session_id}:{len(self.segments)}" if text else f"{self.session_id}:end"
+        if is_end:
+            self._end_id = request_id  # before the send: its final may come back at once
+        self._client.async_stream_infer(self.model, inputs, request_id=request_id,
+                                        outputs=[grpcclient.InferRequestedOutput(name) for name in self.outputs],
+                                        enable_empty_final_response=True)
+        if text:
+            self.segments.append(text)
+        return text
+
+    def chunks(self) -> Iterator[SessionChunk]:
+        """The audio of every segment, in order, until the session's end; raises
+        InferenceServerException on a server error (the session is then closed there)."""
+        while not self._is_done:
+            result, error = self._events.get(timeout=self.timeout)
+            if error is not None:
+                self.cancel()
+                raise error
+            if result is None:
+                self._is_done = True
+                break
+            response = result.get_response()
+            is_final = response.parameters["triton_final_response"].bool_param
+            segment = response.id.rsplit(":", 1)[-1]
+            if is_final and response.id == self._end_id:
+                self._is_done = True
+            if segment == "end":
+                continue
+            audio = result.as_numpy("AUDIO")
+            if (audio is not None and audio.size) or is_final:
+                yield SessionChunk(int(segment), audio if audio is not None else np.zeros((2, 0), np.float32),
+                                   result.as_numpy("CODES") if "CODES" in self.outputs else None, is_final)
+        self.close()
+
+    def cancel(self) -> None:
+        """Stop now: the server frees the session's engine row, vocoder sequence and voice."""
+        self._is_done = True
+        self.close(cancel=True)
+
+    def close(self, cancel: bool = False) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.stop_stream(cancel_requests=cancel or not self._is_done)
+            client.close()
+
+    def __enter__(self) -> "TextSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["TTSClient", "Utterance", "TextSession", "SessionChunk", "build_inputs", "error_code",
+           "InferenceServerException", "SAMPLE_RATE"]
 
 
 def error_code(exc: InferenceServerException) -> str:
