@@ -216,10 +216,11 @@ class TextSession:
                 self._is_done = True
             if segment == "end":
                 continue
-            audio = result.as_numpy("AUDIO")
-            if (audio is not None and audio.size) or is_final:
+            audio, codes = result.as_numpy("AUDIO"), result.as_numpy("CODES") if "CODES" in self.outputs else None
+            if (audio is not None and audio.size) or is_final:  # an empty final response carries no tensor
                 yield SessionChunk(int(segment), audio if audio is not None else np.zeros((2, 0), np.float32),
-                                   result.as_numpy("CODES") if "CODES" in self.outputs else None, is_final)
+                                   None if "CODES" not in self.outputs else codes if codes is not None
+                                   else np.zeros((0, contract.N_VQ), np.int32), is_final)
         self.close()
 
     def cancel(self) -> None:

@@ -143,7 +143,6 @@ def test_speak_text_stdin_speaks_piped_text(triton, tmp_path):
         process.stdin.write(word + " ")
         process.stdin.flush()
         time.sleep(0.1)
-    process.stdin.close()
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr
     assert "segment 1 spoken" in stderr and "segment 2 spoken" in stderr, stderr
