@@ -3,6 +3,7 @@ is written, one voice and one vocoder sequence, audio out in text order; everyth
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -138,7 +139,7 @@ def test_speak_text_stdin_speaks_piped_text(triton, tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "client.speak", "--text-stdin", "-o", str(out), "--url", triton.grpc_url,
          "--seed", "2", "--max-frames", str(FRAMES)],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'python_backends'}"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for word in "First sentence here. Second one follows.".split(" "):
         process.stdin.write(word + " ")
         process.stdin.flush()

@@ -289,6 +289,15 @@ class TritonPythonModel:
                                  f"set by its first request; send these only there")
         reference = self._reference(get, synthesis) if synthesis is not None else (lambda: None)
         session, ticket, is_new = self.sessions.join(inputs.session_id, inputs.is_end, inputs.has_text)
+        try:
+            return self._session_request(sender, synthesis, reference, requested, inputs, session, ticket,
+                                         is_new, started)
+        except BaseException:  # the ticket must be given back, or the session's later requests wait forever
+            self.sessions.finish(session, "failed")
+            raise
+
+    def _session_request(self, sender, synthesis, reference, requested, inputs, session, ticket, is_new,
+                         started):
         self.ledger.classify(sender, "stream")
         on_final = (lambda: self.sessions.close(session, "ended")) if inputs.is_end else (lambda: None)
         client = SessionClient(RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe,
