@@ -8,7 +8,9 @@ the engine in this process (EngineCodes), vocodes them when AUDIO is wanted, sen
 and ends with one final response. The vocoder runs in this process too (`vocoder` parameter
 "in_process", vocoder_worker.VocoderWorker: chunks in flight per stream, batched across streams,
 on a CUDA stream of its own), or in the `vocoder` model over BLS ("bls", for placements that put
-the codec on another GPU). BLS calls here are never decoupled: in 24.10 those corrupt the stub's
+the codec on another GPU). Requests naming a SESSION_ID form a text session
+(serving/text_sessions.py, session_stream.py): run in order, one voice, one vocoder sequence.
+BLS calls here are never decoupled: in 24.10 those corrupt the stub's
 heap and deadlock it under concurrency (see docs/structure.md).
 """
 
