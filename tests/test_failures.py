@@ -1,5 +1,6 @@
 """What a client and an operator see when capacity runs out and when a model's stub dies (the
-real server, a copy of the repository with moss_tts max_streams=2)."""
+real server, a copy of the repository with moss_tts max_streams=2, and max_sessions=1 with a 2 s
+session idle timeout for the text-session test)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def wait_for(predicate, timeout: float = 15.0):
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("failures")
-    repo = copy_repository(tmp, moss_tts={"max_streams": "2"})
+    repo = copy_repository(tmp, moss_tts={"max_streams": "2", "max_sessions": "1", "session_idle_timeout_s": "2"})
     server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp / "server.log", repository=repo)
     yield server
     stop_server(server, timeout=45)
@@ -68,6 +69,28 @@ def test_a_stream_beyond_capacity_is_unavailable_at_once(server):
         stream.close()  # cancels them
     wait_for(lambda: server.is_idle(server.metrics()))
     assert TTSClient(server.grpc_url).synthesize(build_inputs("Again.", max_frames=2, ignore_stop=True)).audio.size
+
+
+def session_request(server, text, session_id, **options):
+    """One text-session request on a stream of its own: its audio chunks, or the error."""
+    return list(TTSClient(server.grpc_url).stream(build_inputs(text, session_id=session_id, **options)))
+
+
+def test_an_idle_text_session_is_freed_and_a_late_request_told_why(server):
+    sessions = lambda m, stat: m[f'moss_tts_sessions{{stat="{stat}"}}']  # noqa: E731
+    before = server.settled_metrics()
+    audio = session_request(server, "Hello there.", "idle-1", seed=1, max_frames=3, ignore_stop=True)
+    assert sum(a.shape[1] for a in audio) == 3 * 3840
+    with pytest.raises(InferenceServerException) as busy:  # max_sessions=1
+        session_request(server, "Another.", "idle-2", max_frames=2)
+    assert error_code(busy.value) == "UNAVAILABLE" and "max_sessions" in busy.value.message()
+    after = server.wait_for_metrics(lambda m: sessions(m, "expired") > sessions(before, "expired")
+                                    and sessions(m, "open") == 0 and server.is_idle(m), timeout=10)
+    assert sessions(after, "open") == 0 and server.is_idle(after), after  # voice and vocoder sequence freed
+    with pytest.raises(InferenceServerException) as late:
+        session_request(server, "Too late.", "idle-1", max_frames=2)
+    assert error_code(late.value) == "INVALID_ARGUMENT"
+    assert "'idle-1' is closed: it was idle for more than 2 s" in late.value.message()
 
 
 def test_a_refused_vocoder_request_leaves_no_session(server):
