@@ -100,7 +100,8 @@ def test_cancel_mid_session_frees_everything(triton):
     chunks = session.chunks()
     assert next(chunks).audio.shape == (2, SPF)
     session.cancel()
-    triton.wait_for_metrics(lambda m: m['moss_tts_sessions{stat="cancelled"}'] > before['moss_tts_sessions{stat="cancelled"}'])
+    cancelled = 'moss_tts_sessions{stat="cancelled"}'
+    triton.wait_for_metrics(lambda m: m[cancelled] > before[cancelled])
     all_free(triton)
 
 
@@ -139,7 +140,8 @@ def test_speak_text_stdin_speaks_piped_text(triton, tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "client.speak", "--text-stdin", "-o", str(out), "--url", triton.grpc_url,
          "--seed", "2", "--max-frames", str(FRAMES)],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'python_backends'}"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'python_backends'}"), text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for word in "First sentence here. Second one follows.".split(" "):
         process.stdin.write(word + " ")
         process.stdin.flush()

@@ -149,7 +149,8 @@ def test_limits_and_bad_input():
         reg.join("x", True, False)
     with pytest.raises(ValueError, match="session_idle_timeout_s"):
         SessionConfig(session_idle_timeout_s=0)
-    assert SessionConfig.from_parameters({"max_sessions": "3", "session_idle_timeout_s": "2.5"}) == SessionConfig(3, 2.5)
+    parsed = SessionConfig.from_parameters({"max_sessions": "3", "session_idle_timeout_s": "2.5"})
+    assert parsed == SessionConfig(3, 2.5)
 
 
 def inputs(**values):

@@ -91,7 +91,8 @@ MIN_CLAUSE_CHARS = 60  # a clause mark cuts only once this much text waits (shor
 # A cut is decided by the text alone: each pattern needs the character after its whitespace (or
 # the end of input) before it matches, so where the text was split into pieces never matters.
 _CLOSERS = "\"'”’」』)）"
-_STREAM_SENTENCE = re.compile(rf"[.!?…][{_CLOSERS}]*\s+(?=\S)|[。！？][{_CLOSERS}]*\s*(?=[^\s{_CLOSERS}])|\n\s*\n\s*(?=\S)")
+_STREAM_SENTENCE = re.compile(rf"[.!?…][{_CLOSERS}]*\s+(?=\S)|[。！？][{_CLOSERS}]*\s*(?=[^\s{_CLOSERS}])"
+                              r"|\n\s*\n\s*(?=\S)")
 _STREAM_CLAUSE = re.compile(rf"(?:[,;:—–]|\s-)[{_CLOSERS}]*\s+(?=\S)|[，；：、][{_CLOSERS}]*\s*(?=[^\s{_CLOSERS}])")
 _OPEN_PAUSE = re.compile(r"\[pause [^\]]*$|\[(p(a(u(s(e)?)?)?)?)?$")
 

@@ -37,7 +37,8 @@ from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_
 from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
-from moss_tts.serving.session_stream import SessionChildren, SessionClient, SessionCodes, SessionRequest, first_reference
+from moss_tts.serving.session_stream import (SessionChildren, SessionClient, SessionCodes, SessionRequest,
+                                            first_reference)
 from moss_tts.serving.speech_pipeline import END_WAIT_S, NO_CODES, ChildError, Ready, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stream_pool import StreamPool
@@ -323,7 +324,8 @@ class TritonPythonModel:
                 self.worker.submit(sequence_id, NO_CODES, start=False, end=True).result(timeout=END_WAIT_S)
                 return
             request = pb_utils.InferenceRequest(
-                model_name="vocoder", correlation_id=sequence_id, flags=END, parameters=internal_key.parameters(self.key),
+                model_name="vocoder", correlation_id=sequence_id, flags=END,
+                parameters=internal_key.parameters(self.key),
                 inputs=[pb_utils.Tensor("CODES", NO_CODES[None])], requested_output_names=["AUDIO"])
             _call(request, "AUDIO", self.watch)
         except Exception as exc:  # the vocoder's own idle timeout reclaims the sequence

@@ -13,8 +13,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..contract import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P, DEFAULT_MAX_FRAMES,
-                        MAX_CHUNK_FRAMES, MAX_SESSION_ID_CHARS, MAX_TEXT_CHARS, MODES, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P,
-                        InvalidRequest)
+                        MAX_CHUNK_FRAMES, MAX_SESSION_ID_CHARS, MAX_TEXT_CHARS, MODES, STOP_TEMPERATURE, STOP_TOP_K,
+                        STOP_TOP_P, InvalidRequest)
 from ..prompt_fields import PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
 from ..sampling_params import ChannelParams, SamplingError, SamplingParams
 
