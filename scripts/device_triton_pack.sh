@@ -5,7 +5,8 @@
 # On the device machine:  tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
 # (carry ".device" in the device run). The GPU box has Python 3.12, torch, transformers, grpcio,
 # protobuf, safetensors, xxhash; it lacks numpy<2 (the 24.10 stub crashes on BYTES with numpy 2),
-# soundfile, tritonclient + python-rapidjson, fastapi/uvicorn/pydantic/httpx/python-multipart, tritonserver; and its
+# soundfile, tritonclient + python-rapidjson, fastapi/uvicorn/websockets/pydantic/httpx/python-multipart,
+# tritonserver; and its
 # transformers 5.17 cannot import AutoTokenizer next to numpy<2 (its scipy/sklearn need numpy 2), so the
 # pack brings the project's transformers 5.24 + tokenizers, which import neither.
 # Versions: the pack's packages and tritonserver come from the project's one pin list, requirements.txt
@@ -31,7 +32,7 @@ cp "$site/nvidia/cuda_runtime/lib/libcudart.so.12" "$p/lib/"
 # at the pin list's versions. With dependencies, so the closure is complete whatever the box has;
 # numpy<2 for the stub (the list's numpy).
 .venv/bin/python scripts/pins.py numpy soundfile "tritonclient[grpc]" python-rapidjson xxhash safetensors \
-  fastapi uvicorn pydantic httpx python-multipart transformers tokenizers > "$p/PINS"
+  fastapi uvicorn websockets pydantic httpx python-multipart transformers tokenizers > "$p/PINS"
 .venv/bin/pip download -q --only-binary=:all: --python-version "$box_python" --platform manylinux1_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   --implementation cp -d "$work/whl" -r "$p/PINS" 2>&1 | grep -v "^WARNING: Location" || true

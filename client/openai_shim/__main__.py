@@ -1,5 +1,5 @@
-"""The OpenAI speech API (POST /v1/audio/speech, GET /v1/models, GET /health) in front of a
-running tritonserver; `make serve` starts it next to tritonserver (scripts/serve.sh).
+"""The OpenAI speech API (POST /v1/audio/speech, WS /v1/audio/speech/stream, GET /v1/models, GET /health)
+in front of a running tritonserver; `make serve` starts it next to tritonserver (scripts/serve.sh).
 
   python -m client.openai_shim [--port 8080] [--triton-url localhost:8001] [...]
 """
@@ -45,6 +45,10 @@ def parse_args(argv) -> argparse.Namespace:
                         "of --triton-url; '' turns the check off)")
     p.add_argument("--heartbeat-stale", type=float, default=defaults.heartbeat_stale_s,
                    help="seconds without a model heartbeat before /health and every request answer 503")
+    p.add_argument("--ws-idle-timeout", type=float, default=defaults.ws_idle_timeout_s,
+                   help="seconds a WebSocket may stay without a client message before it is closed")
+    p.add_argument("--ws-max-buffered-chars", type=int, default=defaults.ws_max_buffered_chars,
+                   help="characters of WebSocket text not yet spoken before the connection is closed")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -63,7 +67,8 @@ def main(argv=None) -> int:
             max_reference_bytes=args.max_reference_bytes, reference_dir=args.reference_dir, voices_dir=args.voices_dir,
             allow_url_references=args.allow_url_references, allow_private_url_hosts=args.allow_private_url_hosts,
             url_timeout_s=args.url_timeout, response_timeout_s=args.response_timeout,
-            metrics_url=args.metrics_url, heartbeat_stale_s=args.heartbeat_stale)
+            metrics_url=args.metrics_url, heartbeat_stale_s=args.heartbeat_stale,
+            ws_idle_timeout_s=args.ws_idle_timeout, ws_max_buffered_chars=args.ws_max_buffered_chars)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -72,7 +77,8 @@ def main(argv=None) -> int:
     from .app import create_app
 
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                ws_max_size=config.max_body_bytes)  # the options may carry a reference
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The FastAPI app: POST /v1/audio/speech, GET /v1/models, GET /health (+ /v1/audio/voices: voice_api.py).
+"""The FastAPI app: POST /v1/audio/speech, GET /v1/models, GET /health (+ /v1/audio/voices: voice_api.py,
+WS /v1/audio/speech/stream: speech_ws.py).
 
 It holds no model: each speech request becomes one gRPC stream to tritonserver's `moss_tts`
 entry (triton_stream.py). A background task reads the models' heartbeats every second
@@ -33,6 +34,7 @@ from .errors import ApiError
 from .references import load_reference
 from .schema import SpeechRequest, triton_options
 from .triton_stream import AudioStream, TritonSpeech
+from .speech_ws import add_websocket_route
 from .voice_api import add_voice_routes, saved_voice_inputs
 
 log = logging.getLogger("openai_shim")
@@ -81,6 +83,7 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
     app = FastAPI(title="moss-tts-triton OpenAI-compatible speech API", lifespan=lifespan)
     created = int(time.time())
     add_voice_routes(app, config)
+    add_websocket_route(app, config)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -36,6 +36,10 @@ class ShimConfig:
     # None = port 8002 on the host of triton_url, "" = no heartbeat check.
     metrics_url: Optional[str] = None
     heartbeat_stale_s: float = 3.0  # a model heartbeat this old makes /health and every request 503
+    # The WebSocket (speech_ws.py): a connection without a message this long is closed (its session
+    # cancelled); text not yet spoken beyond this many characters closes it too.
+    ws_idle_timeout_s: float = 30.0
+    ws_max_buffered_chars: int = 10000
 
     def __post_init__(self) -> None:
         if not self.model_names or any(not name.strip() for name in self.model_names):
@@ -43,11 +47,13 @@ class ShimConfig:
         if not (0 <= self.port < 65536):
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
         for flag, value in (("--max-body-bytes", self.max_body_bytes), ("--max-input-chars", self.max_input_chars),
-                            ("--max-reference-bytes", self.max_reference_bytes)):
+                            ("--max-reference-bytes", self.max_reference_bytes),
+                            ("--ws-max-buffered-chars", self.ws_max_buffered_chars)):
             if value < 1:
                 raise ConfigError(f"{flag} must be positive, got {value}")
         for flag, value in (("--url-timeout", self.url_timeout_s), ("--response-timeout", self.response_timeout_s),
-                            ("--health-timeout", self.health_timeout_s), ("--heartbeat-stale", self.heartbeat_stale_s)):
+                            ("--health-timeout", self.health_timeout_s), ("--heartbeat-stale", self.heartbeat_stale_s),
+                            ("--ws-idle-timeout", self.ws_idle_timeout_s)):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{flag} must be a positive number of seconds, got {value}")
         if self.voices_dir is not None:

@@ -126,6 +126,11 @@ class TritonSpeech:
     def open(self, values: dict[str, object]) -> AudioStream:
         return AudioStream(self._client, self.model, build_inputs(values), self.response_timeout_s)
 
+    def stream(self, requests):
+        """A raw stream_infer call (the WebSocket's text session, speech_ws.py): `requests` is an async
+        iterator of request dicts; the call yields (result, error) pairs; `.cancel()` cancels it."""
+        return self._client.stream_infer(requests)
+
     async def encode_reference(self, audio: bytes) -> np.ndarray:
         """Reference file bytes -> codes [frames, 12] by the server's ref_encoder (one non-streaming
         call); its refusals become ApiError like a speech request's."""

@@ -1,0 +1,308 @@
+"""WS /v1/audio/speech/stream: text in as it is written, one continuous audio stream out, one voice.
+
+One WebSocket connection is one text session (docs/structure.md, "Text sessions"): the text is cut
+by moss_tts.text_segments.TextSegmenter here, each segment is one request on ONE gRPC stream to
+`moss_tts`, all naming one SESSION_ID; the last carries SESSION_END. The protocol
+(docs/websocket.md) is modelled on ElevenLabs' stream-input: options first, then text deltas,
+flush, end; audio comes back as binary frames, events as JSON text frames.
+
+The connection is read by one task (client messages, idle timeout) while another forwards the
+Triton responses; a client that goes away, a cancel, an idle timeout or a protocol violation
+cancels the gRPC call at once, which makes the server free the session, its engine row and its
+vocoder sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from typing import Optional
+
+import grpc
+import numpy as np
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from pydantic import Field, ValidationError
+
+from moss_tts import contract
+from moss_tts.text_segments import TextSegmenter
+
+from . import audio_format, errors
+from .config import ShimConfig
+from .errors import ApiError
+from .references import load_reference
+from .schema import SpeechRequest, triton_options
+from .triton_stream import build_inputs
+from .voice_api import saved_voice_inputs
+
+log = logging.getLogger("openai_shim")
+
+# Close codes (RFC 6455): 1000 done or cancelled, 1008 a protocol violation or a limit, 1003 a binary
+# frame from the client, 1011 the synthesis failed, 1013 the TTS server is unavailable.
+NORMAL, UNSUPPORTED_DATA, POLICY, SERVER_ERROR, TRY_LATER = 1000, 1003, 1008, 1011, 1013
+VOICE_INPUTS = ("REFERENCE_AUDIO", "REFERENCE_CODES", "REFERENCE_TEXT", "MODE")  # the first request only
+
+
+class SessionOptions(SpeechRequest):
+    """The first message: POST /v1/audio/speech's fields without `input` (the text comes later) and
+    always streaming; response_format pcm (default) or wav."""
+
+    type: str = Field("options", pattern="^options$")
+    input: str = Field("", max_length=0)
+    response_format: str = "pcm"
+    stream: Optional[bool] = True
+
+
+class ProtocolViolation(Exception):
+    """Close the connection with `code` and this message as the reason."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+
+
+def error_event(exc: ApiError) -> dict:
+    return {"type": "error", "status": exc.status, **exc.body()}
+
+
+def add_websocket_route(app: FastAPI, config: ShimConfig) -> None:
+    @app.websocket("/v1/audio/speech/stream")
+    async def speech_stream(websocket: WebSocket):
+        await websocket.accept()
+        session = WsSession(websocket, app, config)
+        try:
+            await session.run()
+        except WebSocketDisconnect:
+            pass
+        finally:
+            await session.cancel()
+
+
+class WsSession:
+    def __init__(self, websocket: WebSocket, app: FastAPI, config: ShimConfig):
+        self.ws, self.app, self.config = websocket, app, config
+        self.session_id = uuid.uuid4().hex
+        self.segmenter = TextSegmenter()
+        self.segments: list[str] = []
+        self.requests: asyncio.Queue = asyncio.Queue()
+        self.call = None
+        self.end_id: Optional[str] = None  # the SESSION_END request: its final response ends the session
+        self.is_ended = False
+        self.is_done = False
+
+    async def send_event(self, event: dict) -> None:
+        await self.ws.send_text(json.dumps(event, separators=(",", ":")))
+
+    async def close(self, code: int, reason: str) -> None:
+        await self.cancel()
+        try:
+            await self.ws.close(code, reason.encode()[:123].decode(errors="ignore"))
+        except (RuntimeError, OSError):  # already closed
+            pass
+
+    async def cancel(self) -> None:
+        """Stop the gRPC call unless it finished: the server frees the session at once."""
+        if self.call is not None and not self.is_done:
+            self.call.cancel()
+        self.is_done = True
+        self.requests.put_nowait(None)
+
+    async def run(self) -> None:
+        try:
+            await self.open()
+        except ProtocolViolation as exc:
+            await self.close(exc.code, str(exc))
+            return
+        reader = asyncio.ensure_future(self.read_messages())
+        forwarder = asyncio.ensure_future(self.forward_audio())
+        try:
+            done, _ = await asyncio.wait({reader, forwarder}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done and reader.exception() is None and not self.is_done:
+                await forwarder  # end of input: the audio still comes
+        finally:
+            for task in (reader, forwarder):
+                task.cancel()
+        for task in (reader, forwarder):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                if isinstance(exc, ProtocolViolation):
+                    await self.close(exc.code, str(exc))
+                    return
+                if isinstance(exc, WebSocketDisconnect):
+                    raise exc
+                if isinstance(exc, ApiError):
+                    await self.send_safely(error_event(exc))
+                    code = TRY_LATER if exc.status in (429, 503) else SERVER_ERROR if exc.status >= 500 else POLICY
+                    await self.close(code, exc.message)
+                    return
+                raise exc
+
+    async def send_safely(self, event: dict) -> None:
+        try:
+            await self.send_event(event)
+        except (RuntimeError, OSError, WebSocketDisconnect):
+            pass
+
+    async def receive(self) -> dict:
+        """The next client message as a JSON object; ProtocolViolation for anything else."""
+        try:
+            message = await asyncio.wait_for(self.ws.receive(), self.config.ws_idle_timeout_s)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise ProtocolViolation(POLICY, f"no message for {self.config.ws_idle_timeout_s:g} s "
+                                            f"(--ws-idle-timeout)") from None
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        if message.get("text") is None:
+            raise ProtocolViolation(UNSUPPORTED_DATA, "binary frames are not accepted: send JSON text messages")
+        try:
+            data = json.loads(message["text"])
+        except ValueError:
+            raise ProtocolViolation(POLICY, "a message is not JSON") from None
+        if not isinstance(data, dict):
+            raise ProtocolViolation(POLICY, "a message must be a JSON object")
+        return data
+
+    async def open(self) -> None:
+        """Options until valid ones come (each bad one gets an error event), then the gRPC stream."""
+        while True:
+            data = await self.receive()
+            if data.get("type", "options") != "options":
+                raise ProtocolViolation(POLICY, f"the first message must be the session options, got type "
+                                                f"{data.get('type')!r}")
+            try:
+                self.options = await self.resolve(data)
+                break
+            except ApiError as exc:
+                await self.send_event(error_event(exc))
+        fmt = audio_format.FORMATS[self.speech.response_format]
+        self.encoder = audio_format.StreamEncoder(fmt)
+        await self.send_event({"type": "session.started", "session_id": self.session_id,
+                               "response_format": fmt.name, "sample_rate": contract.SAMPLE_RATE,
+                               "channels": audio_format.CHANNELS, "sample_format": "s16le"})
+        if fmt.name == "wav":  # the header (of unknown length) first, as the HTTP stream sends it
+            await self.ws.send_bytes(self.encoder.encode(np.zeros((audio_format.CHANNELS, 0), np.float32)))
+
+        async def requests():
+            while (request := await self.requests.get()) is not None:
+                yield request
+            # half-closing early would end the stream before the responses: stay open until done
+
+        self.call = self.app.state.triton.stream(requests())
+
+    async def resolve(self, data: dict) -> dict:
+        if self.app.state.heartbeat_problem is not None:
+            raise ProtocolViolation(TRY_LATER, "the TTS server is unhealthy")
+        try:
+            speech = SessionOptions.model_validate_json(json.dumps(data))
+        except ValidationError as exc:
+            raise errors.from_validation(exc) from None
+        if speech.model is not None and speech.model not in self.config.model_names:
+            raise ApiError(404, f"model {speech.model!r} is not served here; use one of "
+                           f"{list(self.config.model_names)}", param="model", code="model_not_found")
+        values = {**triton_options(speech), **await saved_voice_inputs(self.app, speech)}
+        if speech.reference is not None:
+            values["REFERENCE_AUDIO"] = await load_reference(*speech.reference, self.config)
+        self.speech = speech
+        return values
+
+    def send_segments(self, texts: list[str], is_end: bool = False) -> None:
+        for i, text in enumerate(texts):
+            self.request(text, is_end and i == len(texts) - 1)
+        if is_end and not texts:
+            self.request("", True)
+
+    def request(self, text: str, is_end: bool) -> None:
+        values = {k: v for k, v in self.options.items() if self.segments or k not in VOICE_INPUTS}
+        values = {"TEXT": text, **(values if text or not self.segments else {}), "SESSION_ID": self.session_id,
+                  "SESSION_END": True if is_end else None}
+        index = len(self.segments)
+        request_id = str(index) if text else "end"
+        if is_end:
+            self.end_id = request_id  # before the send: its final may come back at once
+        self.requests.put_nowait({"model_name": self.app.state.triton.model, "inputs": build_inputs(values),
+                                  "request_id": request_id,
+                                  "parameters": {"triton_enable_empty_final_response": True}})
+        if text:
+            self.segments.append(text)
+
+    async def read_messages(self) -> None:
+        """Text, flush, end, cancel until the end of input (or a cancel)."""
+        while True:
+            data = await self.receive()
+            kind = data.get("type")
+            if kind == "text":
+                text = data.get("text")
+                if not isinstance(text, str):
+                    await self.send_event(error_event(errors.bad_request("text must be a string", "text")))
+                    continue
+                if len(self.segmenter.buffered) + len(text) > self.config.ws_max_buffered_chars:
+                    raise ProtocolViolation(POLICY, f"more than {self.config.ws_max_buffered_chars} characters "
+                                                    f"of text not yet spoken (--ws-max-buffered-chars)")
+                self.send_segments(self.segmenter.push(text))
+            elif kind == "flush":
+                self.send_segments(self.segmenter.flush())
+            elif kind == "end":
+                self.is_ended = True
+                if not self.segments and not self.segmenter.buffered.strip():
+                    self.is_done = True  # nothing was said: no request at all
+                    self.requests.put_nowait(None)
+                    await self.send_event({"type": "done", "segments": 0, "frames": 0})
+                    await self.ws.close(NORMAL, "done")
+                    return
+                self.send_segments(self.segmenter.end(), is_end=True)
+                return
+            elif kind == "cancel":
+                await self.cancel()
+                await self.send_event({"type": "done", "cancelled": True, "segments": len(self.segments)})
+                await self.ws.close(NORMAL, "cancelled")
+                return
+            elif kind == "options":
+                await self.send_event(error_event(errors.bad_request(
+                    "the options were set by the first message; open a new connection for other options", "type")))
+            else:
+                await self.send_event(error_event(errors.bad_request(
+                    f"unknown message type {kind!r}: use text, flush, end or cancel", "type",
+                    code="unknown_message_type")))
+
+    async def forward_audio(self) -> None:
+        """Audio as binary frames, a segment.done event after each segment, done after the last."""
+        frames, total = 0, 0
+        while True:
+            try:
+                result = await asyncio.wait_for(self.call.__anext__(), self.config.response_timeout_s)
+            except (TimeoutError, asyncio.TimeoutError):
+                raise errors.timeout(f"tritonserver sent nothing for {self.config.response_timeout_s:g} s "
+                                     f"(--response-timeout); the session was cancelled") from None
+            except grpc.aio.AioRpcError as exc:
+                if self.is_done:
+                    return
+                raise errors.from_grpc(exc) from None
+            except StopAsyncIteration:
+                if self.is_done:
+                    return
+                raise errors.internal("tritonserver closed the stream without a final response") from None
+            result, error = result
+            if error is not None:
+                self.is_done = True
+                raise errors.from_triton_message(error.message())
+            response = result.get_response()
+            audio = result.as_numpy("AUDIO")
+            if audio is not None and audio.size:
+                frames += audio.shape[1] // contract.SAMPLES_PER_FRAME
+                await self.ws.send_bytes(self.encoder.encode(audio))
+            if not response.parameters["triton_final_response"].bool_param:
+                continue
+            if response.id != "end":
+                index = int(response.id)
+                await self.send_event({"type": "segment.done", "index": index, "text": self.segments[index],
+                                       "frames": frames})
+                total, frames = total + frames, 0
+            if response.id == self.end_id:
+                self.is_done = True
+                self.requests.put_nowait(None)
+                await self.send_event({"type": "done", "segments": len(self.segments), "frames": total})
+                await self.ws.close(NORMAL, "done")
+                return
+
+

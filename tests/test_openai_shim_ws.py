@@ -1,0 +1,192 @@
+"""The shim's WebSocket (WS /v1/audio/speech/stream, docs/websocket.md) end to end: the `websockets`
+client library -> the `openai_shim` fixture -> the real tritonserver (tiny checkpoint, CPU).
+
+The fixture's shim closes a WebSocket after 3 s without a client message (--ws-idle-timeout 3)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from test_text_session_triton import OPEN, STARTED, TEXT, all_free
+
+pytestmark = pytest.mark.triton
+
+SPF = 3840  # samples per frame per channel
+FRAME_BYTES = SPF * 2 * 2  # s16le stereo
+FRAMES = 6
+OPTIONS = {"seed": 5, "max_new_tokens": FRAMES, "ignore_stop": True, "initial_codec_chunk_frames": 2}
+LONG = {"seed": 1, "max_new_tokens": 1900, "ignore_stop": True, "initial_codec_chunk_frames": 1}
+CANCELLED = 'moss_tts_sessions{stat="cancelled"}'
+
+
+def ws_url(shim) -> str:
+    return shim.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+
+
+def send(ws, **message) -> None:
+    ws.send(json.dumps(message))
+
+
+def event(ws, timeout: float = 60) -> dict:
+    """The next JSON event (audio frames before it are skipped)."""
+    while isinstance(message := ws.recv(timeout=timeout), bytes):
+        pass
+    return json.loads(message)
+
+
+def start(ws, **options) -> dict:
+    send(ws, type="options", **options)
+    started = event(ws)
+    assert started["type"] == "session.started", started
+    return started
+
+
+def read_all(ws):
+    """(audio bytes, JSON events, time of the first audio) until the server closes the connection."""
+    audio, events, first = bytearray(), [], None
+    try:
+        while True:
+            message = ws.recv(timeout=120)
+            if isinstance(message, bytes):
+                first = first or time.monotonic()
+                audio += message
+            else:
+                events.append(json.loads(message))
+    except ConnectionClosed:
+        pass
+    return bytes(audio), events, first
+
+
+def first_audio(ws) -> bytes:
+    while not isinstance(message := ws.recv(timeout=60), bytes):
+        pass
+    return message
+
+
+def test_words_with_delays_stream_audio_as_they_come(openai_shim, triton):
+    before = triton.settled_metrics()
+    words = TEXT.split(" ")
+    sent = {}
+    with connect(ws_url(openai_shim)) as ws:
+        started = start(ws, **OPTIONS)
+        assert (started["response_format"], started["sample_rate"], started["channels"]) == ("pcm", 48000, 2)
+
+        def writer():
+            for word in words[:-1]:
+                send(ws, type="text", text=word + " ")
+                time.sleep(0.25)
+            send(ws, type="text", text=words[-1])
+            sent["last"] = time.monotonic()
+            send(ws, type="end")
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        audio, events, first = read_all(ws)
+        thread.join()
+        assert ws.close_code == 1000
+    segments = [e for e in events if e["type"] == "segment.done"]
+    assert [s["text"] for s in segments] == ["Good morning to you all.",
+                                             "The weather is fine today, and the sun is out.",
+                                             "We will walk to the park after lunch."]
+    assert [s["index"] for s in segments] == [0, 1, 2] and [s["frames"] for s in segments] == [FRAMES] * 3
+    assert events[-1] == {"type": "done", "segments": 3, "frames": 3 * FRAMES}
+    assert first is not None and first < sent["last"]  # the first sentence spoke while the rest was written
+    assert len(audio) == sum(s["frames"] for s in segments) * FRAME_BYTES
+    all_free(triton)
+    after = triton.settled_metrics()
+    assert after[STARTED] - before[STARTED] == 1  # one vocoder sequence for the whole session
+
+
+def test_flush_speaks_what_is_buffered_and_wav_has_a_header(openai_shim, triton):
+    with connect(ws_url(openai_shim)) as ws:
+        start(ws, response_format="wav", **OPTIONS)
+        send(ws, type="text", text="no sentence end yet")
+        send(ws, type="flush")
+        send(ws, type="end")
+        audio, events, _ = read_all(ws)
+    assert [e["text"] for e in events if e["type"] == "segment.done"] == ["no sentence end yet"]
+    assert audio[:4] == b"RIFF" and len(audio) == 44 + FRAMES * FRAME_BYTES
+    all_free(triton)
+
+
+def test_cancel_frees_everything(openai_shim, triton):
+    before = triton.settled_metrics()
+    with connect(ws_url(openai_shim)) as ws:
+        start(ws, **LONG)
+        send(ws, type="text", text="A long first sentence. And a second one ")
+        assert len(first_audio(ws)) == FRAME_BYTES
+        send(ws, type="cancel")
+        _, events, _ = read_all(ws)
+        assert events[-1]["type"] == "done" and events[-1]["cancelled"] is True
+        assert (ws.close_code, ws.close_reason) == (1000, "cancelled")
+    assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
+    all_free(triton)
+
+
+def test_a_client_that_disappears_frees_everything(openai_shim, triton):
+    before = triton.settled_metrics()
+    with connect(ws_url(openai_shim)) as ws:
+        start(ws, **LONG)
+        send(ws, type="text", text="A long first sentence. And a second one ")
+        first_audio(ws)
+        ws.socket.close()  # gone without a close frame
+        assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
+    all_free(triton)
+
+
+def test_idle_timeout_closes_and_frees_everything(openai_shim, triton):
+    before = triton.settled_metrics()
+    with connect(ws_url(openai_shim)) as ws:
+        start(ws, **LONG)
+        send(ws, type="text", text="A long first sentence. And a second one ")
+        t0 = time.monotonic()
+        read_all(ws)
+        assert ws.close_code == 1008 and "no message for 3 s" in ws.close_reason
+        assert 2.5 < time.monotonic() - t0 < 10
+    assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
+    all_free(triton)
+
+
+def test_a_bad_option_gets_an_error_event_and_the_connection_still_works(openai_shim, triton):
+    with connect(ws_url(openai_shim)) as ws:
+        send(ws, type="options", response_format="mp3", **OPTIONS)
+        error = event(ws)
+        assert error["type"] == "error" and error["error"]["param"] == "response_format", error
+        send(ws, type="options", seed=-1)
+        assert event(ws)["error"]["param"] == "seed"
+        start(ws, **OPTIONS)
+        send(ws, type="bogus")
+        error = event(ws)
+        assert error["error"]["code"] == "unknown_message_type", error
+        send(ws, type="text", text="Still here.")
+        send(ws, type="end")
+        audio, events, _ = read_all(ws)
+    assert events[-1] == {"type": "done", "segments": 1, "frames": FRAMES}
+    assert len(audio) == FRAMES * FRAME_BYTES
+    all_free(triton)
+
+
+@pytest.mark.parametrize("when, message, code, reason", [
+    ("first", '{"type": "text", "text": "Hi."}', 1008, "the first message must be the session options"),
+    ("first", "not json", 1008, "a message is not JSON"),
+    ("after", b"\x00\x01", 1003, "binary frames are not accepted"),
+    ("after", "[1, 2]", 1008, "a message must be a JSON object"),
+])
+def test_a_protocol_violation_closes_with_a_reason_and_frees_everything(openai_shim, triton, when, message, code,
+                                                                       reason):
+    with connect(ws_url(openai_shim)) as ws:
+        if when == "after":
+            start(ws, **LONG)
+            send(ws, type="text", text="A long first sentence. And a second one ")
+            first_audio(ws)
+        ws.send(message)
+        read_all(ws)
+        assert ws.close_code == code and reason in ws.close_reason, (ws.close_code, ws.close_reason)
+    all_free(triton)
+    assert triton.metrics().get(OPEN) == 0
