@@ -190,3 +190,11 @@ def test_a_protocol_violation_closes_with_a_reason_and_frees_everything(openai_s
         assert ws.close_code == code and reason in ws.close_reason, (ws.close_code, ws.close_reason)
     all_free(triton)
     assert triton.metrics().get(OPEN) == 0
+
+
+def test_a_message_over_the_size_limit_closes_1009(openai_shim, triton):
+    with connect(ws_url(openai_shim), max_size=None) as ws:
+        ws.send(json.dumps({"type": "options", "instructions": "x" * 1_100_000}))  # --max-body-bytes 1000000
+        read_all(ws)
+        assert ws.close_code == 1009, (ws.close_code, ws.close_reason)
+    all_free(triton)

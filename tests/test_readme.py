@@ -161,7 +161,8 @@ def test_readme_command(command: Command, workdir: Path, request):
     if command.kind == "triton":
         code = for_triton(code, request.getfixturevalue("triton"))
     elif command.kind == "shim":
-        code = code.replace("http://localhost:8080", request.getfixturevalue("openai_shim").url)
+        url = request.getfixturevalue("openai_shim").url
+        code = code.replace("http://localhost:8080", url).replace("ws://localhost:8080", "ws" + url[len("http"):])
     assert_ran(command, run_script(command, code, workdir), workdir)
 
 

@@ -119,7 +119,7 @@ class WsSession:
         try:
             done, _ = await asyncio.wait({reader, forwarder}, return_when=asyncio.FIRST_COMPLETED)
             if reader in done and reader.exception() is None and not self.is_done:
-                await forwarder  # end of input: the audio still comes
+                await asyncio.wait({forwarder})  # end of input: the audio still comes
         finally:
             for task in (reader, forwarder):
                 task.cancel()
