@@ -5,6 +5,7 @@ The fixture's shim closes a WebSocket after 3 s without a client message (--ws-i
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -177,6 +178,7 @@ def test_a_bad_option_gets_an_error_event_and_the_connection_still_works(openai_
     ("first", "not json", 1008, "a message is not JSON"),
     ("after", b"\x00\x01", 1003, "binary frames are not accepted"),
     ("after", "[1, 2]", 1008, "a message must be a JSON object"),
+    ("after", json.dumps({"type": "text", "text": "word " * 401}), 1008, "--ws-max-buffered-chars"),  # fixture: 2000
 ])
 def test_a_protocol_violation_closes_with_a_reason_and_frees_everything(openai_shim, triton, when, message, code,
                                                                        reason):
@@ -197,4 +199,17 @@ def test_a_message_over_the_size_limit_closes_1009(openai_shim, triton):
         ws.send(json.dumps({"type": "options", "instructions": "x" * 1_100_000}))  # --max-body-bytes 1000000
         read_all(ws)
         assert ws.close_code == 1009, (ws.close_code, ws.close_reason)
+    all_free(triton)
+
+
+def test_a_server_error_is_an_error_event_then_a_close(openai_shim, triton):
+    """An undecodable reference passes the shim's checks; the server refuses it ([INVALID_ARGUMENT] -> 400)."""
+    bad = "data:audio/wav;base64," + base64.b64encode(b"RIFF this is not audio").decode()
+    with connect(ws_url(openai_shim)) as ws:
+        start(ws, ref_audio=bad, **OPTIONS)
+        send(ws, type="text", text="Hello there.")
+        send(ws, type="end")
+        _, events, _ = read_all(ws)
+        assert ws.close_code == 1008, (ws.close_code, ws.close_reason, events)
+    assert events[-1]["type"] == "error" and events[-1]["status"] == 400, events
     all_free(triton)

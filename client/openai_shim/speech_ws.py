@@ -213,8 +213,8 @@ class WsSession:
             self.request("", True)
 
     def request(self, text: str, is_end: bool) -> None:
-        values = {k: v for k, v in self.options.items() if self.segments or k not in VOICE_INPUTS}
-        values = {"TEXT": text, **(values if text or not self.segments else {}), "SESSION_ID": self.session_id,
+        options = {k: v for k, v in self.options.items() if not self.segments or k not in VOICE_INPUTS}
+        values = {"TEXT": text, **(options if text or not self.segments else {}), "SESSION_ID": self.session_id,
                   "SESSION_END": True if is_end else None}
         index = len(self.segments)
         request_id = str(index) if text else "end"
