@@ -14,6 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from test_openai_shim import data_uri, tone_wav
 from test_text_session_triton import OPEN, STARTED, TEXT, all_free
 
 pytestmark = pytest.mark.triton
@@ -212,4 +213,18 @@ def test_a_server_error_is_an_error_event_then_a_close(openai_shim, triton):
         _, events, _ = read_all(ws)
         assert ws.close_code == 1008, (ws.close_code, ws.close_reason, events)
     assert events[-1]["type"] == "error" and events[-1]["status"] == 400, events
+    all_free(triton)
+
+
+def test_a_reference_voice_holds_across_segments(openai_shim, triton):
+    """The reference goes with the first request only (the server refuses voice inputs on later ones)."""
+    with connect(ws_url(openai_shim)) as ws:
+        start(ws, ref_audio=data_uri(tone_wav(1.0, 220)), **OPTIONS)
+        send(ws, type="text", text="First sentence here. Second one ")
+        send(ws, type="text", text="follows.")
+        send(ws, type="end")
+        audio, events, _ = read_all(ws)
+        assert ws.close_code == 1000, (ws.close_reason, events)
+    assert events[-1] == {"type": "done", "segments": 2, "frames": 2 * FRAMES}
+    assert len(audio) == 2 * FRAMES * FRAME_BYTES
     all_free(triton)
