@@ -131,6 +131,23 @@ def test_cancel_frees_everything(openai_shim, triton):
     all_free(triton)
 
 
+def test_after_end_text_is_refused_and_cancel_still_stops(openai_shim, triton):
+    before = triton.settled_metrics()
+    with connect(ws_url(openai_shim)) as ws:
+        start(ws, **LONG)
+        send(ws, type="text", text="A long sentence that is still being spoken.")
+        send(ws, type="end")
+        first_audio(ws)
+        send(ws, type="text", text="More.")
+        assert event(ws)["error"]["code"] == "input_ended"
+        send(ws, type="cancel")
+        _, events, _ = read_all(ws)
+        assert events[-1]["type"] == "done" and events[-1]["cancelled"] is True
+        assert (ws.close_code, ws.close_reason) == (1000, "cancelled")
+    assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
+    all_free(triton)
+
+
 def test_a_client_that_disappears_frees_everything(openai_shim, triton):
     before = triton.settled_metrics()
     with connect(ws_url(openai_shim)) as ws:

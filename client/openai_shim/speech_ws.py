@@ -117,9 +117,9 @@ class WsSession:
         reader = asyncio.ensure_future(self.read_messages())
         forwarder = asyncio.ensure_future(self.forward_audio())
         try:
-            done, _ = await asyncio.wait({reader, forwarder}, return_when=asyncio.FIRST_COMPLETED)
-            if reader in done and reader.exception() is None and not self.is_done:
-                await asyncio.wait({forwarder})  # end of input: the audio still comes
+            # Done (the forwarder sent `done`), cancelled, a protocol violation, a client gone: the
+            # first to finish ends the session; the reader goes on reading after `end` for a cancel.
+            await asyncio.wait({reader, forwarder}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (reader, forwarder):
                 task.cancel()
@@ -146,8 +146,9 @@ class WsSession:
 
     async def receive(self) -> dict:
         """The next client message as a JSON object; ProtocolViolation for anything else."""
+        idle_timeout_s = None if self.is_ended else self.config.ws_idle_timeout_s  # after `end`: the audio's turn
         try:
-            message = await asyncio.wait_for(self.ws.receive(), self.config.ws_idle_timeout_s)
+            message = await asyncio.wait_for(self.ws.receive(), idle_timeout_s)
         except (TimeoutError, asyncio.TimeoutError):
             raise ProtocolViolation(POLICY, f"no message for {self.config.ws_idle_timeout_s:g} s "
                                             f"(--ws-idle-timeout)") from None
@@ -227,11 +228,14 @@ class WsSession:
             self.segments.append(text)
 
     async def read_messages(self) -> None:
-        """Text, flush, end, cancel until the end of input (or a cancel)."""
+        """Text, flush, end, cancel; after `end` only a cancel (or the client going away) counts."""
         while True:
             data = await self.receive()
             kind = data.get("type")
-            if kind == "text":
+            if self.is_ended and kind in ("text", "flush", "end"):
+                await self.send_event(error_event(errors.bad_request(
+                    f"the input has ended: {kind!r} after 'end' is ignored", "type", code="input_ended")))
+            elif kind == "text":
                 text = data.get("text")
                 if not isinstance(text, str):
                     await self.send_event(error_event(errors.bad_request("text must be a string", "text")))
@@ -251,7 +255,6 @@ class WsSession:
                     await self.ws.close(NORMAL, "done")
                     return
                 self.send_segments(self.segmenter.end(), is_end=True)
-                return
             elif kind == "cancel":
                 await self.cancel()
                 await self.send_event({"type": "done", "cancelled": True, "segments": len(self.segments)})
