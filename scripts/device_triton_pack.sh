@@ -6,9 +6,8 @@
 # (carry ".device" in the device run). The GPU box has Python 3.12, torch, transformers, grpcio,
 # protobuf, safetensors, xxhash; it lacks numpy<2 (the 24.10 stub crashes on BYTES with numpy 2),
 # soundfile, tritonclient + python-rapidjson, fastapi/uvicorn/websockets/pydantic/httpx/python-multipart,
-# tritonserver; and its
-# transformers 5.17 cannot import AutoTokenizer next to numpy<2 (its scipy/sklearn need numpy 2), so the
-# pack brings the project's transformers 5.24 + tokenizers, which import neither.
+# tritonserver; and its transformers 5.17 cannot import AutoTokenizer next to numpy<2 (its scipy/sklearn
+# need numpy 2), so the pack brings the project's transformers 5.24 + tokenizers, which import neither.
 # Versions: the pack's packages and tritonserver come from the project's one pin list, requirements.txt
 # (scripts/pins.py; tritonserver is .venv's nvidia-pytriton). Python and torch are the box's own (3.12,
 # torch 2.11 + Triton 3.6; neither can be replaced there): env.sh prints them beside the pack's pins

@@ -179,6 +179,9 @@ def test_a_bad_option_gets_an_error_event_and_the_connection_still_works(openai_
         assert error["type"] == "error" and error["error"]["param"] == "response_format", error
         send(ws, type="options", seed=-1)
         assert event(ws)["error"]["param"] == "seed"
+        send(ws, type="options", input="Hello.")
+        error = event(ws)["error"]
+        assert error["param"] == "input" and "not with the options" in error["message"], error
         start(ws, **OPTIONS)
         send(ws, type="bogus")
         error = event(ws)

@@ -23,7 +23,7 @@ from typing import Optional
 import grpc
 import numpy as np
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from moss_tts import contract
 from moss_tts.text_segments import TextSegmenter
@@ -49,9 +49,16 @@ class SessionOptions(SpeechRequest):
     always streaming; response_format pcm (default) or wav."""
 
     type: str = Field("options", pattern="^options$")
-    input: str = Field("", max_length=0)
+    input: str = ""
     response_format: str = "pcm"
     stream: Optional[bool] = True
+
+    @field_validator("input")
+    @classmethod
+    def _no_input(cls, text: str) -> str:
+        if text:
+            raise ValueError('the text comes in {"type": "text"} messages, not with the options')
+        return text
 
 
 class ProtocolViolation(Exception):
