@@ -117,18 +117,28 @@ def test_flush_speaks_what_is_buffered_and_wav_has_a_header(openai_shim, triton)
     all_free(triton)
 
 
+def cancel_and_close(ws) -> None:
+    """Send cancel: the stream ends with a cancelled done event and a normal close."""
+    send(ws, type="cancel")
+    _, events, _ = read_all(ws)
+    assert events[-1]["type"] == "done" and events[-1]["cancelled"] is True
+    assert (ws.close_code, ws.close_reason) == (1000, "cancelled")
+
+
+def assert_cancelled_and_free(triton, before) -> None:
+    """The server counted one more cancelled request, and every session, row and sequence is free."""
+    assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
+    all_free(triton)
+
+
 def test_cancel_frees_everything(openai_shim, triton):
     before = triton.settled_metrics()
     with connect(ws_url(openai_shim)) as ws:
         start(ws, **LONG)
         send(ws, type="text", text="A long first sentence. And a second one ")
         assert len(first_audio(ws)) == FRAME_BYTES
-        send(ws, type="cancel")
-        _, events, _ = read_all(ws)
-        assert events[-1]["type"] == "done" and events[-1]["cancelled"] is True
-        assert (ws.close_code, ws.close_reason) == (1000, "cancelled")
-    assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
-    all_free(triton)
+        cancel_and_close(ws)
+    assert_cancelled_and_free(triton, before)
 
 
 def test_after_end_text_is_refused_and_cancel_still_stops(openai_shim, triton):
@@ -140,12 +150,8 @@ def test_after_end_text_is_refused_and_cancel_still_stops(openai_shim, triton):
         first_audio(ws)
         send(ws, type="text", text="More.")
         assert event(ws)["error"]["code"] == "input_ended"
-        send(ws, type="cancel")
-        _, events, _ = read_all(ws)
-        assert events[-1]["type"] == "done" and events[-1]["cancelled"] is True
-        assert (ws.close_code, ws.close_reason) == (1000, "cancelled")
-    assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
-    all_free(triton)
+        cancel_and_close(ws)
+    assert_cancelled_and_free(triton, before)
 
 
 def test_a_client_that_disappears_frees_everything(openai_shim, triton):
@@ -155,8 +161,7 @@ def test_a_client_that_disappears_frees_everything(openai_shim, triton):
         send(ws, type="text", text="A long first sentence. And a second one ")
         first_audio(ws)
         ws.socket.close()  # gone without a close frame
-        assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
-    all_free(triton)
+        assert_cancelled_and_free(triton, before)
 
 
 def test_idle_timeout_closes_and_frees_everything(openai_shim, triton):
