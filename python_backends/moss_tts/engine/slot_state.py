@@ -85,7 +85,7 @@ class SlotState:
 
     def deactivate(self, slots: torch.Tensor) -> None:
         """Freed slots stop generating: one fill on the stream for all of them, no host sync
-        (slots: a device index tensor, uploaded without waiting: runner.upload_index)."""
+        (slots: a device index tensor, uploaded without waiting: uploads.upload_index)."""
         self.active.index_fill_(0, slots, False)
 
     def reset(self) -> None:
