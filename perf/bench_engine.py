@@ -88,7 +88,7 @@ class Sink:
         rid = event.request_id
         if isinstance(event, CodesChunk):
             self.chunk_times.setdefault(rid, []).append((now, event.frame_offset + event.num_frames))
-            self.codes.setdefault(rid, []).append(event.codes)
+            self.codes.setdefault(rid, []).append(torch.from_numpy(event.codes).long())
             if self.on_chunk is not None:
                 self.on_chunk(event)
         elif isinstance(event, Finished):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+import numpy as np
 import torch
 
 from moss_tts.engine import CodesChunk, Finished
@@ -53,7 +54,8 @@ class Collector:
         chunks = self.chunks(rid)
         offsets = [c.frame_offset for c in chunks]
         assert offsets == [sum(c.num_frames for c in chunks[:i]) for i in range(len(chunks))], offsets
-        return torch.cat([c.codes for c in chunks]) if chunks else torch.zeros(0, 12, dtype=torch.long)
+        return torch.from_numpy(np.concatenate([c.codes for c in chunks])).long() if chunks \
+            else torch.zeros(0, 12, dtype=torch.long)
 
 
 def assert_matches_reference(sink: Collector, rid: str, ref) -> None:

@@ -88,3 +88,15 @@ def test_the_h200_memory_plan_fits():
     budget = utilization * 139.8 - parameter("moss_tts", "reserved_memory_gib") - 36.5 - 4.0
     assert budget >= 73.1, f"the KV cache (73.1 GiB) would not fit the {budget:.1f} GiB budget"
     assert parameter("moss_tts", "reserved_memory_gib") >= 8  # the vocoder model and ref_encoder beside it
+
+
+def test_the_gil_switch_interval_is_read_and_checked():
+    import pytest
+    from moss_tts.parameters import switch_interval_s
+
+    shipped = parameter("moss_tts", "gil_switch_interval_ms")
+    assert switch_interval_s({"gil_switch_interval_ms": str(shipped)}) == shipped / 1000
+    assert switch_interval_s({}) == 0.001 and switch_interval_s({"gil_switch_interval_ms": "0.2"}) == 0.0002
+    for bad in ("0", "-1", "500", "fast"):
+        with pytest.raises(ValueError, match="gil_switch_interval_ms"):
+            switch_interval_s({"gil_switch_interval_ms": bad})

@@ -156,3 +156,43 @@ def test_launching_a_step_and_releasing_a_slot_never_wait_for_the_device(real_mo
     _run(real_model, config, prompts, params)
     codes, _ = _run_after_a_prefix(real_model, config)
     assert all(c.shape == (10, 12) for c in codes.values())
+
+
+def test_a_step_makes_few_torch_calls(real_model, monkeypatch):
+    """Every torch call on the engine thread gives up the GIL and, with the stream threads and
+    the vocoder busy, waits to win it back (up to a switch interval): a step's host work must not
+    grow with its rows. A decode-only step: the copy of its output (graph replay and events are
+    no torch functions); a step with prefills or freed slots: one pinned buffer and one upload
+    more per kind."""
+    from torch.overrides import TorchFunctionMode
+
+    from moss_tts.engine.runner import ModelRunner
+
+    class Count(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    seen = {"decode": [], "other": []}
+    real = ModelRunner.run_step
+
+    def counted(self, plan):
+        kind = "other" if self._staged or self._released or plan.stores else "decode"
+        with Count() as mode:
+            out = real(self, plan)
+        seen[kind].append(mode.calls)
+        return out
+
+    monkeypatch.setattr(ModelRunner, "run_step", counted)
+    config = EngineConfig(max_running_requests=8, max_seq_len=256, cuda_graph_prefill_tokens=256)
+    prompts, params = _requests()
+    _run(real_model, config, prompts, params)
+    assert seen["decode"] and seen["other"], seen
+    worst = {kind: max(calls, key=len) for kind, calls in seen.items()}
+    print("torch calls per step:", {kind: (len(c), c) for kind, c in worst.items()})
+    assert len(worst["decode"]) <= 2, worst
+    assert len(worst["other"]) <= 12, worst

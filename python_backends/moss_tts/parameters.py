@@ -29,3 +29,14 @@ def config_fields(cls, parameters: Mapping[str, str], skip: Iterable[str] = ()) 
     fields in `skip` are the adapter's to set). The types are the fields' annotations."""
     kinds = {f.name: f.type for f in fields(cls) if f.name not in set(skip)}
     return {name: parse_parameter(name, text, kinds[name]) for name, text in parameters.items() if name in kinds}
+
+
+def switch_interval_s(parameters: Mapping[str, str], default_ms: float = 1.0) -> float:
+    """`gil_switch_interval_ms` as seconds, for sys.setswitchinterval: how long a thread that
+    wants the GIL back waits for a busy holder to yield it. Shorter favours the engine thread
+    (which gives the GIL up at every device call) over the threads that hold it long."""
+    name = "gil_switch_interval_ms"
+    value = parse_parameter(name, parameters[name], "float") if name in parameters else default_ms
+    if not 0.01 <= value <= 100:
+        raise ValueError(f"parameter {name}={value:g} must lie in [0.01, 100] (milliseconds)")
+    return value / 1000

@@ -29,6 +29,7 @@ from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
 from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS
 from moss_tts.loading import load_model, load_tokenizer
+from moss_tts.parameters import switch_interval_s
 from moss_tts.processor import PromptBuilder
 from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.engine_codes import EngineCodes
@@ -51,11 +52,6 @@ log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 OUTPUTS = tuple(t.name for t in MOSS_TTS_OUTPUTS)
-# The GIL's switch interval for this process (Python's default: 5 ms). The engine thread, the
-# vocoder worker and hundreds of stream threads share one GIL; a thread that wants it back after a
-# device wait waits up to this long for the holder to yield, and the engine's loop waits for it
-# several times a step (docs/scaling.md).
-SWITCH_INTERVAL_S = 0.001
 STOP_TIMEOUT_S = 10.0  # finalize: streams end at their next chunk or tick; Triton's exit timeout is 30 s
 STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "requests_failed", "steps",
          "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
@@ -150,8 +146,8 @@ class TritonClient:
 
 class TritonPythonModel:
     def initialize(self, args):
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         config, params = io.model_config(args), io.model_parameters(args)
+        sys.setswitchinterval(switch_interval_s(params))
         io.require_decoupled(config)
         device = use_device(resolve_device(params.get("device"), int(args["model_instance_device_id"])))
         model_dir, _ = checkpoint_dirs()

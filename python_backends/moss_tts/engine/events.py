@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
-import torch
+import numpy as np
 
 FinishReason = Literal["stop", "max_frames", "cancelled", "error"]
 
@@ -13,7 +13,9 @@ FinishReason = Literal["stop", "max_frames", "cancelled", "error"]
 @dataclass(frozen=True)
 class CodesChunk:
     request_id: str
-    codes: torch.Tensor  # [num_frames, n_vq] int64, CPU
+    # [num_frames, n_vq] int32. numpy, not torch: the engine thread builds one per chunk, and a
+    # torch call there gives up the GIL and must win it back (up to a switch interval under load).
+    codes: np.ndarray
     frame_offset: int  # index of codes[0] among the request's frames
 
     @property

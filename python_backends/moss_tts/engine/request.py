@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..config import MossTTSConfig
@@ -60,7 +61,9 @@ class EngineRequest:
             raise ValueError(f"request {rid!r}: prompt ({self.prompt_len} rows) + max_frames "
                              f"({self.params.max_frames}) exceeds EngineConfig.max_seq_len "
                              f"({config.max_seq_len}); shorten the prompt or lower max_frames")
-        text, codes = rows[:, 0], rows[:, 1:]
+        # numpy: runs on the caller's (a stream's) thread, where each torch call would give up the GIL
+        array = rows.numpy()
+        text, codes = array[:, 0], array[:, 1:]
         if int(text.min()) < 0 or int(text.max()) >= model_cfg.backbone.vocab_size:
             raise ValueError(f"request {rid!r}: text ids must lie in [0, {model_cfg.backbone.vocab_size})")
         if int(codes.min()) < 0 or int(codes.max()) > model_cfg.audio_pad_code:
@@ -155,7 +158,7 @@ class RequestState:
         """All pending frames as one chunk (None if there are none); they count as delivered."""
         if not self.pending:
             return None
-        chunk = CodesChunk(self.request_id, torch.tensor(self.pending, dtype=torch.long), self.num_flushed)
+        chunk = CodesChunk(self.request_id, np.array(self.pending, dtype=np.int32), self.num_flushed)
         self.num_flushed += len(self.pending)
         self.pending.clear()
         return chunk

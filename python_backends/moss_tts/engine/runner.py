@@ -62,7 +62,7 @@ class StepOutput:
     prefill_slots[i] at row i (the runner's order, not the staging order), the decode row of
     slot s at decode_offset + s."""
 
-    host: torch.Tensor
+    host: np.ndarray  # a view of the runner's pinned buffer: valid until the step after next
     ready: Optional["torch.cuda.Event"]
     prefill_slots: list[int]
     decode_offset: int
@@ -96,6 +96,8 @@ class ModelRunner:
         self.graphs: Optional[GraphRunner] = None
         self._staged: list[StagedPrompt] = []
         self._released: list[int] = []  # slots to mark idle on the device before the next step
+        self._host_out: list[tuple[torch.Tensor, np.ndarray, "torch.cuda.Event"]] = []
+        self._next_host = 0
 
     @property
     def is_ready(self) -> bool:
@@ -135,6 +137,10 @@ class ModelRunner:
                                         self._dummy_inputs,
                                         prefix_prefill if self.config.prefix_blocks else None)
                 ctx.state.reset()  # warm-up and capture runs wrote into slots
+            # Step outputs land here, alternately (StepOutput.host), each with its own event.
+            for _ in range(2):
+                host = torch.empty(ctx.out.shape, dtype=ctx.out.dtype, pin_memory=True)
+                self._host_out.append((host, host.numpy(), torch.cuda.Event()))
         self.ctx = ctx
 
     def _kernels(self) -> tuple[bool, bool]:
@@ -161,13 +167,12 @@ class ModelRunner:
         torch.cuda.synchronize()
 
     def _dummy_inputs(self, num_prompts: int, num_tokens: int) -> PrefillInputs:
-        inputs = PrefillInputs.empty(num_prompts, num_tokens, self.model.cfg.row_width, self.device)
-        floats, ints = param_rows(SamplingParams(seed=0, max_frames=2))
-        inputs.slots.copy_(torch.arange(num_prompts))
-        inputs.lengths.fill_(num_tokens)
-        inputs.floats[:] = torch.tensor(floats)
-        inputs.ints[:] = torch.tensor(ints)
-        return inputs
+        host = PrefillInputs.empty(num_prompts, num_tokens, self.model.cfg.row_width, "cpu")
+        _, slots, lengths, _, ints, floats = host.arrays()
+        params_floats, params_ints = param_rows(SamplingParams(seed=0, max_frames=2))
+        slots[:], lengths[:] = np.arange(num_prompts), num_tokens
+        floats[:], ints[:] = params_floats, params_ints
+        return host.to(self.device)
 
     # ---- slots ----
 
@@ -286,14 +291,13 @@ class ModelRunner:
         """Right-padded prompt rows and parameters, pinned for an asynchronous upload; prompts
         past the group's (padding to num_prompts) are one pad row each in the scratch slot.
 
-        Filled through numpy views of the pinned buffers, not tensor item by item: each torch
-        call on this thread gives up the GIL and must win it back, which costs up to the switch
-        interval whenever stream threads are busy (under a mixed load, ~8 calls a prompt made
-        the engine's host time per step several times its GPU time)."""
+        One pinned buffer filled through numpy views, not tensor by tensor: each torch call on
+        this thread gives up the GIL and must win it back, which costs up to the switch interval
+        whenever stream threads are busy (under a mixed load, ~8 calls a prompt made the
+        engine's host time per step several times its GPU time)."""
         cfg = self.model.cfg
         host = PrefillInputs.empty(num_prompts, num_tokens, cfg.row_width, "cpu", pin=self.device.type == "cuda")
-        rows, slots, lengths, starts, floats, ints = (t.numpy() for t in (
-            host.rows, host.slots, host.lengths, host.starts, host.floats, host.ints))
+        rows, slots, lengths, starts, ints, floats = host.arrays()
         rows[..., 0] = cfg.pad_token_id
         rows[..., 1:] = cfg.audio_pad_code
         pad = param_rows(SamplingParams(seed=0, max_frames=1))
@@ -318,14 +322,17 @@ class ModelRunner:
             use.count_decode(False, self.uses_graphs)
 
     def _download(self, num_rows: int, prefill_slots: list[int], use: GraphUse) -> StepOutput:
-        out = self.ctx.out[:num_rows]
         if self.device.type != "cuda":
-            return StepOutput(out.clone(), None, prefill_slots, self.ctx.decode_offset, use)
-        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-        host.copy_(out, non_blocking=True)
-        ready = torch.cuda.Event()
+            return StepOutput(self.ctx.out[:num_rows].numpy().copy(), None, prefill_slots,
+                              self.ctx.decode_offset, use)
+        # The whole output buffer (~50 KB), so no torch call slices it; into the pinned buffer
+        # that the step before last used (the engine reads a step's rows before it launches the
+        # step after next), with that buffer's event: two torch calls a step in all.
+        host, array, ready = self._host_out[self._next_host]
+        self._next_host ^= 1
+        host.copy_(self.ctx.out, non_blocking=True)
         ready.record()
-        return StepOutput(host, ready, prefill_slots, self.ctx.decode_offset, use)
+        return StepOutput(array[:num_rows], ready, prefill_slots, self.ctx.decode_offset, use)
 
 
 def _prefill_plan(staged: list[StagedPrompt], chunk_tokens: int):

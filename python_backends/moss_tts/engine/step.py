@@ -9,9 +9,11 @@ Neither reads anything from the host nor syncs with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import functools
+from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -47,35 +49,61 @@ class StepContext:
         return self.state.active.shape[0]
 
 
-@dataclass
 class PrefillInputs:
-    """Host-built inputs of one batched prefill (pinned on a GPU); a graph keeps a device copy."""
+    """Inputs of one batched prefill, all in one flat int64 buffer: pinned on the host for a GPU,
+    where a graph keeps a static device copy. One buffer, so a prefill's inputs go up in one
+    copy: each torch call on the engine thread gives up the GIL and, under load, waits to win it
+    back. The host side fills it through numpy views (`arrays`), which call no torch at all.
 
-    rows: torch.Tensor  # [N, T, 13] int64 prompt rows from row `starts`, right-padded with pad rows
-    slots: torch.Tensor  # [N] int64
-    lengths: torch.Tensor  # [N] int64 prompt rows
-    starts: torch.Tensor  # [N] int64 rows already in the slot (a reused prefix); 0 without one
-    floats: torch.Tensor  # [N, len(FLOAT_PARAMS)] float32
-    ints: torch.Tensor  # [N, len(INT_PARAMS)] int64
+    rows [N, T, 13] int64: prompt rows from row `starts`, right-padded with pad rows; slots,
+    lengths (prompt rows), starts (rows already in the slot: a reused prefix; 0 without one)
+    [N] int64; ints [N, len(INT_PARAMS)] int64; floats [N, len(FLOAT_PARAMS)] float32 (packed
+    two to an int64)."""
+
+    def __init__(self, flat: torch.Tensor, num_prompts: int, num_tokens: int, row_width: int) -> None:
+        self.flat = flat
+        self.shape = (num_prompts, num_tokens)
+        self.row_width = row_width
+
+    @staticmethod
+    def size(num_prompts: int, num_tokens: int, row_width: int) -> int:
+        n = num_prompts
+        return n * num_tokens * row_width + 3 * n + n * len(INT_PARAMS) + (n * len(FLOAT_PARAMS) + 1) // 2
 
     @classmethod
-    def empty(cls, num_prompts: int, num_tokens: int, row_width: int, device, pin: bool = False):
-        def make(*shape, dtype=torch.long):
-            return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
-        return cls(make(num_prompts, num_tokens, row_width), make(num_prompts), make(num_prompts),
-                   make(num_prompts), make(num_prompts, len(FLOAT_PARAMS), dtype=torch.float32),
-                   make(num_prompts, len(INT_PARAMS)))
+    def empty(cls, num_prompts: int, num_tokens: int, row_width: int, device, pin: bool = False) -> "PrefillInputs":
+        flat = torch.zeros(cls.size(num_prompts, num_tokens, row_width), dtype=torch.long, device=device,
+                           pin_memory=pin)
+        return cls(flat, num_prompts, num_tokens, row_width)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.rows.shape[0], self.rows.shape[1]
+    def _views(self, flat, float_view):
+        (n, t), w = self.shape, self.row_width
+        ends = np.cumsum([n * t * w, n, n, n, n * len(INT_PARAMS)]).tolist()
+        return (flat[:ends[0]].reshape(n, t, w), flat[ends[0]:ends[1]], flat[ends[1]:ends[2]],
+                flat[ends[2]:ends[3]], flat[ends[3]:ends[4]].reshape(n, len(INT_PARAMS)),
+                float_view(flat[ends[4]:])[:n * len(FLOAT_PARAMS)].reshape(n, len(FLOAT_PARAMS)))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """numpy views (rows, slots, lengths, starts, ints, floats) of a CPU buffer."""
+        return self._views(self.flat.numpy(), lambda a: a.view(np.float32))
+
+    @functools.cached_property
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return self._views(self.flat, lambda t: t.view(torch.float32))
+
+    rows = property(lambda self: self._tensors[0])
+    slots = property(lambda self: self._tensors[1])
+    lengths = property(lambda self: self._tensors[2])
+    starts = property(lambda self: self._tensors[3])
+    ints = property(lambda self: self._tensors[4])
+    floats = property(lambda self: self._tensors[5])
 
     def copy_from(self, other: "PrefillInputs") -> None:
-        for f in fields(self):
-            getattr(self, f.name).copy_(getattr(other, f.name), non_blocking=True)
+        """One non-blocking copy (pinned host -> a graph's static inputs of the same shape)."""
+        self.flat.copy_(other.flat, non_blocking=True)
 
     def to(self, device) -> "PrefillInputs":
-        return PrefillInputs(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
+        return PrefillInputs(self.flat.to(device, non_blocking=True), *self.shape, self.row_width)
 
 
 def _sample(ctx: StepContext, hidden, sampling: FrameSampling, frame_index, ignore_stop, active):

@@ -71,7 +71,7 @@ class EngineCodes:
                     self._check(event)
                     return
                 else:
-                    yield CodesChunk(event.codes.numpy().astype(np.int32), NO_CODES)
+                    yield CodesChunk(event.codes, NO_CODES)
         finally:
             if not feed.is_finished:
                 self.abort()
