@@ -14,6 +14,7 @@
 #   BENCH=1 perf/h200_scaling.sh soak SECONDS  # the single layout's bench levels first, then the
 #                                              # soak, against one server (one device call)
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
+# PARAMS="key=value,..." (any layout): moss_tts config.pbtxt parameters changed for the run.
 # VOCODER=bls (single): moss_tts calls the vocoder model over BLS (288 slots) instead of decoding
 # in its own process (the comparison of docs/scaling.md).
 # single = config.pbtxt with only GPU 0 visible; the others = --model-config-name=NAME
@@ -71,8 +72,14 @@ prepare_repo() {
     sed -i 's/key: "max_slots" value: { string_value: "[0-9]*" }/key: "max_slots" value: { string_value: "288" }/' \
       "$W/repo/vocoder/config.pbtxt"
   fi
-  grep -E 'key: "(vocoder|reserved_memory_gib|max_slots)"' "$W/repo/moss_tts/config.pbtxt" "$W/repo/vocoder/config.pbtxt" \
-    | tee -a "$R/scaling.log"
+  # PARAMS="key=value,...": moss_tts parameters changed for this run (an A/B of one knob).
+  for kv in ${PARAMS//,/ }; do
+    grep -q "key: \"${kv%%=*}\" value" "$W/repo/moss_tts/config.pbtxt" || { log "PARAMS: no parameter ${kv%%=*}"; exit 1; }
+    sed -i "s/key: \"${kv%%=*}\" value: { string_value: \"[^\"]*\" }/key: \"${kv%%=*}\" value: { string_value: \"${kv#*=}\" }/" \
+      "$W/repo/moss_tts/config.pbtxt"
+  done
+  grep -E 'key: "(vocoder|reserved_memory_gib|max_slots|gil_switch_interval_ms|chunk_frames|vocoder_round_rows)"' \
+    "$W/repo/moss_tts/config.pbtxt" "$W/repo/vocoder/config.pbtxt" | tee -a "$R/scaling.log"
 }
 
 stop_server() {
