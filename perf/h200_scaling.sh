@@ -196,42 +196,43 @@ layout() {
 soak() {
   env_pack
   prepare_repo
-  local t0=$SECONDS
+  # TAG: a name for this run's files (two servers in one call: an A/B of PARAMS).
+  local t0=$SECONDS n="soak${TAG:+_$TAG}"
   CUDA_VISIBLE_DEVICES=0 MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
-    MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh > "$W/server_soak.log" 2>&1 < /dev/null &
+    MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh > "$W/server_$n.log" 2>&1 < /dev/null &
   echo $! > "$W/server.pid"
   for _ in $(seq 480); do
     python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)" 2>/dev/null && break
-    kill -0 "$(cat "$W/server.pid")" 2>/dev/null || { log "soak: server died"; cp "$W/server_soak.log" "$R/"; return 1; }
+    kill -0 "$(cat "$W/server.pid")" 2>/dev/null || { log "$n: server died"; cp "$W/server_$n.log" "$R/"; return 1; }
     sleep 1
   done
-  log "soak: ready after $((SECONDS - t0)) s; ${CONCURRENCY:-256} streams for $1 s"
+  log "$n: ready after $((SECONDS - t0)) s; ${CONCURRENCY:-256} streams for $1 s"
   # BENCH=1: first the layout's bench levels (REPEAT runs, LEVELS, MODE) against this same server,
   # so one call measures both within the device tool's 10 minutes (bench_soak_K.json).
   if [ -n "${BENCH:-}" ]; then
-    sample_metrics soak & local sampler=$!
-    bench_runs soak "${LEVELS:-1,128,256}" "${MODE:-stream,offline}"
+    sample_metrics "$n" & local sampler=$!
+    bench_runs "$n" "${LEVELS:-1,128,256}" "${MODE:-stream,offline}"
     kill "$sampler" 2>/dev/null
   fi
-  [ -n "${RECORD:-}" ] && record_stub soak &
-  sample_metrics soak_load & local soak_sampler=$!
+  [ -n "${RECORD:-}" ] && record_stub "$n" &
+  sample_metrics "${n}_load" & local soak_sampler=$!
   PYTHONUNBUFFERED=1 python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
     --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" --cancel-fraction 0.2 \
-    --min-frames 40 --max-frames 112 --settle 60 --out "$R/soak.json" > "$R/soak.log" 2>&1
-  log "soak: exit $? after $((SECONDS - t0)) s"
+    --min-frames 40 --max-frames 112 --settle 60 --out "$R/$n.json" > "$R/$n.log" 2>&1
+  log "$n: exit $? after $((SECONDS - t0)) s"
   kill "$soak_sampler" 2>/dev/null
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
-    2>/dev/null | grep -E '^moss_' > "$R/metrics_soak.txt"
+    2>/dev/null | grep -E '^moss_' > "$R/metrics_$n.txt"
   local pid t1=$SECONDS; pid=$(cat "$W/server.pid")
   kill -TERM "$pid"  # SHIM_PORT=0: serve.sh exec'd tritonserver itself
   while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t1)) -lt 60 ]; do sleep 0.2; done
   sleep 2
-  log "soak: shutdown took $((SECONDS - t1)) s; stubs left: $(pgrep -fc triton_python_backend_stub)"
-  cp "$W/server_soak.log" "$R/"
-  grep -cE "successfully unloaded" "$W/server_soak.log" | xargs -I{} echo "models unloaded: {}" | tee -a "$R/scaling.log"
-  grep -E "Non-graceful|Exit timeout|Traceback|invalid pointer|double free|Segmentation|stalled" "$W/server_soak.log" | head -20 \
+  log "$n: shutdown took $((SECONDS - t1)) s; stubs left: $(pgrep -fc triton_python_backend_stub)"
+  cp "$W/server_$n.log" "$R/"
+  grep -cE "successfully unloaded" "$W/server_$n.log" | xargs -I{} echo "models unloaded: {}" | tee -a "$R/scaling.log"
+  grep -E "Non-graceful|Exit timeout|Traceback|invalid pointer|double free|Segmentation|stalled" "$W/server_$n.log" | head -20 \
     | tee -a "$R/scaling.log"
-  python3 -c "import json; r = json.load(open('$R/soak.json')); print({k: r.get(k) for k in ('ok', 'requests', 'outcomes', 'num_failures', 'first_audio_ms_p50', 'first_audio_ms_p95', 'audio_seconds', 'wall_seconds', 'end_problems')})" \
+  python3 -c "import json; r = json.load(open('$R/$n.json')); print({k: r.get(k) for k in ('ok', 'requests', 'outcomes', 'num_failures', 'first_audio_ms_p50', 'first_audio_ms_p95', 'audio_seconds', 'wall_seconds', 'end_problems')})" \
     | tee -a "$R/scaling.log"
   stop_server
 }
