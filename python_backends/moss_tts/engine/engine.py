@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from ..model import MossTTSLocalModel
@@ -225,25 +226,29 @@ class Engine:
             self._fail(launch.states, f"decode step failed: {exc!r}")
             return time.perf_counter() - start
         waited = time.perf_counter() - start
-        frames = sum(self._apply(state, rows[i]) for i, state in enumerate(launch.prefilled))
+        # Two numpy conversions for the whole step, then per request only a list index and a
+        # row view: this loop runs for every running request every step, on the GIL.
+        emitted, codes = rows[:, 0].tolist(), rows[:, 1:].astype(np.int32)
+        frames = sum(self._apply(state, emitted[i], codes[i]) for i, state in enumerate(launch.prefilled))
         offset = launch.out.decode_offset
-        frames += sum(self._apply(state, rows[offset + slot]) for state, slot in launch.decoded)
+        frames += sum(self._apply(state, emitted[offset + slot], codes[offset + slot])
+                      for state, slot in launch.decoded)
         with self._cond:
             self._counters.record_frames(frames)
         return waited
 
-    def _apply(self, state: RequestState, row: list[int]) -> int:
-        """One frame row [emitted, codes...] of a request; returns 1 if a frame was added."""
+    def _apply(self, state: RequestState, emitted: int, codes: np.ndarray) -> int:
+        """One frame of a request (emitted flag, its n_vq codes); returns 1 if a frame was added."""
         if not state.is_running:  # ended while the step ran (stop, cancel, error)
             return 0
-        if not row[0]:
+        if not emitted:
             self._end(state, "stop")
             return 0
-        state.add_frame(row[1:])
-        if state.is_at_frame_budget:
-            self._end(state, "max_frames")
-        elif state.is_chunk_ready:
-            self._emit(state.take_chunk())
+        if state.add_frame(codes):  # a chunk is due
+            if state.is_at_frame_budget:
+                self._end(state, "max_frames")
+            else:
+                self._emit(state.take_chunk())
         return 1
 
     def _end(self, state: RequestState, reason: FinishReason, error: Optional[str] = None) -> None:

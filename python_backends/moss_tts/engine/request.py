@@ -105,13 +105,23 @@ class RequestState:
     num_frames: int = 0  # frames generated = the index of the next frame
     num_issued: int = 0  # frames launched on the device (ahead of num_frames while a step runs)
     num_flushed: int = 0  # frames delivered in chunks
-    pending: list[list[int]] = field(default_factory=list)  # n_vq codes per frame not yet delivered
+    pending: list[np.ndarray] = field(default_factory=list)  # n_vq codes per frame not yet delivered
     is_abort_requested: bool = False
+    # Where add_frame says "act now": the frame count of the next chunk (or of the frame
+    # budget, if sooner). Kept, not recomputed: add_frame runs for every request every step.
+    _due_at: int = 0
+
+    def __post_init__(self) -> None:
+        self._due_at = self._next_due()
 
     @classmethod
     def create(cls, request: EngineRequest, config: EngineConfig) -> "RequestState":
         first = request.first_chunk_frames or config.first_chunk_frames
         return cls(request, first, request.chunk_frames or config.chunk_frames)
+
+    def _next_due(self) -> int:
+        chunk_end = self.num_flushed + chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames)
+        return min(chunk_end, self.request.params.max_frames)
 
     @property
     def request_id(self) -> str:
@@ -150,9 +160,12 @@ class RequestState:
         assert self.status is RequestStatus.WAITING, f"{self.request_id} started twice"
         self.status, self.slot, self.prefix = RequestStatus.RUNNING, slot, prefix
 
-    def add_frame(self, codes: list[int]) -> None:
+    def add_frame(self, codes: np.ndarray) -> bool:
+        """Append one frame's codes [n_vq]; True when a chunk is ready or the frame budget is
+        reached (is_chunk_ready or is_at_frame_budget), the only frames that need a look."""
         self.pending.append(codes)
         self.num_frames += 1
+        return self.num_frames >= self._due_at
 
     def take_chunk(self) -> Optional[CodesChunk]:
         """All pending frames as one chunk (None if there are none); they count as delivered."""
@@ -161,6 +174,7 @@ class RequestState:
         chunk = CodesChunk(self.request_id, np.array(self.pending, dtype=np.int32), self.num_flushed)
         self.num_flushed += len(self.pending)
         self.pending.clear()
+        self._due_at = self._next_due()
         return chunk
 
     def finish(self) -> None:

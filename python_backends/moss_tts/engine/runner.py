@@ -68,10 +68,12 @@ class StepOutput:
     decode_offset: int
     graph_use: GraphUse
 
-    def wait(self) -> list[list[int]]:
+    def wait(self) -> np.ndarray:
+        """The rows [num_rows, 1 + n_vq] int64, once the device wrote them: a view that the step
+        after next overwrites (the engine reads it before it launches that step)."""
         if self.ready is not None:
             self.ready.synchronize()
-        return self.host.tolist()
+        return self.host
 
 
 class ModelRunner:
