@@ -5,7 +5,7 @@
 
 The real-size MOSS-Audio-Tokenizer-v2 decoder with seeded random weights (bf16), one decode
 state of max(rows) + 1 slots as VocoderSessions allocates it, random codes. A step is what
-VocoderSessions._step does for one group: host codes in, decode_step on the rows in place, host
+VocoderSessions._step does for one group: host codes in (numpy), decode_step on the rows in place, host
 fp32 audio out (the one device-to-host copy included, into pinned memory). Sections, each also in
 the JSON:
   capture      graphs for row buckets up to max(rows) x frames 1..--max-graph-frames: count,
@@ -104,13 +104,18 @@ class Steps:
         return to_host(self.codec.decode_step(torch.stack(codes).to(self.device), self.state, rows))
 
     def graphed(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
-        return to_host(self.graphs.run(slots, codes))
+        return to_host(self.graphs.run(slots, host_codes(codes)))
 
     def padded_eager(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
-        return to_host(self.padded.run(slots, codes))
+        return to_host(self.padded.run(slots, host_codes(codes)))
 
     def reset(self, num_rows: int) -> None:
         self.state.reset_rows(list(range(num_rows)))
+
+
+def host_codes(codes: list[torch.Tensor]) -> list:
+    """Per row, its codes as the numpy view VocoderGraphs.run takes (as VocoderSessions hands them)."""
+    return list(torch.stack(codes).numpy())
 
 
 def random_codes(rows: int, frames: int, codebook_size: int, seed: int) -> list[torch.Tensor]:

@@ -6,6 +6,7 @@ shorter than the 30-frame streams, so every ring buffer wraps during these tests
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -248,6 +249,30 @@ def test_bad_chunk_changes_no_state(codec, streams):
     assert_close_to_peak(stream(sessions, "a", streams[0], [30]), offline(codec, streams[0]))
 
 
+def test_check_takes_numpy_and_torch_alike_and_returns_numpy(codec, streams):
+    sessions, _ = make(codec)
+    chunk = streams[0, :3]
+    for codes in (chunk, chunk.int(), chunk.numpy(), chunk.numpy().astype(np.int16)):
+        checked = sessions.check("a", codes)
+        assert isinstance(checked, np.ndarray) and np.array_equal(checked, chunk.numpy())
+    bad = {"integer tensor": [chunk.numpy().astype(np.float32), chunk.numpy().astype(np.int8), chunk.tolist()],
+           r"shape \[T, 12\], got \(3, 8\)": [chunk.numpy()[:, :8]],
+           r"lie in \[0, ": [np.full((3, 12), -1), np.full((3, 12), codec.codebook_size)]}
+    for message, chunks in bad.items():
+        for codes in chunks:
+            with pytest.raises(ValueError, match=f"sequence 'a': codes must .*{message}"):
+                sessions.check("a", codes)
+    assert sessions.check("a", np.zeros((0, 12), np.uint8)).shape == (0, 12)
+
+
+def test_numpy_chunks_decode_like_torch_chunks(codec, streams):
+    sessions, _ = make(codec)
+    sessions.start("a")
+    audio = [sessions.decode({"a": c.numpy()})["a"] for c in chunked(streams[0], [2, 10, 18])]
+    assert all(isinstance(a, torch.Tensor) for a in audio)
+    assert_close_to_peak(torch.cat(audio, -1), offline(codec, streams[0]))
+
+
 def test_failed_decode_step_ends_the_sequences_of_the_call(codec, streams):
     sessions, counting = make(codec, fail=True)
     sessions.start("a")
@@ -265,20 +290,27 @@ def test_on_the_gpu_starting_and_launching_a_round_never_wait_for_the_device(tin
     """The in-process worker launches round k+1 before it lands round k: starting sessions (the
     slots' reset) and launching a round (inputs copied into a graph's static buffers, or the
     eager step's inputs) must only enqueue work. Under torch's sync debug mode "error" any wait
-    raises; the audio read back afterwards still equals offline decode."""
+    raises; the audio read back afterwards still equals offline decode, and later calls do not
+    overwrite it (each step's audio lands in a fresh pinned host tensor). The first call brings
+    torch tensors (the `vocoder` model), the second numpy arrays checked already (the worker)."""
     codec = load_codec(tiny_dir / "codec", torch.device("cuda"), torch.float32).eval()
     sessions = VocoderSessions(codec, VocoderConfig(max_slots=4, max_public_sessions=4, device="cuda",
                                                     cuda_graphs=cuda_graphs, max_step_rows=4))
     chunks = {0: streams[0, :2], 1: streams[1, :2]}
+    arrays = {seq: streams[seq, 2:6].numpy() for seq in (0, 1)}
     torch.cuda.set_sync_debug_mode("error")
     try:
         sessions.start_many([0, 1])
-        pending = [sessions.decode_async(chunks), sessions.decode_async({0: streams[0, 2:6], 1: streams[1, 2:6]})]
+        pending = [sessions.decode_async(chunks), sessions.decode_async(arrays, checked=True)]
     finally:
         torch.cuda.set_sync_debug_mode("default")
     audio = [p.wait() for p in pending]
+    kept = [{seq: a.copy() for seq, a in call.items()} for call in audio]
     with torch.inference_mode():
-        expected = codec.decode(streams[:, :6].cuda()).float().cpu()
+        expected = codec.decode(streams[:, :6].cuda()).float().cpu().numpy()
     for seq in (0, 1):
-        got = torch.cat([audio[0][seq], audio[1][seq]], dim=-1)
-        assert (got - expected[seq]).abs().max() <= 1e-4 * expected[seq].abs().max(), seq
+        got = np.concatenate([audio[0][seq], audio[1][seq]], axis=-1)
+        assert np.abs(got - expected[seq]).max() <= 1e-4 * np.abs(expected[seq]).max(), seq
+    for start in range(6, 30, 4):  # more steps, more pinned blocks taken and given back
+        sessions.decode({0: streams[0, start:start + 4], 1: streams[1, start:start + 4]})
+    assert all(np.array_equal(call[seq], copy[seq]) for call, copy in zip(audio, kept) for seq in (0, 1))

@@ -20,14 +20,6 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def copy_into(dst: torch.Tensor, host: torch.Tensor) -> None:
-    """dst.copy_(host) without waiting (dst on a GPU, host on the CPU)."""
-    if dst.device.type != "cuda":
-        dst.copy_(host)
-    else:
-        dst.copy_(host.pin_memory(), non_blocking=True)
-
-
 def upload_index(values: list, device: torch.device) -> torch.Tensor:
     """A list of ints as an int64 tensor on `device`: filled through numpy in pinned memory, so
     two torch calls in all (each gives up the GIL on a busy thread)."""

@@ -15,6 +15,10 @@ reach a real row's audio (the padding rows race each other on it, harmlessly).
 
 Graphs are captured largest first into one memory pool, so the smaller ones reuse its blocks.
 The audio leaves every graph as fp32 in one static buffer, ready for one device-to-host copy.
+A step's inputs (rows and codes of every sequence) are written with numpy into one host buffer
+(`step_input`) and uploaded with one copy: in the moss_tts process every torch call hands the GIL
+over to ~256 stream threads and waits to win it back, so the host path makes a fixed number of
+them per step, none per sequence.
 Until `capture` runs (never, with capture off) `run` calls the same padded static-buffer
 function directly: that is how the padding is tested on the CPU, and a switch for debugging.
 """
@@ -27,10 +31,10 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..codec.streaming import CodecDecodeState
-from ..uploads import copy_into
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,24 @@ def to_host(audio: torch.Tensor, wait: bool = True) -> torch.Tensor:
     if wait:
         torch.cuda.current_stream(audio.device).synchronize()
     return host
+
+
+def step_input(slots: list[int], codes: list[np.ndarray], num_rows: int, pad_row: int,
+               pinned: bool) -> torch.Tensor:
+    """One step's input in the StepInputs.flat layout, int64 [b + b*T*n_vq] with b = num_rows:
+    the rows (`slots`, then `pad_row` as padding), then their codes [b, T, n_vq] (the padding's
+    are 0). Filled with numpy through one fresh tensor's view, pinned for a copy to a GPU: the
+    caching host allocator hands the block out again only once the copy that reads it is done,
+    so a round launched while the last one still runs never overwrites its inputs."""
+    num_slots, (frames, n_vq) = len(slots), codes[0].shape
+    flat = torch.empty(num_rows * (1 + frames * n_vq), dtype=torch.long, pin_memory=pinned)
+    host = flat.numpy()
+    host[:num_slots] = slots
+    host[num_slots:num_rows] = pad_row
+    grid = host[num_rows:].reshape(num_rows, frames, n_vq)
+    np.stack(codes, out=grid[:num_slots])  # casts int32/int16/uint8 codes to int64
+    grid[num_slots:] = 0
+    return flat
 
 
 def row_buckets(max_rows: int) -> tuple[int, ...]:
@@ -87,13 +109,11 @@ class StepInputs:
     def shape(self) -> tuple[int, int]:
         return self.codes.shape[0], self.codes.shape[1]
 
-    def copy_from(self, slots: list[int], codes: list[torch.Tensor], scratch_row: int) -> None:
-        """slots [n] and codes n x [T, n_vq] long on the CPU; rows n.. go to the scratch row."""
-        num_rows, frames, n_vq = self.codes.shape
-        pad = num_rows - len(slots)
-        host = torch.cat([torch.tensor(slots + [scratch_row] * pad, dtype=torch.long),
-                          *(c.reshape(-1) for c in codes), torch.zeros(pad * frames * n_vq, dtype=torch.long)])
-        copy_into(self.flat, host)  # pinned, non-blocking: the previous replay may still run
+    def copy_from(self, slots: list[int], codes: list[np.ndarray], scratch_row: int, pinned: bool) -> None:
+        """slots [n] and codes n x [T, n_vq] (integer numpy arrays); rows n.. go to the scratch
+        row. One host buffer, one copy (pinned, non-blocking: the previous replay may still run)."""
+        host = step_input(slots, codes, self.rows.shape[0], scratch_row, pinned)
+        self.flat.copy_(host, non_blocking=True)
 
 
 class VocoderGraphs:
@@ -109,6 +129,7 @@ class VocoderGraphs:
         self.buckets = row_buckets(max_rows)
         self.max_frames = max_frames
         self.device = state.frames.device
+        self._is_cuda = self.device.type == "cuda"
         self._inputs = {(b, t): StepInputs.empty(b, t, n_vq, self.device)
                         for b in self.buckets for t in range(1, max_frames + 1)}
         # One fp32 output buffer that every shape writes the front of: one per shape would hold
@@ -125,15 +146,15 @@ class VocoderGraphs:
     def can_run(self, num_rows: int, frames: int) -> bool:
         return 1 <= num_rows <= self.max_rows and 1 <= frames <= self.max_frames
 
-    def run(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
-        """One step of the sequences in `slots` (codes n x [T, n_vq] long on the CPU) ->
+    def run(self, slots: list[int], codes: list[np.ndarray]) -> torch.Tensor:
+        """One step of the sequences in `slots` (codes n x [T, n_vq], integer numpy arrays) ->
         fp32 audio [n, 2, T*3840] on the device: a view of the static output, valid until the
         next run."""
         frames = codes[0].shape[0]
         shape = (self.buckets[bisect.bisect_left(self.buckets, len(slots))], frames)
         inputs = self._inputs[shape]
         with self._on_device():
-            inputs.copy_from(slots, codes, self.scratch_row)
+            inputs.copy_from(slots, codes, self.scratch_row, self._is_cuda)
             graph = self._graphs.get(shape)
             if graph is None:
                 self._forward(inputs)

@@ -16,6 +16,13 @@ it, and it is never handed out.
 
 Sessions started without the pipeline's key (`is_public`: direct gRPC clients) share
 `max_public_sessions` slots, so they can never take the slots the public entry needs.
+
+Host bookkeeping is numpy: codes are checked and sliced as arrays, a step's inputs are written
+into one host buffer, its audio comes back in one host tensor and each sequence's audio is a
+numpy view of it. In the moss_tts process every torch call from Python gives the GIL up and must
+win it back from ~256 stream threads (up to a switch interval, ~1 ms, each), so the torch calls
+per call are a fixed few per step, none per sequence. `decode` and `check` also take torch
+tensors (the `vocoder` model), converted once per chunk at the boundary.
 """
 
 from __future__ import annotations
@@ -27,16 +34,20 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Optional
 
+import numpy as np
 import torch
 
 from ..parameters import config_fields
-from ..uploads import to_device, upload_index
-from .vocoder_graphs import GIB, VocoderGraphs, to_host
+from ..uploads import to_device
+from .vocoder_graphs import GIB, VocoderGraphs, step_input, to_host
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+HOST_INTEGER_DTYPES = tuple(np.dtype(d) for d in (np.int64, np.int32, np.int16, np.uint8))  # the same, in numpy
+
+Codes = np.ndarray | torch.Tensor  # a chunk [T, n_vq] of integer codes
 
 
 class NoFreeSlot(RuntimeError):
@@ -106,15 +117,17 @@ class VocoderStats:
 
 @dataclass
 class PendingAudio:
-    """The audio of one decode call on its way to host memory: wait() -> {seq_id: [2, S] fp32 CPU}."""
+    """The audio of one decode call on its way to host memory: wait() -> {seq_id: [2, S] fp32
+    numpy}, each a view of (or joined from) its steps' fresh host tensors, which no later call
+    writes. Not to be read before wait(): the copies may still be on their way."""
 
-    parts: dict[Hashable, list[torch.Tensor]]  # per sequence, its steps' host tensors in order
+    parts: dict[Hashable, list[np.ndarray]]  # per sequence, its steps' audio in order
     ready: Optional["torch.cuda.Event"] = None  # recorded after the last copy; None: copied already
 
-    def wait(self) -> dict[Hashable, torch.Tensor]:
+    def wait(self) -> dict[Hashable, np.ndarray]:
         if self.ready is not None:
             self.ready.synchronize()
-        return {sid: p[0] if len(p) == 1 else torch.cat(p, dim=-1) if p else torch.zeros(2, 0)
+        return {sid: p[0] if len(p) == 1 else np.concatenate(p, axis=-1) if p else np.zeros((2, 0), np.float32)
                 for sid, p in self.parts.items()}
 
 
@@ -147,6 +160,7 @@ class VocoderSessions:
         self._clock = clock
         # Row max_slots is the graphs' scratch row (padding); it is never a free slot.
         self.state = codec.new_decode_state(config.max_slots + 1, config.torch_device, config.torch_dtype)
+        self._device = self.state.frames.device
         self.step_rows = min(config.max_step_rows, config.max_slots)
         self.graphs = self._graphs(capture)
         self._sessions: dict[Hashable, _Session] = {}
@@ -235,18 +249,19 @@ class VocoderSessions:
             return seq_id in self._sessions
 
     # ---------------------------------------------------------------- decode
-    def decode(self, chunks: dict[Hashable, torch.Tensor], checked: bool = False) -> dict[Hashable, torch.Tensor]:
+    def decode(self, chunks: dict[Hashable, Codes], checked: bool = False) -> dict[Hashable, torch.Tensor]:
         """Next frames of several sequences: {seq_id: codes [T_i, n_vq]} -> {seq_id: [2, T_i*3840] fp32 CPU}.
         checked: the caller has validated every chunk (integer, [T, n_vq], in range) already."""
-        return self.decode_async(chunks, checked).wait()
+        return {sid: torch.from_numpy(audio) for sid, audio in self.decode_async(chunks, checked).wait().items()}
 
-    def decode_async(self, chunks: dict[Hashable, torch.Tensor], checked: bool = False) -> "PendingAudio":
+    def decode_async(self, chunks: dict[Hashable, Codes], checked: bool = False) -> "PendingAudio":
         """decode() without waiting for the device: the steps and their copies to host memory are
-        enqueued on the current stream, and the result's wait() returns the audio. The state has
-        advanced already, so the next call may follow at once (it runs after these steps)."""
+        enqueued on the current stream, and the result's wait() returns the audio (numpy). The
+        state has advanced already, so the next call may follow at once (it runs after these
+        steps). With numpy chunks the torch calls are a fixed few per step (module docstring)."""
         return self._run(chunks, keep_audio=True, checked=checked)
 
-    def prime(self, seq_id: Hashable, codes: torch.Tensor) -> None:
+    def prime(self, seq_id: Hashable, codes: Codes) -> None:
         """Decode and discard (continuation mode feeds the reference frames first)."""
         self._run({seq_id: codes}, keep_audio=False)
 
@@ -269,18 +284,28 @@ class VocoderSessions:
         heapq.heappush(self._free, self._session(seq_id).slot)
         del self._sessions[seq_id]
 
-    def check(self, seq_id: Hashable, codes: torch.Tensor) -> torch.Tensor:
-        """`codes` if they are one chunk this vocoder can decode, else ValueError naming `seq_id`."""
+    def check(self, seq_id: Hashable, codes: Codes) -> np.ndarray:
+        """`codes` (numpy, or a torch tensor converted once) as a numpy array if they are one
+        chunk this vocoder can decode, else ValueError naming `seq_id`. Numpy alone for an
+        array: the worker's stream threads call this per chunk (no GIL hand-off)."""
         n_vq, size = self.config.n_vq, self.codec.codebook_size
-        if not isinstance(codes, torch.Tensor) or codes.dtype not in INTEGER_DTYPES:
+        if isinstance(codes, torch.Tensor) and codes.dtype in INTEGER_DTYPES:
+            codes = codes.cpu().numpy()
+        if not isinstance(codes, np.ndarray) or codes.dtype not in HOST_INTEGER_DTYPES:
             raise ValueError(f"sequence {seq_id!r}: codes must be an integer tensor [T, {n_vq}]")
-        if codes.dim() != 2 or codes.shape[1] != n_vq:
+        if codes.ndim != 2 or codes.shape[1] != n_vq:
             raise ValueError(f"sequence {seq_id!r}: codes must have shape [T, {n_vq}], got {tuple(codes.shape)}")
         # Checked here because decode_step cannot: an out-of-range code on CUDA is a device-side
         # assert that poisons the whole context, not just this request.
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= size):
+        if codes.size and (codes.min() < 0 or codes.max() >= size):
             raise ValueError(f"sequence {seq_id!r}: codes must lie in [0, {size})")
         return codes
+
+    def _host_codes(self, chunks: dict[Hashable, Codes], checked: bool) -> dict[Hashable, np.ndarray]:
+        """The chunks as numpy arrays (a torch tensor converted once), checked unless the caller did."""
+        if not checked:
+            return {sid: self.check(sid, c) for sid, c in chunks.items()}
+        return {sid: c if isinstance(c, np.ndarray) else c.cpu().numpy() for sid, c in chunks.items()}
 
     def _pieces(self, frames: int) -> list[tuple[int, int]]:
         """A chunk's frames as the (start, frames) of the steps that decode it: whole, or pieces
@@ -288,18 +313,17 @@ class VocoderSessions:
         limit = self.config.max_graph_frames if self.graphs is not None else max(frames, 1)
         return [(start, min(limit, frames - start)) for start in range(0, frames, limit)]
 
-    def _run(self, chunks: dict[Hashable, torch.Tensor], keep_audio: bool,
-             checked: bool = False) -> "PendingAudio":
+    def _run(self, chunks: dict[Hashable, Codes], keep_audio: bool, checked: bool = False) -> "PendingAudio":
         with self._lock:
             # Validate everything first so a bad chunk leaves every sequence's state untouched.
             slots = {sid: self._session(sid).slot for sid in chunks}
-            codes = chunks if checked else {sid: self.check(sid, c) for sid, c in chunks.items()}
+            codes = self._host_codes(chunks, checked)
             pieces = {sid: self._pieces(c.shape[0]) for sid, c in codes.items()}
-            parts: dict[Hashable, list[torch.Tensor]] = {sid: [] for sid in codes}
+            parts: dict[Hashable, list[np.ndarray]] = {sid: [] for sid in codes}
             try:
                 # Round k decodes piece k of every chunk that has one, grouped by piece length.
                 for k in range(max((len(p) for p in pieces.values()), default=0)):
-                    groups: dict[int, dict[Hashable, torch.Tensor]] = {}  # frames -> {sid: piece k}
+                    groups: dict[int, dict[Hashable, np.ndarray]] = {}  # frames -> {sid: piece k}
                     for sid, steps in pieces.items():
                         if k < len(steps):
                             start, frames = steps[k]
@@ -308,9 +332,9 @@ class VocoderSessions:
                         for sid, audio in self._step(frames, list(piece), slots, piece, keep_audio).items():
                             parts[sid].append(audio)
                 ready = None
-                if keep_audio and self.state.frames.device.type == "cuda":  # the copies' end
+                if keep_audio and self._device.type == "cuda":  # the copies' end
                     ready = torch.cuda.Event()
-                    ready.record(torch.cuda.current_stream(self.state.frames.device))
+                    ready.record(torch.cuda.current_stream(self._device))
             except BaseException:
                 # Earlier steps advanced their state but their audio never reaches the caller,
                 # so no sequence of this call can continue without a gap: end them all.
@@ -324,25 +348,30 @@ class VocoderSessions:
             return PendingAudio(parts if keep_audio else {}, ready)
 
     def _step(self, frames: int, ids: list[Hashable], slots: dict[Hashable, int],
-              codes: dict[Hashable, torch.Tensor], keep_audio: bool) -> dict[Hashable, torch.Tensor]:
+              codes: dict[Hashable, np.ndarray], keep_audio: bool) -> dict[Hashable, np.ndarray]:
         """Decode the sequences in `ids`, which all bring `frames` frames, step_rows at a time."""
         out = {}
         for first in range(0, len(ids), self.step_rows):
             piece = ids[first:first + self.step_rows]
             rows = [slots[sid] for sid in piece]
-            host = [codes[sid].cpu().long() for sid in piece]
+            host = [codes[sid] for sid in piece]
             if self.graphs is not None and self.graphs.can_run(len(piece), frames):
                 audio = self.graphs.run(rows, host)
                 self._graph_calls += 1
             else:
-                device = self.state.frames.device
-                audio = self.codec.decode_step(to_device(torch.stack(host), device), self.state,
-                                               upload_index(rows, device))
+                audio = self._eager_step(rows, host)
             self._decode_calls += 1
             self._frames_decoded += frames * len(piece)
             if keep_audio:
                 # The piece's one device-to-host copy, before the next replay overwrites a graph's
-                # static output; the rows are views of one fresh host tensor.
-                out.update(zip(piece, to_host(audio, wait=False).unbind(0)))
+                # static output; the rows are numpy views of one fresh host tensor.
+                out.update(zip(piece, to_host(audio, wait=False).numpy()))
         return out
+
+    def _eager_step(self, rows: list[int], codes: list[np.ndarray]) -> torch.Tensor:
+        """decode_step on its own inputs, rows and codes uploaded as one buffer (no padding)."""
+        num_rows, (frames, n_vq) = len(rows), codes[0].shape
+        flat = to_device(step_input(rows, codes, num_rows, self.config.max_slots, self._device.type == "cuda"),
+                         self._device)
+        return self.codec.decode_step(flat[num_rows:].view(num_rows, frames, n_vq), self.state, flat[:num_rows])
 

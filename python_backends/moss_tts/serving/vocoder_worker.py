@@ -20,6 +20,10 @@ Jobs of one sequence complete in submission order. START resets the sequence's r
 it, both on this thread (the state is only touched here, in stream order). A cancelled job is
 dropped unread. A decode failure fails every job of its round (their sequences are ended by
 VocoderSessions) and the rest of those sequences' jobs. No Triton import.
+
+Codes and audio stay numpy on this thread and in `submit`: every torch call from Python gives
+the GIL up and must win it back from the engine and ~256 stream threads (up to ~1 ms each), so
+a round makes a fixed few torch calls per step (VocoderSessions), none per sequence or job.
 """
 
 from __future__ import annotations
@@ -194,8 +198,8 @@ class VocoderWorker:
         `deadline` (time.monotonic(); None = now). Bad codes are refused here (ChildError
         INVALID_ARGUMENT), before they can fail a round."""
         try:
-            codes = self.sessions.check(seq, torch.as_tensor(np.asarray(codes))).numpy()
-        except (TypeError, ValueError) as exc:  # TypeError: an array torch cannot hold
+            codes = self.sessions.check(seq, np.asarray(codes))  # numpy only: no GIL hand-off
+        except (TypeError, ValueError) as exc:  # np.asarray raises either for what is no array
             raise ChildError(f"vocoder codes refused: {exc}", ErrorKind.INVALID_ARGUMENT) from None
         job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done,
                         time.monotonic() if deadline is None else deadline)
@@ -331,7 +335,7 @@ class VocoderWorker:
             self._rounds += 1
         heads = [spans[0][0] for spans in picks]
         refused = self._start([job for job in heads if job.start and job.launched == 0])
-        pieces: dict[Hashable, torch.Tensor] = {}
+        pieces: dict[Hashable, np.ndarray] = {}
         plan: dict[Hashable, list[tuple[VocodeJob, int]]] = {}
         for spans in picks:
             head = spans[0][0]
@@ -347,7 +351,7 @@ class VocoderWorker:
                     ErrorKind.INTERNAL))
                 continue
             codes = [job.codes[job.launched:job.launched + take] for job, take in spans]
-            pieces[head.seq] = torch.from_numpy(codes[0] if len(codes) == 1 else np.concatenate(codes))
+            pieces[head.seq] = codes[0] if len(codes) == 1 else np.concatenate(codes)
             plan[head.seq] = spans
         if not pieces:
             return None
@@ -378,7 +382,7 @@ class VocoderWorker:
                                                 ErrorKind.INTERNAL))
             return
         for seq, spans in round_.plan.items():
-            samples = audio[seq].numpy()
+            samples = audio[seq]  # a view of its step's host buffer, which no later round writes
             per_frame = samples.shape[-1] // sum(take for _, take in spans)
             offset = 0
             for job, take in spans:
