@@ -73,7 +73,8 @@ prepare_repo() {
       "$W/repo/vocoder/config.pbtxt"
   fi
   # PARAMS="key=value,...": moss_tts parameters changed for this run (an A/B of one knob).
-  for kv in ${PARAMS//,/ }; do
+  local params=${PARAMS:-}
+  for kv in ${params//,/ }; do
     grep -q "key: \"${kv%%=*}\" value" "$W/repo/moss_tts/config.pbtxt" || { log "PARAMS: no parameter ${kv%%=*}"; exit 1; }
     sed -i "s/key: \"${kv%%=*}\" value: { string_value: \"[^\"]*\" }/key: \"${kv%%=*}\" value: { string_value: \"${kv#*=}\" }/" \
       "$W/repo/moss_tts/config.pbtxt"

@@ -94,9 +94,11 @@ def test_the_gil_switch_interval_is_read_and_checked():
     import pytest
     from moss_tts.parameters import switch_interval_s
 
-    shipped = parameter("moss_tts", "gil_switch_interval_ms")
-    assert switch_interval_s({"gil_switch_interval_ms": str(shipped)}) == shipped / 1000
-    assert switch_interval_s({}) == 0.001 and switch_interval_s({"gil_switch_interval_ms": "0.2"}) == 0.0002
+    text = (REPO / "moss_tts" / "config.pbtxt").read_text()
+    shipped = float(re.search(r'key: "gil_switch_interval_ms" value: { string_value: "([0-9.]+)" }', text).group(1))
+    assert switch_interval_s({"gil_switch_interval_ms": str(shipped)}) == pytest.approx(shipped / 1000)
+    assert switch_interval_s({}) == pytest.approx(shipped / 1000)  # the default is the shipped value
+    assert switch_interval_s({"gil_switch_interval_ms": "0.2"}) == pytest.approx(0.0002)
     for bad in ("0", "-1", "500", "fast"):
         with pytest.raises(ValueError, match="gil_switch_interval_ms"):
             switch_interval_s({"gil_switch_interval_ms": bad})

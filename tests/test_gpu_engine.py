@@ -174,7 +174,9 @@ def test_a_step_makes_few_torch_calls(real_model, monkeypatch):
             self.calls = []
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.calls.append(getattr(func, "__name__", str(func)))
+            name = getattr(func, "__name__", str(func))
+            if name != "__get__":  # a tensor attribute read (.shape, .device): no call, no GIL hand-off
+                self.calls.append(name)
             return func(*args, **(kwargs or {}))
 
     seen = {"decode": [], "other": []}
@@ -194,5 +196,8 @@ def test_a_step_makes_few_torch_calls(real_model, monkeypatch):
     assert seen["decode"] and seen["other"], seen
     worst = {kind: max(calls, key=len) for kind, calls in seen.items()}
     print("torch calls per step:", {kind: (len(c), c) for kind, c in worst.items()})
-    assert len(worst["decode"]) <= 2, worst
-    assert len(worst["other"]) <= 12, worst
+    assert len(worst["decode"]) <= 1, worst  # measured on the H200: only the output's copy_
+    # A step that also frees slots, prefills and copies prefix blocks: the index upload (4) and the
+    # idle fill (1), per launch of prefills 3 (buffer, its numpy view, the copy), per 64 prefix
+    # blocks loaded or stored 6, and the output copy: a fixed count, whatever the rows.
+    assert len(worst["other"]) <= 24, worst

@@ -31,7 +31,7 @@ def config_fields(cls, parameters: Mapping[str, str], skip: Iterable[str] = ()) 
     return {name: parse_parameter(name, text, kinds[name]) for name, text in parameters.items() if name in kinds}
 
 
-def switch_interval_s(parameters: Mapping[str, str], default_ms: float = 1.0) -> float:
+def switch_interval_s(parameters: Mapping[str, str], default_ms: float = 0.05) -> float:
     """`gil_switch_interval_ms` as seconds, for sys.setswitchinterval: how long a thread that
     wants the GIL back waits for a busy holder to yield it. Shorter favours the engine thread
     (which gives the GIL up at every device call) over the threads that hold it long."""
