@@ -81,6 +81,20 @@ def encode_reference(audio: bytes, watch: StallWatch) -> np.ndarray:
     return _call(request, "REFERENCE_CODES", watch).copy()
 
 
+def vocode_call(worker, parameters, watch: StallWatch, sequence_id: int, codes, start: bool, end: bool,
+                on_done=lambda: None, deadline=None):
+    """One call of a vocoder sequence: a job of this process's worker (its audio to come), or a
+    call of the `vocoder` model over BLS with the pipeline's key `parameters` (answered: Ready)."""
+    if worker is not None:
+        return worker.submit(sequence_id, codes, start, end, on_done=on_done, deadline=deadline)
+    flags = (START if start else 0) | (END if end else 0)
+    request = pb_utils.InferenceRequest(
+        model_name="vocoder", correlation_id=sequence_id, flags=flags, parameters=parameters,
+        inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes, dtype=np.int32)[None])],
+        requested_output_names=["AUDIO"])
+    return Ready(_call(request, "AUDIO", watch)[0])
+
+
 class TritonChildren:
     """One stream's engine chunks and its vocoder sequence: in this process (`worker`), or the
     `vocoder` model over BLS with the pipeline's key (so it never meets the direct callers'
@@ -101,15 +115,9 @@ class TritonChildren:
         self.codes.abort()
 
     def vocode(self, codes, start, end, deadline=None):
-        if self.worker is not None:
-            # The job's completion wakes this stream's wait for its next engine chunk.
-            return self.worker.submit(self.sequence_id, codes, start, end, on_done=self.codes.wake, deadline=deadline)
-        flags = (START if start else 0) | (END if end else 0)
-        request = pb_utils.InferenceRequest(
-            model_name="vocoder", correlation_id=self.sequence_id, flags=flags, parameters=self.parameters,
-            inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes, dtype=np.int32)[None])],
-            requested_output_names=["AUDIO"])
-        return Ready(_call(request, "AUDIO", self.watch)[0])
+        # The job's completion wakes this stream's wait for its next engine chunk.
+        return vocode_call(self.worker, self.parameters, self.watch, self.sequence_id, codes, start, end,
+                           on_done=self.codes.wake, deadline=deadline)
 
 
 class TritonClient:
@@ -316,14 +324,8 @@ class TritonPythonModel:
     def _end_sequence(self, sequence_id):
         """End a text session's vocoder sequence (closed by SESSION_END, cancel, failure or timeout)."""
         try:
-            if self.worker is not None:
-                self.worker.submit(sequence_id, NO_CODES, start=False, end=True).result(timeout=END_WAIT_S)
-                return
-            request = pb_utils.InferenceRequest(
-                model_name="vocoder", correlation_id=sequence_id, flags=END,
-                parameters=internal_key.parameters(self.key),
-                inputs=[pb_utils.Tensor("CODES", NO_CODES[None])], requested_output_names=["AUDIO"])
-            _call(request, "AUDIO", self.watch)
+            vocode_call(self.worker, internal_key.parameters(self.key), self.watch, sequence_id, NO_CODES,
+                        start=False, end=True).result(timeout=END_WAIT_S)
         except Exception as exc:  # the vocoder's own idle timeout reclaims the sequence
             log.warning("ending text session sequence %x failed: %s", sequence_id, exc)
 
