@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from moss_tts import contract
 from moss_tts.contract import SAMPLE_RATE, ErrorKind, classify
+from moss_tts.session_requests import SessionRequests
 
 
 def option_input(name: str, value, shape=(1,)) -> grpcclient.InferInput:
@@ -122,10 +123,6 @@ class SessionChunk:
     is_final: bool  # the segment's last response
 
 
-# The voice is the first request's: these inputs go with it only.
-VOICE_OPTIONS = ("reference_audio", "reference_codes", "reference_text", "mode")
-
-
 class TextSession:
     """Text in as it is written, one continuous audio stream out, one voice (moss_tts text sessions).
 
@@ -146,14 +143,12 @@ class TextSession:
         self.timeout = timeout
         self.segmenter = segmenter or TextSegmenter()
         self.outputs = ["AUDIO", "CODES"] if codes else ["AUDIO"]
-        self.voice = {k: options.pop(k) for k in VOICE_OPTIONS if k in options}
-        self.options = options
-        self.segments: list[str] = []  # sent so far, in order
+        self.plan = SessionRequests(options, id_prefix=f"{self.session_id}:")
+        self.segments = self.plan.segments  # sent so far, in order
         self._events: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
         self._is_ended = False
         self._is_done = False
-        self._end_id: Optional[str] = None  # the SESSION_END request: its final ends chunks()
         self._client = grpcclient.InferenceServerClient(url)
         self._client.start_stream(callback=lambda result, error: self._events.put((result, error)))
 
@@ -186,16 +181,12 @@ class TextSession:
             return [self._request(text) for text in texts]
 
     def _request(self, text: str, is_end: bool = False) -> str:
-        options = dict(self.options, **(self.voice if not self.segments else {}))
+        # plan.end_id is set before the send: the closing request's final may come back at once.
+        request_id, options = self.plan.next(text, is_end)
         inputs = build_inputs(text, session_id=self.session_id, session_end=True if is_end else None, **options)
-        request_id = f"{self.session_id}:{len(self.segments)}" if text else f"{self.session_id}:end"
-        if is_end:
-            self._end_id = request_id  # before the send: its final may come back at once
         self._client.async_stream_infer(self.model, inputs, request_id=request_id,
                                         outputs=[grpcclient.InferRequestedOutput(name) for name in self.outputs],
                                         enable_empty_final_response=True)
-        if text:
-            self.segments.append(text)
         return text
 
     def chunks(self) -> Iterator[SessionChunk]:
@@ -211,14 +202,14 @@ class TextSession:
                 break
             response = result.get_response()
             is_final = response.parameters["triton_final_response"].bool_param
-            segment = response.id.rsplit(":", 1)[-1]
-            if is_final and response.id == self._end_id:
+            segment = self.plan.segment_of(response.id)
+            if is_final and response.id == self.plan.end_id:
                 self._is_done = True
-            if segment == "end":
+            if segment is None:  # the closing request without text
                 continue
             audio, codes = result.as_numpy("AUDIO"), result.as_numpy("CODES") if "CODES" in self.outputs else None
             if (audio is not None and audio.size) or is_final:  # an empty final response carries no tensor
-                yield SessionChunk(int(segment), audio if audio is not None else np.zeros((2, 0), np.float32),
+                yield SessionChunk(segment, audio if audio is not None else np.zeros((2, 0), np.float32),
                                    None if "CODES" not in self.outputs else codes if codes is not None
                                    else np.zeros((0, contract.N_VQ), np.int32), is_final)
         self.close()

@@ -26,6 +26,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from pydantic import Field, ValidationError, field_validator
 
 from moss_tts import contract
+from moss_tts.session_requests import SessionRequests
 from moss_tts.text_segments import TextSegmenter
 
 from . import audio_format, errors
@@ -41,7 +42,6 @@ log = logging.getLogger("openai_shim")
 # Close codes (RFC 6455): 1000 done or cancelled, 1008 a protocol violation or a limit, 1003 a binary
 # frame from the client, 1011 the synthesis failed, 1013 the TTS server is unavailable.
 NORMAL, UNSUPPORTED_DATA, POLICY, SERVER_ERROR, TRY_LATER = 1000, 1003, 1008, 1011, 1013
-VOICE_INPUTS = ("REFERENCE_AUDIO", "REFERENCE_CODES", "REFERENCE_TEXT", "MODE")  # the first request only
 
 
 class SessionOptions(SpeechRequest):
@@ -91,10 +91,9 @@ class WsSession:
         self.ws, self.app, self.config = websocket, app, config
         self.session_id = uuid.uuid4().hex
         self.segmenter = TextSegmenter()
-        self.segments: list[str] = []
+        self.plan = SessionRequests({})  # replaced once the options are known
         self.requests: asyncio.Queue = asyncio.Queue()
         self.call = None
-        self.end_id: Optional[str] = None  # the SESSION_END request: its final response ends the session
         self.is_ended = False
         self.is_done = False
 
@@ -179,7 +178,7 @@ class WsSession:
                 raise ProtocolViolation(POLICY, f"the first message must be the session options, got type "
                                                 f"{data.get('type')!r}")
             try:
-                self.options = await self.resolve(data)
+                self.plan = SessionRequests(await self.resolve(data))
                 break
             except ApiError as exc:
                 await self.send_event(error_event(exc))
@@ -220,19 +219,17 @@ class WsSession:
         if is_end and not texts:
             self.request("", True)
 
+    @property
+    def segments(self) -> list[str]:
+        return self.plan.segments
+
     def request(self, text: str, is_end: bool) -> None:
-        options = {k: v for k, v in self.options.items() if not self.segments or k not in VOICE_INPUTS}
-        values = {"TEXT": text, **(options if text or not self.segments else {}), "SESSION_ID": self.session_id,
-                  "SESSION_END": True if is_end else None}
-        index = len(self.segments)
-        request_id = str(index) if text else "end"
-        if is_end:
-            self.end_id = request_id  # before the send: its final may come back at once
+        # plan.end_id is set before the send: the closing request's final may come back at once.
+        request_id, options = self.plan.next(text, is_end)
+        values = {"TEXT": text, **options, "SESSION_ID": self.session_id, "SESSION_END": True if is_end else None}
         self.requests.put_nowait({"model_name": self.app.state.triton.model, "inputs": build_inputs(values),
                                   "request_id": request_id,
                                   "parameters": {"triton_enable_empty_final_response": True}})
-        if text:
-            self.segments.append(text)
 
     async def read_messages(self) -> None:
         """Text, flush, end, cancel; after `end` only a cancel (or the client going away) counts."""
@@ -303,12 +300,12 @@ class WsSession:
                 await self.ws.send_bytes(self.encoder.encode(audio))
             if not response.parameters["triton_final_response"].bool_param:
                 continue
-            if response.id != "end":
-                index = int(response.id)
+            index = self.plan.segment_of(response.id)
+            if index is not None:
                 await self.send_event({"type": "segment.done", "index": index, "text": self.segments[index],
                                        "frames": frames})
                 total, frames = total + frames, 0
-            if response.id == self.end_id:
+            if response.id == self.plan.end_id:
                 self.is_done = True
                 self.requests.put_nowait(None)
                 await self.send_event({"type": "done", "segments": len(self.segments), "frames": total})

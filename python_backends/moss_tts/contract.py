@@ -27,6 +27,8 @@ SAMPLES_PER_FRAME = 3840  # SAMPLE_RATE / FRAME_RATE
 # max_seq_len): prompt rows + frames <= max_seq_len; the server says so when it does not.
 MAX_TEXT_CHARS = 20000
 MAX_SESSION_ID_CHARS = 128  # SESSION_ID: a client-chosen string (a uuid4 is 36)
+# A text session's voice is its first request's: these inputs are refused on a later one.
+SESSION_VOICE_INPUTS = ("REFERENCE_AUDIO", "REFERENCE_CODES", "REFERENCE_TEXT", "MODE")
 MAX_REFERENCE_SECONDS = 100.0
 MAX_FRAMES = 22500  # 30 min: the most MAX_FRAMES / TOKENS may ask for on any engine size
 DEFAULT_MAX_FRAMES = 4096  # without MAX_FRAMES: what fits in max_seq_len, at most this

@@ -24,7 +24,8 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.contract import MOSS_TTS_OUTPUTS, N_VQ, ErrorKind, InvalidRequest, ServingError
+from moss_tts.contract import (MOSS_TTS_OUTPUTS, N_VQ, SESSION_VOICE_INPUTS, ErrorKind, InvalidRequest,
+                               ServingError)
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
 from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS
@@ -289,8 +290,7 @@ class TritonPythonModel:
             raise InvalidRequest("a text session streams audio: request AUDIO (CODES may come with it)")
         if synthesis is not None and (not synthesis.stream or synthesis.fields.tokens is not None):
             raise InvalidRequest("a text session streams each segment: drop STREAM=false and TOKENS")
-        voice_inputs = [name for name in ("REFERENCE_AUDIO", "REFERENCE_CODES", "REFERENCE_TEXT", "MODE")
-                        if get(name) is not None]
+        voice_inputs = [name for name in SESSION_VOICE_INPUTS if get(name) is not None]
         if voice_inputs and self.sessions.is_open(inputs.session_id):
             raise InvalidRequest(f"{', '.join(voice_inputs)}: the voice of text session {inputs.session_id!r} was "
                                  f"set by its first request; send these only there")
