@@ -215,12 +215,10 @@ class ModelRunner:
             self.ctx.state.deactivate(deactivate)
         # Every reused prefix is copied in before any prefill of this step, and new blocks are
         # stored after all of them, so no copy reads a pool block a store of this step rewrote.
-        for start in range(0, len(loads), COPY_BLOCKS):
-            self.kv.load_prefix(load_slots[start:start + COPY_BLOCKS], load_pool[start:start + COPY_BLOCKS])
+        _in_batches(self.kv.load_prefix, len(loads), load_slots, load_pool)
         for offset, group in groups:
             self._run_prefill(group, offset, use)
-        for start in range(0, len(stores), COPY_BLOCKS):
-            self.kv.store_prefix(store_slots[start:start + COPY_BLOCKS], store_pool[start:start + COPY_BLOCKS])
+        _in_batches(self.kv.store_prefix, len(stores), store_slots, store_pool)
         num_rows = len(staged)
         if slots:
             self._run_decode(slots, plan.kv_len, use)
@@ -335,6 +333,12 @@ class ModelRunner:
         host.copy_(self.ctx.out, non_blocking=True)
         ready.record()
         return StepOutput(array[:num_rows], ready, prefill_slots, self.ctx.decode_offset, use)
+
+
+def _in_batches(copy, count: int, slot_blocks: Optional[torch.Tensor], pool_blocks: Optional[torch.Tensor]) -> None:
+    """copy(slot_blocks, pool_blocks) over the first `count` blocks, COPY_BLOCKS at a time."""
+    for start in range(0, count, COPY_BLOCKS):
+        copy(slot_blocks[start:start + COPY_BLOCKS], pool_blocks[start:start + COPY_BLOCKS])
 
 
 def _prefill_plan(staged: list[StagedPrompt], chunk_tokens: int):
