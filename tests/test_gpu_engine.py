@@ -175,7 +175,8 @@ def test_a_step_makes_few_torch_calls(real_model, monkeypatch):
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             name = getattr(func, "__name__", str(func))
-            if name != "__get__":  # a tensor attribute read (.shape, .device): no call, no GIL hand-off
+            # An attribute read (.shape) or a numpy view of a CPU tensor keeps the GIL: no hand-off.
+            if name not in ("__get__", "numpy"):
                 self.calls.append(name)
             return func(*args, **(kwargs or {}))
 
@@ -197,7 +198,8 @@ def test_a_step_makes_few_torch_calls(real_model, monkeypatch):
     worst = {kind: max(calls, key=len) for kind, calls in seen.items()}
     print("torch calls per step:", {kind: (len(c), c) for kind, c in worst.items()})
     assert len(worst["decode"]) <= 1, worst  # measured on the H200: only the output's copy_
-    # A step that also frees slots, prefills and copies prefix blocks: the index upload (4) and the
-    # idle fill (1), per launch of prefills 3 (buffer, its numpy view, the copy), per 64 prefix
-    # blocks loaded or stored 6, and the output copy: a fixed count, whatever the rows.
+    # A step that also frees slots, prefills and copies prefix blocks: the index upload (3 and a
+    # split) and the idle fill, per launch of prefills 2 (its pinned buffer, the copy), per 64
+    # prefix blocks loaded or stored 6, and the output copy: a fixed count, whatever the rows.
+    # Measured on the H200 (2026-12-02): 13 at most (decode steps: 1).
     assert len(worst["other"]) <= 24, worst
