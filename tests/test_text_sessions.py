@@ -168,3 +168,42 @@ def test_session_inputs_are_validated():
                          (dict(TEXT="", SESSION_ID="a"), "only with SESSION_END")):
         with pytest.raises(InvalidRequest, match=message):
             parse_session_inputs(inputs(**bad))
+
+
+def test_a_session_held_by_another_instance_is_refused_not_opened_again(tmp_path):
+    """Two instances of moss_tts (two processes, one claims directory): a request that reached the
+    instance not holding its session is refused with a message naming both, instead of opening a
+    second session there (another voice); once the holder closes it, the claim is gone."""
+    from moss_tts.serving.session_claims import SessionClaims, SessionHeldElsewhere
+
+    ids = iter(range(1, 1000))
+    a = SessionRegistry(SessionConfig(), lambda _: None, lambda: next(ids),
+                        claims=SessionClaims(tmp_path / "claims", "moss_tts_0_0"))
+    b = SessionRegistry(SessionConfig(), lambda _: None, lambda: next(ids),
+                        claims=SessionClaims(tmp_path / "claims", "moss_tts_0_1"))
+    session, _, is_new = a.join("s1", is_end=False, has_text=True)
+    assert is_new
+    with pytest.raises(SessionHeldElsewhere, match="held by moss_tts_0_0.*reached moss_tts_0_1") as refused:
+        b.join("s1", is_end=False, has_text=True)
+    assert refused.value.kind is ErrorKind.UNAVAILABLE and b.stats().opened == 0 and not b.is_open("s1")
+    b.join("s2", is_end=False, has_text=True)  # another session opens on b
+    a.finish(session, "ended")
+    assert len(list((tmp_path / "claims").iterdir())) == 1  # s1's claim went, b's s2 stays
+    b.join("s1", is_end=False, has_text=True)  # released: b may hold it now
+    assert b.is_open("s1")
+    a.stop()
+    assert (tmp_path / "claims").is_dir()  # b still holds claims
+    b.stop()
+    assert not (tmp_path / "claims").exists()  # the last instance out removes the directory
+
+
+def test_an_instance_takes_over_its_own_stale_claim(tmp_path):
+    """A claim left by an earlier stub of the same instance (Triton restarted it) is not a refusal."""
+    from moss_tts.serving.session_claims import SessionClaims
+
+    claims = SessionClaims(tmp_path, "moss_tts_0_0")
+    claims.claim("s1")
+    restarted = SessionClaims(tmp_path, "moss_tts_0_0")
+    restarted.claim("s1")
+    restarted.release("s1")
+    assert not any(tmp_path.iterdir())

@@ -39,6 +39,7 @@ from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_
 from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
+from moss_tts.serving.session_claims import SessionClaims, server_directory
 from moss_tts.serving.session_stream import (SessionChildren, SessionClient, SessionCodes, SessionRequest,
                                             first_reference)
 from moss_tts.serving.speech_pipeline import END_WAIT_S, NO_CODES, ChildError, Ready, SpeechStream, new_sequence_id
@@ -179,7 +180,8 @@ class TritonPythonModel:
         self.key = internal_key.internal_key()
         self.pool = StreamPool(max_streams, name=f"{args['model_instance_name']}-stream")
         self.watch = StallWatch()  # the streams' BLS calls and sends
-        self.sessions = SessionRegistry(session_config, self._end_sequence, new_sequence_id)
+        self.sessions = SessionRegistry(session_config, self._end_sequence, new_sequence_id,
+                                        claims=SessionClaims(server_directory(), args["model_instance_name"]))
         self.sessions.start_reaper()
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds(),
                                                         self.worker.stalled_seconds() if self.worker else 0.0))

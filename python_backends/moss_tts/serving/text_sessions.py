@@ -10,8 +10,9 @@ previous request's final response sent), so the audio on the stream follows the 
 A session ends by SESSION_END, and is freed at once on a cancel or failure of any of its
 requests, and after `session_idle_timeout_s` without a request (`expire`, called by a reaper
 thread); each frees the voice and ends the vocoder sequence (`end_vocoder(sequence_id)`).
-A later request naming a closed session is told why (a bounded memory of closed ids). No Triton
-import; the clock is injected for tests.
+A later request naming a closed session is told why (a bounded memory of closed ids). With
+several instances of the model, `SessionClaims` refuses a request that reached an instance other
+than the one holding its session. No Triton import; the clock is injected for tests.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from ..contract import ErrorKind, InvalidRequest, ServingError
 from ..parameters import config_fields
 from .segmented_codes import VoiceFrames
+from .session_claims import SessionClaims
 
 CLOSED_IDS_KEPT = 4096  # closed sessions remembered, to tell a late request why its session is gone
 REASONS = ("ended", "expired", "cancelled", "failed")
@@ -117,8 +119,12 @@ SESSION_STATS = tuple(SessionStats.__dataclass_fields__)
 
 class SessionRegistry:
     def __init__(self, config: SessionConfig, end_vocoder: Callable[[int], None],
-                 new_sequence_id: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
+                 new_sequence_id: Callable[[], int], clock: Callable[[], float] = time.monotonic,
+                 claims: Optional[SessionClaims] = None) -> None:
+        """claims: where this server's instances record which one holds each session (several
+        instances of the model); None = this instance is the only one."""
         self.config = config
+        self.claims = claims
         self.end_vocoder = end_vocoder  # ends a session's vocoder sequence (best effort, must not raise)
         self.new_sequence_id = new_sequence_id
         self.clock = clock
@@ -141,6 +147,8 @@ class SessionRegistry:
             session = self._open.get(session_id)
             if session is None:
                 self._check_new(session_id, is_end, has_text)
+                if self.claims is not None:
+                    self.claims.claim(session_id)  # refused if another instance holds it
                 session = self._open[session_id] = TextSession(session_id, self.new_sequence_id(), self.clock())
                 self._counts["opened"] += 1
                 is_new = True
@@ -177,6 +185,8 @@ class SessionRegistry:
             if self._open.get(session.session_id) is not session:
                 return
             del self._open[session.session_id]
+            if self.claims is not None:
+                self.claims.release(session.session_id)
             self._closed[session.session_id] = reason
             while len(self._closed) > CLOSED_IDS_KEPT:
                 self._closed.popitem(last=False)
@@ -217,4 +227,6 @@ class SessionRegistry:
             sessions = list(self._open.values())
         for session in sessions:
             self.close(session, "failed")
+        if self.claims is not None:
+            self.claims.release_all()
 
