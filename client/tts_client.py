@@ -153,6 +153,7 @@ class TextSession:
         self._lock = threading.Lock()
         self._is_ended = False
         self._is_done = False
+        self._num_open = 0  # requests sent whose final (or error) response has not come yet
         self._end_id: Optional[str] = None  # the SESSION_END request: its final ends chunks()
         self._client = grpcclient.InferenceServerClient(url)
         self._client.start_stream(callback=lambda result, error: self._events.put((result, error)))
@@ -191,6 +192,7 @@ class TextSession:
         request_id = f"{self.session_id}:{len(self.segments)}" if text else f"{self.session_id}:end"
         if is_end:
             self._end_id = request_id  # before the send: its final may come back at once
+        self._num_open += 1
         self._client.async_stream_infer(self.model, inputs, request_id=request_id,
                                         outputs=[grpcclient.InferRequestedOutput(name) for name in self.outputs],
                                         enable_empty_final_response=True)
@@ -203,14 +205,21 @@ class TextSession:
         InferenceServerException on a server error (the session is then closed there)."""
         while not self._is_done:
             result, error = self._events.get(timeout=self.timeout)
-            if error is not None:
-                self.cancel()
+            if error is not None:  # every error response is its request's last
+                with self._lock:
+                    self._num_open -= 1
+                    running = self._num_open > 0
+                self._is_done = True
+                self.close(cancel=running)  # no request left running: end the stream, no cancel
                 raise error
             if result is None:
                 self._is_done = True
                 break
             response = result.get_response()
             is_final = response.parameters["triton_final_response"].bool_param
+            if is_final:
+                with self._lock:
+                    self._num_open -= 1
             segment = response.id.rsplit(":", 1)[-1]
             if is_final and response.id == self._end_id:
                 self._is_done = True
@@ -229,6 +238,9 @@ class TextSession:
         self.close(cancel=True)
 
     def close(self, cancel: bool = False) -> None:
+        """End the stream: cancelled if asked or if the session is not done, else half-closed and
+        read to its end. A stream whose requests have all ended is never cancelled: that can leave
+        tritonserver 2.51 holding moss_tts (perf/hold_repro/README.md)."""
         if self._client is not None:
             client, self._client = self._client, None
             client.stop_stream(cancel_requests=cancel or not self._is_done)
