@@ -149,6 +149,7 @@ class TextSession:
         self._lock = threading.Lock()
         self._is_ended = False
         self._is_done = False
+        self._num_open = 0  # requests sent whose final (or error) response has not come yet
         self._client = grpcclient.InferenceServerClient(url)
         self._client.start_stream(callback=lambda result, error: self._events.put((result, error)))
 
@@ -184,6 +185,7 @@ class TextSession:
         # plan.end_id is set before the send: the closing request's final may come back at once.
         request_id, options = self.plan.next(text, is_end)
         inputs = build_inputs(text, session_id=self.session_id, session_end=True if is_end else None, **options)
+        self._num_open += 1
         self._client.async_stream_infer(self.model, inputs, request_id=request_id,
                                         outputs=[grpcclient.InferRequestedOutput(name) for name in self.outputs],
                                         enable_empty_final_response=True)
@@ -194,14 +196,21 @@ class TextSession:
         InferenceServerException on a server error (the session is then closed there)."""
         while not self._is_done:
             result, error = self._events.get(timeout=self.timeout)
-            if error is not None:
-                self.cancel()
+            if error is not None:  # every error response is its request's last
+                with self._lock:
+                    self._num_open -= 1
+                    running = self._num_open > 0
+                self._is_done = True
+                self.close(cancel=running)  # no request left running: end the stream, no cancel
                 raise error
             if result is None:
                 self._is_done = True
                 break
             response = result.get_response()
             is_final = response.parameters["triton_final_response"].bool_param
+            if is_final:
+                with self._lock:
+                    self._num_open -= 1
             segment = self.plan.segment_of(response.id)
             if is_final and response.id == self.plan.end_id:
                 self._is_done = True
@@ -220,6 +229,9 @@ class TextSession:
         self.close(cancel=True)
 
     def close(self, cancel: bool = False) -> None:
+        """End the stream: cancelled if asked or if the session is not done, else half-closed and
+        read to its end. A stream whose requests have all ended is never cancelled: that can leave
+        tritonserver 2.51 holding moss_tts (perf/hold_repro/README.md)."""
         if self._client is not None:
             client, self._client = self._client, None
             client.stop_stream(cancel_requests=cancel or not self._is_done)

@@ -89,7 +89,7 @@ def percentiles(values: list[float], which=(50, 95, 99)) -> dict:
 async def one_stream(client, model: str, frames: int, seed: int, stream: bool, timeout_s: float) -> StreamResult:
     import tritonclient.grpc.aio as grpcclient
 
-    from client.openai_shim.triton_stream import build_inputs
+    from client.openai_shim.triton_stream import build_inputs, read_to_end
 
     inputs = build_inputs({"TEXT": TEXT, "MAX_FRAMES": frames, "IGNORE_STOP": True, "SEED": seed, "STREAM": stream})
     closed = asyncio.Event()
@@ -107,6 +107,7 @@ async def one_stream(client, model: str, frames: int, seed: int, stream: bool, t
             result, error = await asyncio.wait_for(call.__anext__(), timeout_s)
             now = time.perf_counter() - start
             if error is not None:
+                await read_to_end(call, closed)  # ended: never cancelled (perf/hold_repro/README.md)
                 return StreamResult(now, now, 0.0, 0, 0.0, error.message())
             audio = result.as_numpy("AUDIO")
             if audio is not None and audio.size:
@@ -120,6 +121,7 @@ async def one_stream(client, model: str, frames: int, seed: int, stream: bool, t
     finally:
         closed.set()
     total = time.perf_counter() - start
+    await read_to_end(call, closed)  # before the channel closes: a call still open then is cancelled
     audio_s = sum(seconds for _, seconds in arrivals)
     if not arrivals:
         return StreamResult(total, total, 0.0, 0, 0.0, "no audio")

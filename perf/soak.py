@@ -120,6 +120,8 @@ class Soak:
         or ("chunks", n): cancel the gRPC stream then."""
         import tritonclient.grpc.aio as grpcclient
 
+        from client.openai_shim.triton_stream import read_to_end
+
         closed = asyncio.Event()
         request = {"model_name": model, "inputs": make_inputs(values, ensemble),
                    "parameters": {"triton_enable_empty_final_response": True}}
@@ -135,15 +137,25 @@ class Soak:
         canceller = None
         if cancel_after and cancel_after[0] == "delay":
             canceller = asyncio.get_running_loop().call_later(cancel_after[1], call.cancel)
+
+        async def ended(error: Optional[str]):
+            # The request is over: no cancel from here on, the stream is read to its status (a
+            # cancel now, or closing the channel before the status came, can leave tritonserver
+            # holding moss_tts at shutdown: perf/hold_repro/README.md).
+            if canceller is not None:
+                canceller.cancel()
+            await read_to_end(call, closed)
+            return responses, error, first
+
         try:
             while True:
                 result, error = await asyncio.wait_for(call.__anext__(), self.config.response_timeout_s)
                 first = first if first is not None else time.perf_counter() - start
                 if error is not None:
-                    return responses, error.message(), first
+                    return await ended(error.message())
                 responses.append(result)
                 if result.get_response().parameters["triton_final_response"].bool_param:
-                    return responses, None, first
+                    return await ended(None)
                 if cancel_after and cancel_after[0] == "chunks" and len(responses) >= cancel_after[1]:
                     call.cancel()
                     return responses, "cancelled by us", first

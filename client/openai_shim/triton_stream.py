@@ -5,6 +5,11 @@ open until the final response (as client.tts_client does); `aclose()` before tha
 gRPC call, which makes tritonserver cancel the request, and the entry frees the engine row and
 the vocoder session. Errors become `ApiError` (errors.py); no response within
 `response_timeout_s` cancels the call and raises 504.
+
+A stream whose request has ended (final or error response) is never cancelled: `read_to_end`
+half-closes it and reads it to the server's status. Cancelling it instead can leave tritonserver
+2.51 holding the model for good (perf/hold_repro/README.md); so can closing the channel while
+such a call is still open, which is why the soak and the benchmark read every stream to its end.
 """
 
 from __future__ import annotations
@@ -39,6 +44,28 @@ BALANCED_CHANNEL_ARGS = [("grpc.lb_policy_name", "round_robin"), ("grpc.dns_min_
 def channel_args(url: str) -> list[tuple[str, object]]:
     """The shim's gRPC channel options for `url`: per-RPC round robin when it names a resolver."""
     return CHANNEL_ARGS + (BALANCED_CHANNEL_ARGS if url.startswith(RESOLVER_SCHEMES) else [])
+
+
+END_TIMEOUT_S = 10.0  # a server that does not end a finished stream by then gets it cancelled
+
+
+async def read_to_end(call, closed: asyncio.Event, timeout_s: float = END_TIMEOUT_S) -> None:
+    """End a stream whose requests have all ended without cancelling it: half-close (`closed` is
+    the event the request iterator waits on) and read on to the server's status. Only if that
+    takes longer than `timeout_s` is the call cancelled."""
+    closed.set()
+
+    async def drain() -> None:
+        try:
+            async for _ in call:  # nothing is left but the status
+                pass
+        except grpc.aio.AioRpcError:  # ended with a non-OK status: ended all the same
+            pass
+
+    try:
+        await asyncio.wait_for(drain(), timeout_s)
+    except (TimeoutError, asyncio.TimeoutError):
+        call.cancel()
 
 
 def build_inputs(values: dict[str, object]) -> list[grpcclient.InferInput]:
@@ -77,13 +104,14 @@ class AudioStream:
         while not self._finished:
             result, error = await self._next_response()
             if error is not None:
-                self._finish()
+                self._finished = True  # aclose() ends the stream
                 raise errors.from_triton_message(error.message())
             if result.get_response().parameters["triton_final_response"].bool_param:
-                self._finish()
+                self._finished = True
             audio = result.as_numpy("AUDIO")
             if audio is not None and audio.size:
-                return audio
+                return audio  # the last chunk goes out first; the stream is ended on the next call
+        await self._end()
         raise StopAsyncIteration
 
     async def _next_response(self):
@@ -104,15 +132,22 @@ class AudioStream:
         self._finished = True
         self._closed.set()
 
+    async def _end(self) -> None:
+        """Once the request has ended: the stream read to its status (once)."""
+        if not self._closed.is_set():
+            await read_to_end(self._call, self._closed)
+
     @property
     def is_finished(self) -> bool:
         return self._finished
 
     async def aclose(self) -> None:
-        """Cancel the request on the server unless it already finished; safe to call twice."""
+        """Cancel the request on the server unless it already finished (then end the stream
+        without a cancel); safe to call twice."""
         if not self._finished:
             self._call.cancel()
-        self._finish()
+            self._finish()
+        await self._end()
 
 
 class TritonSpeech:
