@@ -27,7 +27,8 @@ R=$W/results  # kept across the calls of one machine; each call returns it whole
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$R" "$OUT"
 # The device returns at most 8 files: one archive and the running log.
-trap 'tar -czf "$OUT/results.tgz" -C "$W" results; cp "$R/scaling.log" "$OUT/" 2>/dev/null' EXIT
+# The servers' logs go in too: a call cut by its time limit still returns them.
+trap 'cp "$W"/server_*.log "$R/" 2>/dev/null; tar -czf "$OUT/results.tgz" -C "$W" results; cp "$R/scaling.log" "$OUT/" 2>/dev/null' EXIT
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$R/scaling.log"; }
 
 env_pack() {
@@ -104,12 +105,14 @@ dump_stubs() {
   done
 }
 
-# Engine and in-process vocoder counters every 0.5 s while the levels run (rates per level).
+# Engine and in-process vocoder counters every 0.5 s while the levels run (rates per level), with
+# each model's heartbeat and moss_tts's queue in Triton (a stall shows which side stopped).
 sample_metrics() {
   while :; do
     echo "t $(date +%s.%N)"
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=2).read().decode())" \
-      2>/dev/null | grep -E '^moss_(engine|tts_vocoder)\{' | sed -E 's/\{model_instance="[^"]*",stat="([a-z_]+)"\}/ \1/'
+      2>/dev/null | grep -E '^moss_(engine|tts_vocoder)\{|^moss_heartbeat_total|^nv_inference_pending_request_count\{model="moss_tts"' \
+      | sed -E 's/\{model_instance="[^"]*",stat="([a-z_]+)"\}/ \1/'
     sleep 0.5
   done > "$R/metrics_series_$1.txt"
 }
