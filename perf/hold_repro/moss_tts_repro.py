@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import tempfile
 import time
@@ -19,10 +18,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "python_backends")]
+sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "tests"), str(ROOT / "python_backends")]
 
 from perf.soak import make_inputs  # noqa: E402
 from moss_tts.contract import SAMPLES_PER_FRAME  # noqa: E402
+from repro import unload_report  # noqa: E402
 
 FRAMES = 6
 SHORT = {"TEXT": "Hold repro.", "MAX_FRAMES": FRAMES, "IGNORE_STOP": True, "FIRST_CHUNK_FRAMES": 2,
@@ -101,10 +101,8 @@ def one_run(scenario: str, run: int, tiny: Path, out: Path) -> dict:
         time.sleep(1.0)
     finally:
         exit_s = stop_server(server)
-    log = log_path.read_text(errors="replace")
-    live = re.findall(r"Found (\d+) live models", log)
     report = {"scenario": scenario, "run": run, "outcomes": outcomes, "exit_s": round(exit_s, 1),
-              "moss_tts_unloaded": "successfully unloaded 'moss_tts'" in log, "live_at_exit": live[-1] if live else None}
+              **unload_report(log_path.read_text(errors="replace"), ["moss_tts"])}
     print(json.dumps(report), flush=True)
     return report
 
@@ -122,7 +120,7 @@ def main() -> None:
         make_tiny([str(args.tiny), "--seed", "0"])
     args.out.mkdir(parents=True, exist_ok=True)
     reports = [one_run(s, run, args.tiny, args.out) for s in args.scenarios for run in range(args.runs)]
-    held = {s: sum(not r["moss_tts_unloaded"] for r in reports if r["scenario"] == s) for s in args.scenarios}
+    held = {s: sum("moss_tts" in r["held"] for r in reports if r["scenario"] == s) for s in args.scenarios}
     print(json.dumps({"runs": args.runs, "runs_holding_moss_tts": held}))
 
 

@@ -140,10 +140,6 @@ class RequestState:
         return self.status is RequestStatus.FINISHED
 
     @property
-    def num_pending(self) -> int:
-        return len(self.pending)
-
-    @property
     def is_at_frame_budget(self) -> bool:
         return self.num_frames >= self.request.params.max_frames
 
@@ -152,17 +148,13 @@ class RequestState:
         """Another frame may be launched: the budget is not yet covered by launched frames."""
         return self.num_issued < self.request.params.max_frames
 
-    @property
-    def is_chunk_ready(self) -> bool:
-        return self.num_pending >= chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames)
-
     def start(self, slot: int, prefix: Optional[PrefixMatch] = None) -> None:
         assert self.status is RequestStatus.WAITING, f"{self.request_id} started twice"
         self.status, self.slot, self.prefix = RequestStatus.RUNNING, slot, prefix
 
     def add_frame(self, codes: np.ndarray) -> bool:
-        """Append one frame's codes [n_vq]; True when a chunk is ready or the frame budget is
-        reached (is_chunk_ready or is_at_frame_budget), the only frames that need a look."""
+        """Append one frame's codes [n_vq]; True when the pending frames make the next chunk
+        (chunk_target) or the frame budget is reached, the only frames that need a look."""
         self.pending.append(codes)
         self.num_frames += 1
         return self.num_frames >= self._due_at
