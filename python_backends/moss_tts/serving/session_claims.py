@@ -43,9 +43,8 @@ def server_directory() -> Path:
 
 class SessionClaims:
     def __init__(self, directory: Path, owner: str) -> None:
-        # The directory is made by the first claim: a server whose instances never open a
-        # session (or are killed before they can clean up) leaves nothing in /dev/shm.
         self.directory, self.owner = Path(directory), owner
+        self.directory.mkdir(parents=True, exist_ok=True)
         self._mine: set[str] = set()  # session ids this instance claimed and holds
 
     def _path(self, session_id: str) -> Path:
@@ -58,7 +57,7 @@ class SessionClaims:
         for _ in range(3):
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            except FileNotFoundError:  # no directory yet, or it went with another instance's release_all
+            except FileNotFoundError:  # the directory went with another instance's release_all
                 self.directory.mkdir(parents=True, exist_ok=True)
                 continue
             except FileExistsError:
