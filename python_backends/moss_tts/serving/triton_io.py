@@ -11,7 +11,7 @@ from typing import Callable, Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..contract import ErrorKind, is_shutting_down
+from ..contract import ErrorKind, ShutdownProbe
 from .stub_guard import guard_stub
 
 # TritonError's code for each kind; the stub binds TritonError only after model.py is imported,
@@ -105,7 +105,8 @@ class ServerStopWatch:
     decoupled model's streams. Streams that called other models over BLS used to learn it from
     the refused call ("Server not ready"). Streams whose work stays in this process ask the same
     way: every `interval_s`, one BLS call to a model that does not exist, answered at once with
-    "not ready" while the server runs and with "Server not ready" once it shuts down. Not
+    "not ready" while the server runs and with "Server not ready" once it shuts down (and while it
+    starts: contract.ShutdownProbe tells the two apart). Not
     `pb_utils.is_model_ready`: while the calling model unloads, 24.10 never answers it (seen in
     1 of 5 shutdowns here, the stream threads then held the exit for its whole timeout)."""
 
@@ -118,6 +119,7 @@ class ServerStopWatch:
         self._thread.start()
 
     def _watch(self) -> None:
+        probe = ShutdownProbe()
         while not self._stop.wait(self.interval_s):
             try:
                 response = pb_utils.InferenceRequest(model_name=self.PROBE_MODEL, inputs=[],
@@ -125,7 +127,7 @@ class ServerStopWatch:
                 message = response.error().message() if response.has_error() else ""
             except Exception as exc:
                 message = str(exc)
-            if is_shutting_down(message):
+            if probe.is_stopping(message):
                 log.info("tritonserver is shutting down (%s)", message)
                 self.on_stop()
                 return
