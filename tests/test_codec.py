@@ -296,3 +296,53 @@ def test_serving_form_computes_the_same_function(ckpt, codes50):
     state = served.new_decode_state(2)
     streamed = torch.cat([served.decode_step(codes50[:, i:i + 10], state) for i in range(0, 50, 10)], dim=-1)
     assert_close_to_peak(streamed, expected, rel=1e-5)
+
+
+def _packing(lengths: list[int], max_frames: int, pad_frames: int = 0):
+    """Packing of rows with `lengths` frames, back to back, then `pad_frames` frames no row owns."""
+    from moss_tts.codec.streaming import Packing
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    frame_rows = [i for i, n in enumerate(lengths) for _ in range(n)] + [0] * pad_frames
+    frame_steps = [s for n in lengths for s in range(n)] + [0] * pad_frames
+    return Packing(torch.tensor(starts), torch.tensor(lengths), torch.tensor(frame_rows), torch.tensor(frame_steps),
+                   max_frames)
+
+
+@pytest.mark.parametrize("schedule", [
+    # per step: (stream, frames) of the rows it decodes; stream -1 is a padding row (0 frames)
+    [[(0, 2), (1, 10), (2, 4)], [(2, 10), (0, 8), (1, 3)], [(1, 10), (0, 10), (-1, 0)], [(0, 10), (2, 1)]],
+    [[(0, 1), (1, 1), (2, 1)], [(0, 7), (2, 9)], [(1, 9), (0, 10), (2, 10)], [(1, 10), (-1, 0), (-1, 0)]],
+], ids=["mixed", "ragged"])
+@pytest.mark.parametrize("pad_frames", [0, 5])
+def test_packed_steps_equal_each_stream_offline(codec, codes50, schedule, pad_frames):
+    """Rows of different frame counts in one packed step each decode exactly their own stream:
+    padding rows (length 0, on a spare row) and padding frames change nothing."""
+    streams = [codes50[0], codes50[1], codes50[0, 7:]]
+    slots, spare = [3, 0, 2], 1
+    state = codec.new_decode_state(4)
+    cursors, outs = [0, 0, 0], [[], [], []]
+    for step in schedule:
+        rows = [slots[s] if s >= 0 else spare for s, _ in step]
+        lengths = [n for _, n in step]
+        codes = torch.cat([streams[s][cursors[s]:cursors[s] + n] for s, n in step if s >= 0]
+                          + [torch.zeros(pad_frames, 12, dtype=torch.long)])
+        audio = codec.decode_step_packed(codes, state, torch.tensor(rows), _packing(lengths, 10, pad_frames))
+        assert audio.shape == (2, codes.shape[0] * SPF)
+        start = 0
+        for s, n in step:
+            if s >= 0:
+                outs[s].append(audio[:, start * SPF:(start + n) * SPF])
+                cursors[s] += n
+            start += n
+        assert state.frames[spare] == 0 and all(not c[:, spare].any() for c in state.caches)
+    for s, stream in enumerate(streams):
+        assert state.frames[slots[s]] == cursors[s]
+        assert_close_to_peak(torch.cat(outs[s], -1), codec.decode(stream[None, :cursors[s]])[0])
+
+
+def test_packed_step_refuses_codes_that_do_not_match_the_packing(codec, codes50):
+    state = codec.new_decode_state(3)
+    with pytest.raises(ValueError, match="packing covers 5 frames"):
+        codec.decode_step_packed(codes50[0, :4], state, torch.tensor([0, 1]), _packing([2, 3], 10))
+    with pytest.raises(ValueError, match=r"integer tensor \[N, n_q\]"):
+        codec.decode_step_packed(codes50[:, :4], state, torch.tensor([0, 1]), _packing([2, 2], 10))

@@ -1,5 +1,6 @@
-"""VocoderGraphs: the padded static-buffer step equals the plain eager step; padding only ever
-touches the scratch row; long chunks are decoded in graphed pieces. On a GPU: captured replay
+"""VocoderGraphs: the padded static-buffer step equals the plain eager step; chunks of different
+lengths share one packed step; padding never touches a real row (padding rows decode nothing on
+the scratch row, padding frames belong to no row); long chunks are decoded in graphed pieces. On a GPU: captured replay
 equals the uncaptured padded step bit for bit, and streaming through graphs equals offline decode.
 
 CPU tests run the graphs' step uncaptured (VocoderSessions(capture=False)); the GPU tests at the
@@ -131,11 +132,12 @@ def test_padding_touches_only_the_scratch_row(codec, streams):
     untouched = [1, 4, 5, 6, 7]  # y and the free slots
     before = state_rows(sessions, untouched)
     scratch_before = state_rows(sessions, [8])[1:]
-    sessions.decode({"a": streams[3, :2], "x": streams[0, 4:6], "z": streams[2, 4:6]})  # 3 rows -> bucket 4
+    # 3 rows -> bucket 4, 2 + 2 + 3 = 7 frames -> bucket 8
+    sessions.decode({"a": streams[3, :2], "x": streams[0, 4:6], "z": streams[2, 4:7]})
     assert all(torch.equal(b, a) for b, a in zip(before, state_rows(sessions, untouched)))
-    assert sessions.state.frames.tolist()[:8] == [6, 4, 6, 2, 0, 0, 0, 0]
-    # the padding row ran on the scratch row (its ring changed) and its position restarted
-    assert not all(torch.equal(b, a) for b, a in zip(scratch_before, state_rows(sessions, [8])[1:]))
+    assert sessions.state.frames.tolist()[:8] == [6, 4, 7, 2, 0, 0, 0, 0]
+    # the padding row brought 0 frames: even the scratch row's ring is untouched, its position 0
+    assert all(torch.equal(b, a) for b, a in zip(scratch_before, state_rows(sessions, [8])[1:]))
     assert int(sessions.state.frames[8]) == 0
 
 
@@ -197,14 +199,38 @@ def test_longer_chunks_are_decoded_in_graphed_pieces(codec, streams):
     assert_same_audio(out, run_schedule(make(codec, graphs=False), streams, ids, sizes))
 
 
+def test_chunks_of_different_lengths_share_one_padded_step(codec, streams):
+    """Each call packs the sequences' chunks of 1 to 10 frames into one step, padded to its row
+    and frame buckets, and every sequence decodes as it would alone."""
+    schedules = {"a": [2, 10, 10, 8], "b": [4, 8, 10, 8], "c": [1, 3, 10, 10], 9: [10, 1, 7, 2]}
+    outs = {}
+    for graphs in (True, False):
+        sessions = make(codec, max_slots=6, graphs=graphs)
+        cursors, out = dict.fromkeys(schedules, 0), {sid: [] for sid in schedules}
+        for sid in schedules:
+            sessions.start(sid)
+        for k in range(4):
+            call = {sid: streams[i, cursors[sid]:cursors[sid] + sizes[k]]
+                    for i, (sid, sizes) in enumerate(schedules.items())}
+            for sid, audio in sessions.decode(call).items():
+                out[sid].append(audio)
+                cursors[sid] += schedules[sid][k]
+        assert sessions.stats().decode_calls == 4  # one step per call
+        assert sessions.stats().graph_calls == (4 if graphs else 0)
+        outs[graphs] = {sid: torch.cat(chunks, dim=-1) for sid, chunks in out.items()}
+    assert_same_audio(outs[True], outs[False])
+    for i, sid in enumerate(schedules):
+        assert_same_audio({sid: outs[False][sid]}, {sid: codec.decode(streams[i:i + 1, :cursors[sid]])[0]})
+
+
 def test_pieces_of_chunks_of_different_lengths_share_steps(codec, streams):
-    """A call with chunks of 9 and 7 frames (4-frame graphs): rounds of (4, 4), (4, 3) and (1),
-    so the first two pieces of both sequences run as one two-row step."""
+    """A call with chunks of 9 and 7 frames (4-frame graphs): steps of (4, 4), (4, 3) and (1):
+    piece k of both sequences in step k, whatever its length."""
     sessions = make(codec, max_graph_frames=4)
     for sid in ("a", "b"):
         sessions.start(sid)
     out = sessions.decode({"a": streams[0, :9], "b": streams[1, :7]})
-    assert sessions.stats().decode_calls == 4 and sessions.stats().frames_decoded == 16
+    assert sessions.stats().decode_calls == 3 and sessions.stats().frames_decoded == 16
     expected = make(codec, graphs=False)
     for sid in ("a", "b"):
         expected.start(sid)
@@ -241,12 +267,38 @@ def test_graph_replay_equals_the_uncaptured_padded_step(tiny_dir, streams):
     codec = gpu_codec(tiny_dir, "cuda")
     ids = ["a", "b", "c"]
     graphed = make(codec, max_slots=8, capture=True, device="cuda")
-    assert graphed.graphs.num_graphs == 4 * 10  # buckets 1, 2, 4, 8 x frames 1..10
+    # rows 1, 2, 4, 8 x the frame buckets each can reach (1 .. 10 frames a row)
+    assert graphed.graphs.num_graphs == 21
     eager = make(codec, max_slots=8, capture=False, device="cuda")
     sizes = [2, 10, 10, 8]
     out, expected = run_schedule(graphed, streams, ids, sizes), run_schedule(eager, streams, ids, sizes)
     for sid in ids:
         assert torch.equal(out[sid], expected[sid]), sid  # same kernels, same shapes: bit-exact
+
+
+def run_mixed(sessions: VocoderSessions, streams: torch.Tensor) -> dict:
+    """Four sequences whose chunks differ in length in every call (as a vocoder round's do)."""
+    schedules = {"a": [2, 10, 10, 8], "b": [4, 8, 10, 8], "c": [1, 3, 10, 10], 9: [10, 1, 7, 2]}
+    cursors, out = dict.fromkeys(schedules, 0), {sid: [] for sid in schedules}
+    for sid in schedules:
+        sessions.start(sid)
+    for k in range(4):
+        call = {sid: streams[i, cursors[sid]:cursors[sid] + sizes[k]] for i, (sid, sizes) in enumerate(schedules.items())}
+        for sid, audio in sessions.decode(call).items():
+            out[sid].append(audio)
+            cursors[sid] += schedules[sid][k]
+    return {sid: torch.cat(chunks, dim=-1) for sid, chunks in out.items()}
+
+
+@pytest.mark.gpu
+def test_graph_replay_of_mixed_lengths_equals_the_uncaptured_padded_step(tiny_dir, streams):
+    codec = gpu_codec(tiny_dir, "cuda")
+    graphed = make(codec, max_slots=8, capture=True, device="cuda")
+    out = run_mixed(graphed, streams)
+    expected = run_mixed(make(codec, max_slots=8, capture=False, device="cuda"), streams)
+    assert graphed.stats().graph_calls == graphed.stats().decode_calls == 4
+    for sid in out:
+        assert torch.equal(out[sid], expected[sid]), sid
 
 
 @pytest.mark.gpu

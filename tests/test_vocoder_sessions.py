@@ -17,21 +17,21 @@ SPF = 3840  # samples per channel per codec frame
 
 
 class CountingCodec:
-    """The tiny codec with decode_step calls counted (and optionally failing)."""
+    """The tiny codec with its (packed) decode steps counted (and optionally failing)."""
 
     def __init__(self, codec, fail: bool = False):
         self._codec = codec
         self.fail = fail
-        self.step_batches: list[int] = []  # number of decoded rows per decode_step
+        self.step_batches: list[int] = []  # number of decoded rows per step
 
     def __getattr__(self, name):
         return getattr(self._codec, name)
 
-    def decode_step(self, codes, state, rows=None):
-        self.step_batches.append(codes.shape[0])
+    def decode_step_packed(self, codes, state, rows, packing):
+        self.step_batches.append(rows.shape[0])
         if self.fail:
             raise RuntimeError("simulated device failure")
-        return self._codec.decode_step(codes, state, rows)
+        return self._codec.decode_step_packed(codes, state, rows, packing)
 
 
 class FakeClock:
@@ -125,17 +125,17 @@ def test_interleaved_sequences_with_different_chunkings(codec, streams):
             outputs[sid].append(audio)
     assert_close_to_peak(torch.cat(outputs["a"], -1), offline(codec, streams[0]))
     assert_close_to_peak(torch.cat(outputs[7], -1), offline(codec, streams[1]))
-    assert sorted(set(counting.step_batches)) == [1, 2]  # rounds 2 and 4 share one step (T=5)
+    assert counting.step_batches == [2] * 7 + [1] * 2  # one step per call, whatever the lengths
 
 
-def test_equal_lengths_share_one_decode_step(codec, streams):
+def test_chunks_of_different_lengths_share_one_decode_step(codec, streams):
     sessions, counting = make(codec)
     sessions.start("a")
     sessions.start("b")
     sessions.start("c")
     out = sessions.decode({"a": streams[0, :6], "b": streams[1, :6], "c": streams[1, :2]})
-    assert counting.step_batches == [2, 1]  # one call for T=6 (a, b), one for T=2 (c)
-    assert_stats(sessions, decode_calls=2, frames_decoded=14)
+    assert counting.step_batches == [3]  # 6, 6 and 2 frames packed into one step
+    assert_stats(sessions, decode_calls=1, frames_decoded=14)
     assert_close_to_peak(out["a"], offline(codec, streams[0, :6]))
     assert_close_to_peak(out["b"], offline(codec, streams[1, :6]))
     assert_close_to_peak(out["c"], offline(codec, streams[1, :2]))
@@ -147,7 +147,7 @@ def test_prime_then_decode_continues_the_stream(codec, streams):
     sessions.prime("a", streams[0, :10])
     audio = stream(sessions, "a", streams[0, 10:], [4, 16])
     assert_close_to_peak(audio, offline(codec, streams[0])[:, 10 * SPF:])
-    assert_stats(sessions, decode_calls=3, frames_decoded=30)
+    assert_stats(sessions, decode_calls=4, frames_decoded=30)  # 16 frames: two pieces of max_graph_frames
 
 
 def test_empty_chunk_returns_empty_audio_without_a_step(codec, streams):

@@ -114,8 +114,65 @@ def repeated_row_errors(config: AttentionConfig | None = None) -> dict[str, floa
                           (ring.values[others] - GARBAGE).abs().max().item())}
 
 
+# Packed steps (rows of different lengths back to back in one sequence): name -> (heads,
+# head_dim, window, tokens per row, offsets per row, state slots, rows, padding tokens at the end,
+# max_len). A row of 0 tokens is a graph's padding row (here on slot `rows` repeats, untouched).
+PACKED_CASES = {
+    "packed_mixed_lengths": (2, 16, 24, [2, 10, 4], [7, 100, 0], 5, [4, 1, 2], 3, 10),
+    "packed_padding_rows": (2, 16, 24, [3, 0, 0, 9], [30, 0, 0, 5], 5, [0, 4, 4, 2], 7, 10),
+    "packed_longer_than_window": (2, 16, 8, [20, 3], [13, 2**31 + 3], 4, [3, 1], 0, 20),
+    "packed_block_m_64": (2, 32, 64, [70, 5, 40], [200, 63, 0], 4, [1, 2, 0], 9, 80),
+}
+
+
+def packed_case_errors(case, device="cpu", dtype=torch.float32, seed=0,
+                       config: AttentionConfig | None = None) -> dict[str, float]:
+    """Max abs error of a packed step against the batched reference run row by row (its own
+    oracle): every row's outputs, the padding tokens' outputs (must be 0) and every ring slot."""
+    heads, head_dim, window, lengths, offsets, num_slots, rows, pad, max_len = case
+    gen = torch.Generator().manual_seed(seed)
+    width = 3 * heads * head_dim
+    qkvs = [torch.randn(1, n, width, generator=gen) for n in lengths] + [torch.randn(1, pad, width, generator=gen)]
+    keys, values = (torch.full((num_slots, heads, window, head_dim), GARBAGE) for _ in range(2))
+    for row, offset, n in zip(rows, offsets, lengths):
+        if n:
+            for p in range(offset - min(offset, window), offset):
+                keys[row, :, p % window] = torch.randn(heads, head_dim, generator=gen)
+                values[row, :, p % window] = torch.randn(heads, head_dim, generator=gen)
+    packed = torch.cat(qkvs, dim=1).to(device, dtype)
+    qkvs = [q.to(dtype).float() for q in qkvs]  # the oracle sees the same rounded inputs
+    ref = Ring(keys.to(dtype).float().clone(), values.to(dtype).float().clone(), None, None)
+    expected = []
+    for row, offset, n, qkv in zip(rows, offsets, lengths, qkvs):
+        if n:
+            rope = rope_table(torch.tensor([[offset + j for j in range(n)]]), head_dim, 10000.0)
+            ring = Ring(ref.keys, ref.values, torch.tensor([row]), torch.tensor([offset]))
+            expected.append(reference_window_attention(qkv, rope, heads, window, ring)[0])
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    positions = [offset + j for offset, n in zip(offsets, lengths) for j in range(n)] + [0] * pad
+    rope = rope_on(rope_table(torch.tensor([positions]), head_dim, 10000.0), device)
+    ring = Ring(keys.to(device, dtype), values.to(device, dtype), torch.tensor(rows, device=device),
+                torch.tensor(offsets, device=device), torch.tensor(starts, device=device),
+                torch.tensor(lengths, device=device), max_len)
+    if config is None:
+        got = window_attention(packed.clone(), rope, heads, window, ring)
+    else:
+        got = wa._triton_window_attention(packed.clone(), rope, heads, window, ring, None, config)
+    got = got[0].float().cpu()
+    total = sum(lengths)
+    assert got.shape == (total + pad, heads * head_dim)
+    return {"out": max((got[start:start + n] - e).abs().max().item()
+                       for start, n, e in zip([s for s, n in zip(starts, lengths) if n], [n for n in lengths if n], expected)),
+            "padding": got[total:].abs().max().item() if pad else 0.0,
+            "keys": (ring.keys.float().cpu() - ref.keys).abs().max().item(),
+            "values": (ring.values.float().cpu() - ref.values).abs().max().item()}
+
+
 def interpreter_main() -> None:
     errors = {name: case_errors(case) for name, case in INTERPRETER_CASES.items()}
+    for name, case in PACKED_CASES.items():
+        errors[name] = packed_case_errors(case)
+        errors.update({f"{name}/{label}": packed_case_errors(case, config=config) for label, config in OTHER_CONFIGS.items()})
     errors["repeated_rows"] = repeated_row_errors()
     errors["repeated_rows/one_loop"] = repeated_row_errors(OTHER_CONFIGS["one_loop"])
     for label, config in OTHER_CONFIGS.items():
@@ -134,6 +191,20 @@ def test_interpreter_kernels_match_reference(interpreter_errors, name, config):
     errors = interpreter_errors[name if config is None else f"{name}/{config}"]
     assert set(errors) == ({"out"} if INTERPRETER_CASES[name][4] is None else {"out", "keys", "values"})
     assert all(e <= TOLERANCE for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("config", [None, *OTHER_CONFIGS])
+@pytest.mark.parametrize("name", list(PACKED_CASES))
+def test_interpreter_packed_rows_match_each_row_alone(interpreter_errors, name, config):
+    errors = interpreter_errors[name if config is None else f"{name}/{config}"]
+    assert errors["padding"] == 0.0, errors  # tokens no row owns: never written, zero
+    assert all(errors[key] <= TOLERANCE for key in ("out", "keys", "values")), errors
+
+
+@pytest.mark.parametrize("name", list(PACKED_CASES))
+def test_reference_packed_rows_match_each_row_alone(name):
+    errors = packed_case_errors(PACKED_CASES[name])
+    assert errors["padding"] == 0.0 and all(errors[key] <= TOLERANCE for key in ("out", "keys", "values")), errors
 
 
 @pytest.mark.parametrize("name", ["repeated_rows", "repeated_rows/one_loop"])
@@ -193,6 +264,22 @@ BF16_TOLERANCE = 3e-2
 def test_gpu_kernels_match_reference_bf16(name):
     errors = case_errors(GPU_CASES[name], device="cuda", dtype=torch.bfloat16)
     assert all(e <= BF16_TOLERANCE for e in errors.values()), errors
+
+
+# Packed rows at the real head size: a vocoder round of 2-, 10- and 4-frame chunks at stage 0
+# (1 token per frame, window 125) and at stage 5 (32 tokens per frame, window 400).
+GPU_PACKED_CASES = {
+    "stage0_packed": (20, 64, 125, [2, 10, 4, 0], [0, 300, 7, 0], 6, [5, 1, 2, 5], 6, 10),
+    "stage5_packed": (12, 64, 400, [64, 320, 128, 0], [7040, 0, 320, 0], 6, [0, 4, 2, 0], 32, 320),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_PACKED_CASES))
+def test_gpu_packed_kernels_match_each_row_alone_bf16(name):
+    errors = packed_case_errors(GPU_PACKED_CASES[name], device="cuda", dtype=torch.bfloat16)
+    assert errors["padding"] == 0.0, errors
+    assert all(errors[key] <= BF16_TOLERANCE for key in ("out", "keys", "values")), errors
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ from torch import nn
 from .config import CodecConfig, PatchStage, TransformerStage
 from .patch import Patch, deinterleave, interleave
 from .quantizer import ResidualLFQ
-from .streaming import CodecDecodeState
+from .streaming import CodecDecodeState, Packing
 from .transformer import ProjectedTransformer, TransformerLayer
 
 
@@ -117,9 +117,10 @@ class MossAudioCodec(nn.Module):
         self.quantizer.check_n_quantizers(codes.shape[-1])
 
     def _decode_stack(self, codes: torch.Tensor, state: CodecDecodeState | None = None,
-                      rows: torch.Tensor | None = None, frames: torch.Tensor | None = None) -> torch.Tensor:
+                      rows: torch.Tensor | None = None, frames: torch.Tensor | None = None,
+                      packing: Packing | None = None) -> torch.Tensor:
         """Offline without a state; streaming: the state `rows` continue from `frames` [n] (their
-        frame counters before this step)."""
+        frame counters before this step); packed: codes [1, N, n_q] laid out by `packing`."""
         p = self._param(self.decoder)
         if codes.shape[1] == 0:
             return torch.zeros(codes.shape[0], self.channels, 0, device=codes.device, dtype=p.dtype)
@@ -130,7 +131,7 @@ class MossAudioCodec(nn.Module):
                 x = module(x)
                 continue
             n = module.stage.num_layers
-            x = module(x, state.caches[layer:layer + n], rows, frames * scale)
+            x = module(x, state.caches[layer:layer + n], rows, frames * scale, packing)
             layer += n
         return deinterleave(x, self.channels)
 
@@ -173,4 +174,25 @@ class MossAudioCodec(nn.Module):
         audio = self._decode_stack(codes.to(device), state, rows, frames)
         # A put, not an add: rows repeated (CUDA-graph padding on one scratch row) advance once.
         state.frames.index_put_((rows,), frames + codes.shape[1])
+        return audio
+
+    @torch.no_grad()
+    def decode_step_packed(self, codes: torch.Tensor, state: CodecDecodeState, rows: torch.Tensor,
+                           packing: Packing) -> torch.Tensor:
+        """Streaming decode of rows that bring different frame counts, in one step: codes [N, n_q]
+        hold every row's next frames back to back as `packing` says (row i: lengths[i] frames from
+        starts[i]) -> audio [2, N*3840], row i's at samples starts[i]*3840 .. (starts[i] +
+        lengths[i])*3840. rows [n] are the state rows (repeats only with length 0: padding).
+        Every decoder op but attention works token by token, and attention keeps to each row's
+        own tokens and ring (kernels/window_attention.py), so a row decodes exactly as it would
+        alone. Capturable like decode_step (nothing read back, nothing range-checked)."""
+        if codes.dim() != 2 or codes.dtype not in (torch.long, torch.int32):
+            raise ValueError(f"codes must be an integer tensor [N, n_q], got {codes.dtype} {tuple(codes.shape)}")
+        self.quantizer.check_n_quantizers(codes.shape[-1])
+        if codes.shape[0] != packing.num_frames or rows.shape != packing.starts.shape:
+            raise ValueError(f"packing covers {packing.num_frames} frames of {tuple(packing.starts.shape)} rows; "
+                             f"got codes for {codes.shape[0]} frames and rows {tuple(rows.shape)}")
+        frames = state.frames.index_select(0, rows)
+        audio = self._decode_stack(codes[None], state, rows, frames, packing.at(frames))[0]
+        state.frames.index_put_((rows,), frames + packing.lengths)
         return audio

@@ -10,11 +10,12 @@ One object holds everything that survives between `MossAudioCodec.decode_step` c
 
 A step reads and writes the rows it decodes where they live (decode_step's `rows`), so the
 state is never copied; all updates are in place and the tensors are static CUDA-graph buffers.
+A packed step (`Packing`, decode_step_packed) decodes rows of different frame counts at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -57,3 +58,32 @@ class CodecDecodeState:
         self.frames.index_fill_(0, index, 0)
         for cache in self.caches:
             cache.index_fill_(1, index, 0)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where each row of a packed step (MossAudioCodec.decode_step_packed) keeps its frames in
+    the one sequence of N frames: row i owns frames starts[i] .. starts[i] + lengths[i] - 1.
+    Frames no row owns are padding (a graph's frame bucket): computed, never kept.
+    - starts, lengths [n] long; a row with length 0 (a graph's padding row) decodes nothing;
+    - frame_rows, frame_steps [N] long: each frame's row (an index into the step's rows) and its
+      index within that row, so every frame finds its stream position on the device (padding
+      frames: any row, any step; their positions only feed their own, discarded, outputs);
+    - max_frames: the most frames a row may bring (a Python int: it sizes the kernels' grids, so
+      a captured graph serves every packing of its shape);
+    - positions [N] long: every frame's stream position, set by `at` once the rows' frame
+      counters are read (decode_step_packed), for every stage's RoPE table."""
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    frame_rows: torch.Tensor
+    frame_steps: torch.Tensor
+    max_frames: int
+    positions: torch.Tensor | None = None
+
+    @property
+    def num_frames(self) -> int:
+        return self.frame_rows.shape[0]
+
+    def at(self, frames: torch.Tensor) -> "Packing":
+        """This packing with its frames' positions, from the rows' counters `frames` [n]."""
+        return replace(self, positions=frames.index_select(0, self.frame_rows) + self.frame_steps)

@@ -23,6 +23,7 @@ from torch import nn
 
 from .config import TransformerStage
 from .kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, window_attention
+from .streaming import Packing
 
 
 class Attention(nn.Module):
@@ -120,13 +121,24 @@ class ProjectedTransformer(nn.Module):
         return rope_table(positions, s.head_dim, s.max_period, freqs)
 
     def forward(self, x: torch.Tensor, caches: list[torch.Tensor] | None = None, rows: torch.Tensor | None = None,
-                offsets: torch.Tensor | None = None) -> torch.Tensor:
+                offsets: torch.Tensor | None = None, packing: Packing | None = None) -> torch.Tensor:
         """x [B, T, in]. Offline without caches; streaming with the decode state's caches of this
         stage's layers ([2, S, H, W, Dh] each), the state rows [B] that x's rows continue and their
-        stream positions `offsets` [B] at this stage. One RoPE table serves every layer."""
+        stream positions `offsets` [B] at this stage. Packed (`packing`): x [1, N*scale, in] holds
+        the rows' tokens back to back (rows and offsets [n]); each codec frame is `scale`
+        consecutive tokens at this stage. One RoPE table serves every layer."""
         steps = torch.arange(x.shape[1], device=x.device)
         if caches is None:
             rope, rings = self._rope(steps[None]), None
+        elif packing is not None:
+            scale = x.shape[1] // packing.num_frames
+            # Frame f of a row covers its positions f*scale .. f*scale + scale - 1 at this stage.
+            within = torch.arange(scale, device=x.device)
+            positions = (packing.positions[:, None] * scale + within).reshape(1, -1)
+            rope = self._rope(positions)
+            starts, lengths = packing.starts * scale, packing.lengths * scale
+            rings = [Ring(cache[0], cache[1], rows, offsets, starts, lengths, packing.max_frames * scale)
+                     for cache in caches]
         else:
             rope = self._rope(offsets[:, None] + steps)
             rings = [Ring(cache[0], cache[1], rows, offsets) for cache in caches]

@@ -1,24 +1,27 @@
-"""VocoderGraphs: CUDA graphs of one streaming vocoder step per (row bucket, frames).
+"""VocoderGraphs: CUDA graphs of one packed streaming vocoder step per (row bucket, frame bucket).
 
-A step is `codec.decode_step(codes, state, rows)`: the rows' ring buffers are read and written
-in place in the shared `CodecDecodeState`, so a graph holds no copy of any state, only the
-step's activations. VocoderSessions owns that state and the slot bookkeeping; this class owns
-only static buffers and graphs, and makes no policy decisions.
+A step is `codec.decode_step_packed(codes, state, rows, packing)`: the rows bring their next
+frames back to back (a round's 2-, 4- and 10-frame chunks in one step; one step per chunk length
+paid the codec's ~4.5 ms per-call floor up to ten times a round), and their ring buffers are read
+and written in place in the shared `CodecDecodeState`, so a graph holds no copy of any state,
+only the step's activations. VocoderSessions owns that state and the slot bookkeeping; this class
+owns only static buffers and graphs, and makes no policy decisions.
 
-Row buckets are powers of two up to 32, then steps of half a power of two (48, 64, 96, 128,
-192, 256, ...) and `max_rows` itself, so padding adds less than half from 32 rows on; frames
-run 1 .. `max_frames` (the pipeline sends 2 frames, then 10, then the rest; longer chunks come in
-pieces of `max_frames`). A call of n rows runs the smallest bucket b >= n: rows n..b-1 point at
-the state's scratch row (its last row, never a sequence's slot) with code 0, so padding only ever
-touches that row, whose frame counter every step sets back to 0. Every decoder op works row by row, so whatever the scratch row holds cannot
-reach a real row's audio (the padding rows race each other on it, harmlessly).
+Buckets are powers of two up to 32, then steps of half a power of two (48, 64, 96, 128, 192,
+256, ...) and the maximum itself, for rows (up to `max_rows`) and for the step's frames (up to
+max_rows x `max_frames`), so padding adds less than half from 32 on. A row brings 1 ..
+`max_frames` frames (longer chunks come in pieces). A call of n rows and N frames runs the
+smallest buckets b >= n and F >= N: rows n..b-1 point at the state's scratch row (its last row,
+never a sequence's slot) with 0 frames, so they decode nothing, and frames N..F-1 belong to no
+row: computed (every op but attention works frame by frame), never kept, never in a ring. Only
+shapes some call can reach are captured (F between b's smallest row count and b x max_frames).
 
 Graphs are captured largest first into one memory pool, so the smaller ones reuse its blocks.
-The audio leaves every graph as fp32 in one static buffer, ready for one device-to-host copy.
-A step's inputs (rows and codes of every sequence) are written with numpy into one host buffer
-(`step_input`) and uploaded with one copy: in the moss_tts process every torch call hands the GIL
-over to ~256 stream threads and waits to win it back, so the host path makes a fixed number of
-them per step, none per sequence.
+The audio leaves every graph as fp32 [2, F*3840] in one static buffer, ready for one
+device-to-host copy. A step's inputs (rows, the packing, the codes) are written with numpy into
+one host buffer (`step_input`) and uploaded with one copy: in the moss_tts process every torch
+call hands the GIL over to ~256 stream threads and waits to win it back, so the host path makes
+a fixed number of them per step, none per sequence.
 Until `capture` runs (never, with capture off) `run` calls the same padded static-buffer
 function directly: that is how the padding is tested on the CPU, and a switch for debugging.
 """
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..codec.streaming import CodecDecodeState
+from ..codec.streaming import CodecDecodeState, Packing
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +65,37 @@ def to_host(audio: torch.Tensor, wait: bool = True) -> torch.Tensor:
     return host
 
 
-def step_input(slots: list[int], codes: list[np.ndarray], num_rows: int, pad_row: int,
+def step_input(slots: list[int], codes: list[np.ndarray], num_rows: int, num_frames: int, pad_row: int,
                pinned: bool) -> torch.Tensor:
-    """One step's input in the StepInputs.flat layout, int64 [b + b*T*n_vq] with b = num_rows:
-    the rows (`slots`, then `pad_row` as padding), then their codes [b, T, n_vq] (the padding's
-    are 0). Filled with numpy through one fresh tensor's view, pinned for a copy to a GPU: the
-    caching host allocator hands the block out again only once the copy that reads it is done,
-    so a round launched while the last one still runs never overwrites its inputs."""
-    num_slots, (frames, n_vq) = len(slots), codes[0].shape
-    flat = torch.empty(num_rows * (1 + frames * n_vq), dtype=torch.long, pin_memory=pinned)
+    """One packed step's input in the StepInputs.flat layout, int64 [3b + 2F + F*n_vq] with
+    b = num_rows, F = num_frames: rows (`slots`, then `pad_row` as padding), starts, lengths (the
+    padding rows': 0), frame_rows, frame_steps (padding frames: row 0, step 0), then the codes
+    [F, n_vq] (the padding's are 0). Filled with numpy through one fresh tensor's view, pinned
+    for a copy to a GPU: the caching host allocator hands the block out again only once the copy
+    that reads it is done, so a round launched while the last one still runs never overwrites
+    its inputs."""
+    num_slots, n_vq = len(slots), codes[0].shape[1]
+    b, f = num_rows, num_frames
+    flat = torch.empty(3 * b + 2 * f + f * n_vq, dtype=torch.long, pin_memory=pinned)
     host = flat.numpy()
-    host[:num_slots] = slots
-    host[num_slots:num_rows] = pad_row
-    grid = host[num_rows:].reshape(num_rows, frames, n_vq)
-    np.stack(codes, out=grid[:num_slots])  # casts int32/int16/uint8 codes to int64
-    grid[num_slots:] = 0
+    rows, starts, lengths = host[:b], host[b:2 * b], host[2 * b:3 * b]
+    frame_rows, frame_steps = host[3 * b:3 * b + f], host[3 * b + f:3 * b + 2 * f]
+    rows[:num_slots] = slots
+    rows[num_slots:] = pad_row
+    counts = np.fromiter((c.shape[0] for c in codes), dtype=np.int64, count=num_slots)
+    used = int(counts.sum())
+    lengths[:num_slots] = counts
+    lengths[num_slots:] = 0
+    np.cumsum(counts, out=starts[:num_slots])
+    starts[:num_slots] -= counts
+    starts[num_slots:] = used
+    frame_rows[:used] = np.repeat(np.arange(num_slots), counts)
+    frame_rows[used:] = 0
+    frame_steps[:used] = np.arange(used) - np.repeat(starts[:num_slots], counts)
+    frame_steps[used:] = 0
+    grid = host[3 * b + 2 * f:].reshape(f, n_vq)
+    np.concatenate(codes, out=grid[:used], casting="unsafe")  # int32/int16/uint8 codes to int64
+    grid[used:] = 0
     return flat
 
 
@@ -92,34 +111,53 @@ def row_buckets(max_rows: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
+def reachable_shapes(row_bucket_sizes: tuple[int, ...], frame_bucket_sizes: tuple[int, ...],
+                     max_frames: int) -> list[tuple[int, int]]:
+    """The (row bucket, frame bucket) pairs some call can reach: n rows bring n .. n x max_frames
+    frames, and the n of bucket b lie between the previous bucket + 1 and b."""
+    def bucket(sizes, n):
+        return sizes[bisect.bisect_left(sizes, n)]
+    shapes, low = [], 1
+    for b in row_bucket_sizes:
+        first, last = bucket(frame_bucket_sizes, low), bucket(frame_bucket_sizes, b * max_frames)
+        shapes += [(b, f) for f in frame_bucket_sizes if first <= f <= last]
+        low = b + 1
+    return shapes
+
+
 @dataclass
 class StepInputs:
-    """Static inputs of one (rows, frames) shape. `rows` and `codes` are views of one flat
-    buffer, so filling both is a single host-to-device copy."""
-    flat: torch.Tensor  # [b + b*T*n_vq] long
+    """Static inputs of one (rows, frames) shape, all views of one flat buffer, so filling them
+    is a single host-to-device copy (layout: step_input)."""
+    flat: torch.Tensor  # [3b + 2F + F*n_vq] long
     rows: torch.Tensor  # [b]: state rows (slots), padding = the scratch row
-    codes: torch.Tensor  # [b, T, n_vq]
+    packing: Packing
+    codes: torch.Tensor  # [F, n_vq]
 
     @classmethod
-    def empty(cls, num_rows: int, frames: int, n_vq: int, device: torch.device) -> "StepInputs":
-        flat = torch.zeros(num_rows * (1 + frames * n_vq), dtype=torch.long, device=device)
-        return cls(flat, flat[:num_rows], flat[num_rows:].view(num_rows, frames, n_vq))
+    def empty(cls, num_rows: int, num_frames: int, n_vq: int, max_frames: int, device: torch.device) -> "StepInputs":
+        b, f = num_rows, num_frames
+        flat = torch.zeros(3 * b + 2 * f + f * n_vq, dtype=torch.long, device=device)
+        packing = Packing(flat[b:2 * b], flat[2 * b:3 * b], flat[3 * b:3 * b + f], flat[3 * b + f:3 * b + 2 * f],
+                          max_frames)
+        return cls(flat, flat[:b], packing, flat[3 * b + 2 * f:].view(f, n_vq))
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.codes.shape[0], self.codes.shape[1]
+        return self.rows.shape[0], self.codes.shape[0]
 
     def copy_from(self, slots: list[int], codes: list[np.ndarray], scratch_row: int, pinned: bool) -> None:
-        """slots [n] and codes n x [T, n_vq] (integer numpy arrays); rows n.. go to the scratch
+        """slots [n] and codes n x [T_i, n_vq] (integer numpy arrays); rows n.. go to the scratch
         row. One host buffer, one copy (pinned, non-blocking: the previous replay may still run)."""
-        host = step_input(slots, codes, self.rows.shape[0], scratch_row, pinned)
+        host = step_input(slots, codes, *self.shape, scratch_row, pinned)
         self.flat.copy_(host, non_blocking=True)
 
 
 class VocoderGraphs:
     def __init__(self, codec, state: CodecDecodeState, max_rows: int, max_frames: int, n_vq: int):
-        """max_rows: the largest bucket (rows per step). The state's last row is the padding's
-        scratch row, so it needs more rows than any step uses."""
+        """max_rows: the largest row bucket (rows per step); max_frames: the most frames a row
+        brings to a step. The state's last row is the padding's scratch row, so it needs more
+        rows than any step uses."""
         if not 1 <= max_rows < state.batch_size:
             raise ValueError(f"max_rows must lie in [1, {state.batch_size - 1}] (the decode state's last row is "
                              f"the padding's scratch row), got {max_rows}")
@@ -127,14 +165,15 @@ class VocoderGraphs:
         self.max_rows = max_rows
         self.scratch_row = state.batch_size - 1
         self.buckets = row_buckets(max_rows)
+        self.frame_buckets = row_buckets(max_rows * max_frames)
         self.max_frames = max_frames
         self.device = state.frames.device
         self._is_cuda = self.device.type == "cuda"
-        self._inputs = {(b, t): StepInputs.empty(b, t, n_vq, self.device)
-                        for b in self.buckets for t in range(1, max_frames + 1)}
+        self._inputs = {(b, f): StepInputs.empty(b, f, n_vq, max_frames, self.device)
+                        for b, f in reachable_shapes(self.buckets, self.frame_buckets, max_frames)}
         # One fp32 output buffer that every shape writes the front of: one per shape would hold
-        # sum(b) x sum(T) frames of audio instead of max(b) x max(T) (79 MB at 256 x 10).
-        self._audio = torch.empty(max_rows * codec.channels * max_frames * codec.samples_per_frame,
+        # the audio of every shape's frames instead of the largest's (79 MB at 2,560 frames).
+        self._audio = torch.empty(codec.channels * self.frame_buckets[-1] * codec.samples_per_frame,
                                   dtype=torch.float32, device=self.device)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = self._stream = None
@@ -143,15 +182,17 @@ class VocoderGraphs:
     def num_graphs(self) -> int:
         return len(self._graphs)
 
-    def can_run(self, num_rows: int, frames: int) -> bool:
-        return 1 <= num_rows <= self.max_rows and 1 <= frames <= self.max_frames
+    def can_run(self, num_rows: int, longest: int) -> bool:
+        """A step of num_rows rows whose longest brings `longest` frames has a graph."""
+        return 1 <= num_rows <= self.max_rows and 1 <= longest <= self.max_frames
 
     def run(self, slots: list[int], codes: list[np.ndarray]) -> torch.Tensor:
-        """One step of the sequences in `slots` (codes n x [T, n_vq], integer numpy arrays) ->
-        fp32 audio [n, 2, T*3840] on the device: a view of the static output, valid until the
-        next run."""
-        frames = codes[0].shape[0]
-        shape = (self.buckets[bisect.bisect_left(self.buckets, len(slots))], frames)
+        """One step of the sequences in `slots` (codes n x [T_i, n_vq], integer numpy arrays,
+        1 <= T_i <= max_frames) -> fp32 audio [2, sum(T_i)*3840] on the device, row i's after
+        the rows before it: a view of the static output, valid until the next run."""
+        frames = sum(c.shape[0] for c in codes)
+        shape = (self.buckets[bisect.bisect_left(self.buckets, len(slots))],
+                 self.frame_buckets[bisect.bisect_left(self.frame_buckets, frames)])
         inputs = self._inputs[shape]
         with self._on_device():
             inputs.copy_from(slots, codes, self.scratch_row, self._is_cuda)
@@ -160,7 +201,7 @@ class VocoderGraphs:
                 self._forward(inputs)
             else:
                 graph.replay()
-        return self._output(*shape)[:len(slots)]
+        return self._output(shape[1])[:, :frames * self.codec.samples_per_frame]
 
     def capture(self) -> None:
         """Warm up and capture every shape, largest first, into one pool (CUDA only)."""
@@ -186,8 +227,9 @@ class VocoderGraphs:
             # pool shows up in reserved memory; allocated grows only by what stays referenced.
             allocated = torch.cuda.memory_allocated() - allocated
             reserved = torch.cuda.memory_reserved() - reserved
-        log.info("captured %d vocoder graphs (rows %s x frames 1..%d) on %s in %.1f s; pool %.2f GiB reserved, "
-                 "%.2f GiB allocated", self.num_graphs, list(self.buckets), self.max_frames, self.device,
+        log.info("captured %d packed vocoder graphs (rows %s, frames %s, up to %d a row) on %s in %.1f s; pool "
+                 "%.2f GiB reserved, %.2f GiB allocated", self.num_graphs, list(self.buckets),
+                 list(self.frame_buckets), self.max_frames, self.device,
                  time.perf_counter() - start, reserved / GIB, allocated / GIB)
 
     def destroy(self) -> None:
@@ -206,21 +248,24 @@ class VocoderGraphs:
         # belong to the device current at capture.
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    def _output(self, num_rows: int, frames: int) -> torch.Tensor:
+    def _output(self, frames: int) -> torch.Tensor:
         size = frames * self.codec.samples_per_frame
-        return self._audio[:num_rows * self.codec.channels * size].view(num_rows, self.codec.channels, size)
+        return self._audio[:self.codec.channels * size].view(self.codec.channels, size)
 
     def _forward(self, inputs: StepInputs) -> None:
-        audio = self.codec.decode_step(inputs.codes, self.state, inputs.rows)
-        self._output(*inputs.shape).copy_(audio)  # and to fp32, inside the graph
+        audio = self.codec.decode_step_packed(inputs.codes, self.state, inputs.rows, inputs.packing)
+        self._output(inputs.shape[1]).copy_(audio)  # and to fp32, inside the graph
         # The scratch row restarts every step: left to advance, its stream position would grow
         # for as long as the server runs (bounded work per step, no position past any limit).
         self.state.frames[self.scratch_row:self.scratch_row + 1].zero_()
 
     def _capture(self, inputs: StepInputs) -> torch.cuda.CUDAGraph:
         # The warm-up really runs, so it must touch the scratch row alone; it sets up cuBLAS
-        # workspaces and lazy kernels outside the capture.
+        # workspaces and lazy kernels outside the capture. Every row brings 0 frames: the
+        # step's frames are all padding.
         inputs.rows.fill_(self.scratch_row)
+        inputs.packing.lengths.zero_()
+        inputs.packing.starts.zero_()
         self._forward(inputs)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

@@ -2,16 +2,16 @@
 
 One `CodecDecodeState` of `max_slots` + 1 rows is allocated once. A sequence owns one row (slot)
 from `start` until `end`, `cancel`, `expire` (the sequence batcher's idle timeout) or a failed
-decode; the row is reset when it is handed out again. `decode` runs `decode_step` per distinct
-chunk length, at most `max_step_rows` rows at a time, on those rows in place: the other rows'
-ring buffers and frame counters stay untouched, and the cost follows the streams with work, not
-`max_slots`.
+decode; the row is reset when it is handed out again. `decode` runs one packed step
+(`decode_step_packed`: chunks of any lengths back to back) per `max_step_rows` rows, on those
+rows in place: the other rows' ring buffers and frame counters stay untouched, and the cost
+follows the streams with work, not `max_slots`.
 
-With `cuda_graphs` every step replays a CUDA graph (VocoderGraphs): a chunk longer than
-`max_graph_frames` (a STREAM=false request, a primed reference) is decoded in pieces of that
-many frames, piece k of every such chunk of the call in one step, so no request shape runs eagerly
-and the vocoder's GPU memory is fixed once the graphs are captured: the state, the weights and
-the graph pool. The state has one row more than `max_slots`: the graphs' padding rows point at
+Chunks longer than `max_graph_frames` (a STREAM=false request, a primed reference) are decoded
+in pieces of that many frames, piece k of every chunk of the call in step k. With `cuda_graphs`
+every step replays a CUDA graph (VocoderGraphs), so no request shape runs eagerly and the
+vocoder's GPU memory is fixed once the graphs are captured: the state, the weights and the graph
+pool. The state has one row more than `max_slots`: the graphs' padding rows point at
 it, and it is never handed out.
 
 Sessions started without the pipeline's key (`is_public`: direct gRPC clients) share
@@ -37,6 +37,7 @@ from typing import Callable, Hashable, Mapping, Optional
 import numpy as np
 import torch
 
+from ..codec.streaming import Packing
 from ..parameters import config_fields
 from ..uploads import to_device
 from .vocoder_graphs import GIB, VocoderGraphs, step_input, to_host
@@ -308,9 +309,9 @@ class VocoderSessions:
         return {sid: c if isinstance(c, np.ndarray) else c.cpu().numpy() for sid, c in chunks.items()}
 
     def _pieces(self, frames: int) -> list[tuple[int, int]]:
-        """A chunk's frames as the (start, frames) of the steps that decode it: whole, or pieces
-        of max_graph_frames when graphs run every step (a longer chunk has no graph)."""
-        limit = self.config.max_graph_frames if self.graphs is not None else max(frames, 1)
+        """A chunk's frames as the (start, frames) of the steps that decode it: pieces of
+        max_graph_frames (with or without graphs: a step's activations stay bounded)."""
+        limit = self.config.max_graph_frames
         return [(start, min(limit, frames - start)) for start in range(0, frames, limit)]
 
     def _run(self, chunks: dict[Hashable, Codes], keep_audio: bool, checked: bool = False) -> "PendingAudio":
@@ -321,16 +322,12 @@ class VocoderSessions:
             pieces = {sid: self._pieces(c.shape[0]) for sid, c in codes.items()}
             parts: dict[Hashable, list[np.ndarray]] = {sid: [] for sid in codes}
             try:
-                # Round k decodes piece k of every chunk that has one, grouped by piece length.
+                # Step k decodes piece k of every chunk that has one, whatever its length.
                 for k in range(max((len(p) for p in pieces.values()), default=0)):
-                    groups: dict[int, dict[Hashable, np.ndarray]] = {}  # frames -> {sid: piece k}
-                    for sid, steps in pieces.items():
-                        if k < len(steps):
-                            start, frames = steps[k]
-                            groups.setdefault(frames, {})[sid] = codes[sid][start:start + frames]
-                    for frames, piece in groups.items():
-                        for sid, audio in self._step(frames, list(piece), slots, piece, keep_audio).items():
-                            parts[sid].append(audio)
+                    piece = {sid: codes[sid][steps[k][0]:steps[k][0] + steps[k][1]]
+                             for sid, steps in pieces.items() if k < len(steps)}
+                    for sid, audio in self._step(list(piece), slots, piece, keep_audio).items():
+                        parts[sid].append(audio)
                 ready = None
                 if keep_audio and self._device.type == "cuda":  # the copies' end
                     ready = torch.cuda.Event()
@@ -347,31 +344,39 @@ class VocoderSessions:
                 self._sessions[sid].last_used = now
             return PendingAudio(parts if keep_audio else {}, ready)
 
-    def _step(self, frames: int, ids: list[Hashable], slots: dict[Hashable, int],
-              codes: dict[Hashable, np.ndarray], keep_audio: bool) -> dict[Hashable, np.ndarray]:
-        """Decode the sequences in `ids`, which all bring `frames` frames, step_rows at a time."""
+    def _step(self, ids: list[Hashable], slots: dict[Hashable, int], codes: dict[Hashable, np.ndarray],
+              keep_audio: bool) -> dict[Hashable, np.ndarray]:
+        """Decode the sequences in `ids` (each bringing 1..max_graph_frames frames), step_rows
+        at a time, each group in one packed step."""
         out = {}
         for first in range(0, len(ids), self.step_rows):
             piece = ids[first:first + self.step_rows]
             rows = [slots[sid] for sid in piece]
             host = [codes[sid] for sid in piece]
-            if self.graphs is not None and self.graphs.can_run(len(piece), frames):
+            lengths = [c.shape[0] for c in host]
+            if self.graphs is not None and self.graphs.can_run(len(piece), max(lengths)):
                 audio = self.graphs.run(rows, host)
                 self._graph_calls += 1
             else:
                 audio = self._eager_step(rows, host)
             self._decode_calls += 1
-            self._frames_decoded += frames * len(piece)
+            self._frames_decoded += sum(lengths)
             if keep_audio:
-                # The piece's one device-to-host copy, before the next replay overwrites a graph's
-                # static output; the rows are numpy views of one fresh host tensor.
-                out.update(zip(piece, to_host(audio, wait=False).numpy()))
+                # The step's one device-to-host copy, before the next replay overwrites a graph's
+                # static output; each row's audio is a numpy view of one fresh host tensor.
+                host_audio, spf, start = to_host(audio, wait=False).numpy(), self.codec.samples_per_frame, 0
+                for sid, n in zip(piece, lengths):
+                    out[sid] = host_audio[:, start * spf:(start + n) * spf]
+                    start += n
         return out
 
     def _eager_step(self, rows: list[int], codes: list[np.ndarray]) -> torch.Tensor:
-        """decode_step on its own inputs, rows and codes uploaded as one buffer (no padding)."""
-        num_rows, (frames, n_vq) = len(rows), codes[0].shape
-        flat = to_device(step_input(rows, codes, num_rows, self.config.max_slots, self._device.type == "cuda"),
+        """decode_step_packed on its own inputs, uploaded as one buffer (no padding)."""
+        b, f = len(rows), sum(c.shape[0] for c in codes)
+        n_vq = codes[0].shape[1]
+        flat = to_device(step_input(rows, codes, b, f, self.config.max_slots, self._device.type == "cuda"),
                          self._device)
-        return self.codec.decode_step(flat[num_rows:].view(num_rows, frames, n_vq), self.state, flat[:num_rows])
+        packing = Packing(flat[b:2 * b], flat[2 * b:3 * b], flat[3 * b:3 * b + f], flat[3 * b + f:3 * b + 2 * f],
+                          self.config.max_graph_frames)
+        return self.codec.decode_step_packed(flat[3 * b + 2 * f:].view(f, n_vq), self.state, flat[:b], packing)
 

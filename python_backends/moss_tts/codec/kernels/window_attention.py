@@ -9,6 +9,13 @@ One call does everything a codec attention layer needs between its two projectio
    last min(T, W) new keys/values are written into their ring slots.
 So a step never gathers a row's state, concatenates cache and new keys, or scatters state back.
 
+Streaming steps come in two layouts. Batched: qkv [n, T, ...], every row brings T tokens.
+Packed (`Ring.starts`/`lengths` set): qkv [1, N, ...] holds the rows' tokens back to back, row i
+at tokens starts[i] .. starts[i] + lengths[i] - 1, so rows of different lengths share one step
+(the vocoder decodes a round of 2-, 4- and 10-frame chunks in one call instead of one per
+length: each codec call has a ~4.5 ms floor on the H200). Tokens no row covers are padding:
+their output is 0 and they are never read or written to a ring.
+
 Inputs come straight from the fused in_proj output qkv [n, T, 3*H*Dh] (per token: the q heads,
 then the k heads, then the v heads) and the output [n, T, H*Dh] is what out_proj reads, so no
 permute copies either. On CUDA (or with TRITON_INTERPRET=1 for CPU tests) three Triton kernels
@@ -60,6 +67,16 @@ class Ring:
     values: torch.Tensor
     rows: torch.Tensor
     offsets: torch.Tensor
+    # Packed layout only: each row's first token in qkv [1, N, ...] and its token count [n] long,
+    # and the largest count any row may have (a Python int: it sizes the kernels' grids, so a
+    # captured graph serves every packing of its shape).
+    starts: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    max_len: int = 0
+
+    @property
+    def is_packed(self) -> bool:
+        return self.starts is not None
 
 
 def rope_frequencies(head_dim: int, max_period: float, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -97,7 +114,8 @@ def window_attention(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int,
     """qkv [n, T, 3*H*Dh] (in_proj output; the Triton path rotates its q/k part in place) ->
     [n, T, H*Dh]. Query t (stream position offset + t) sees keys t-window+1 .. t; with `ring`,
     keys before the chunk come from the ring and the chunk's last min(T, window) keys/values are
-    written into it. Default scale 1/sqrt(Dh)."""
+    written into it. A packed ring (module docstring) takes qkv [1, N, ...] and the rope table
+    of every token's own position. Default scale 1/sqrt(Dh)."""
     if is_supported(qkv, num_heads, ring):
         return _triton_window_attention(qkv, rope, num_heads, window, ring, scale)
     return reference_window_attention(qkv, rope, num_heads, window, ring, scale)
@@ -118,6 +136,8 @@ def is_supported(qkv: torch.Tensor, num_heads: int, ring: Ring | None = None) ->
 def reference_window_attention(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int,
                                ring: Ring | None = None, scale: float | None = None) -> torch.Tensor:
     """Same contract in plain torch (qkv is left as it is): the CPU path and the tests' oracle."""
+    if ring is not None and ring.is_packed:
+        return _reference_packed(qkv, rope, num_heads, window, ring, scale)
     n, t, _ = qkv.shape
     q, k, v = qkv.view(n, t, 3, num_heads, -1).permute(2, 0, 3, 1, 4)  # [n, H, T, Dh] each
     q, k = rotate(q, rope), rotate(k, rope)
@@ -127,6 +147,34 @@ def reference_window_attention(qkv: torch.Tensor, rope: Rope, num_heads: int, wi
         out = _ring_attention(q, k, v, ring, window, scale)
         _ring_write(k, v, ring, window)
     return out.transpose(1, 2).reshape(n, t, -1)
+
+
+def _reference_packed(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int, ring: Ring,
+                      scale: float | None) -> torch.Tensor:
+    """The packed layout through the batched reference: each row's tokens gathered into a batch
+    padded to its longest row, then only the real tokens' outputs and keys kept. A padded query
+    comes after its row's real ones, so causality keeps it out of their results."""
+    length = int(ring.lengths.max()) if ring.lengths.numel() else 0
+    out = qkv.new_zeros(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3)
+    if length == 0:
+        return out
+    steps = torch.arange(length, device=qkv.device)
+    real = steps[None, :] < ring.lengths[:, None]  # [n, L]
+    index = torch.where(real, ring.starts[:, None] + steps, 0)  # padding reads token 0, harmlessly
+    rows_rope = Rope(rope.cos[0][index], rope.sin[0][index])  # every token's own angles
+    batch = qkv[0][index]  # [n, L, 3*H*Dh]
+    n, t, _ = batch.shape
+    q, k, v = batch.view(n, t, 3, num_heads, -1).permute(2, 0, 3, 1, 4)
+    q, k = rotate(q, rows_rope), rotate(k, rows_rope)
+    result = _ring_attention(q, k, v, ring, window, scale).transpose(1, 2).reshape(n, t, -1)
+    out[0][index[real]] = result[real].to(out.dtype)
+    # The last min(length, W) real keys of each row into its ring slots.
+    kept = real & (steps[None, :] >= ring.lengths[:, None] - window)
+    slots = torch.remainder(ring.offsets[:, None] + steps, window)[kept]
+    rows = ring.rows[:, None].expand(n, t)[kept]
+    ring.keys[rows, :, slots] = k.transpose(1, 2)[kept].to(ring.keys.dtype)
+    ring.values[rows, :, slots] = v.transpose(1, 2)[kept].to(ring.values.dtype)
+    return out
 
 
 def local_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
@@ -209,12 +257,14 @@ def attention_config(t: int) -> AttentionConfig:
 def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: AttentionConfig | None = None):
     n, t, width = qkv.shape
     head_dim = width // (3 * num_heads)
+    packed = ring is not None and ring.is_packed
     cos, sin = rope.cos.contiguous(), rope.sin.contiguous()
     stride_rn = cos.stride(0) if cos.shape[0] > 1 else 0  # one table shared by every row (offline)
     _rope_kernel[(_cdiv(t, ROPE_BLOCK_T), n)](
         qkv, cos, sin, t, num_heads, qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1),
         HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
-    out = qkv.new_empty(n, t, num_heads * head_dim)
+    # Packed: tokens no row covers (padding) are never stored, so they read as 0, not garbage.
+    out = (qkv.new_zeros if packed else qkv.new_empty)(n, t, num_heads * head_dim)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(head_dim)) * _LOG2E  # softmax in exp2
     if ring is None:  # offline: never read; any tensors of the right dtype fill the arguments
         keys, values, rows, offsets = qkv, qkv, qkv, qkv
@@ -223,18 +273,22 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: 
         keys, values, rows, offsets = ring.keys, ring.values, ring.rows, ring.offsets
         ring_strides = keys.stride()[:3]
         assert values.stride() == keys.stride(), "keys and values rings must share a layout"
-    c = config or attention_config(t)
-    _attention_kernel[(_cdiv(t, c.block_m), n * num_heads)](
-        qkv, keys, values, rows, offsets, out, t, num_heads, window,
+    # Packed: a program per (query block of the longest row, row x head); rows read their first
+    # token and length from starts/lengths, and blocks past a row's length do nothing.
+    starts, lengths = (ring.starts, ring.lengths) if packed else (offsets, offsets)
+    num_rows, per_row = (rows.shape[0], ring.max_len) if packed else (n, t)
+    c = config or attention_config(per_row)
+    _attention_kernel[(_cdiv(per_row, c.block_m), num_rows * num_heads)](
+        qkv, keys, values, rows, offsets, starts, lengths, out, per_row, num_heads, window,
         qkv.stride(0), qkv.stride(1), *ring_strides, out.stride(0), out.stride(1), qk_scale,
-        HAS_RING=ring is not None, HEAD_DIM=head_dim, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        HAS_RING=ring is not None, PACKED=packed, HEAD_DIM=head_dim, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
         ONE_LOOP=c.one_loop, num_warps=c.num_warps, num_stages=c.num_stages)
     if ring is not None:
-        kept = min(t, window)
-        _ring_write_kernel[(_cdiv(kept, ROPE_BLOCK_T), n, num_heads)](
-            qkv, keys, values, rows, offsets, t, kept, num_heads, window,
+        kept = min(per_row, window)
+        _ring_write_kernel[(_cdiv(kept, ROPE_BLOCK_T), num_rows, num_heads)](
+            qkv, keys, values, rows, offsets, starts, lengths, per_row, kept, num_heads, window,
             qkv.stride(0), qkv.stride(1), *ring_strides,
-            HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
+            PACKED=packed, HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
     return out
 
 
@@ -263,14 +317,15 @@ def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, num_heads, stride_n, stride_t, st
 
 
 @_jit
-def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, out_ptr, T, H, W,
-                      stride_n, stride_t, stride_rs, stride_rh, stride_rw, stride_on, stride_ot, qk_scale,
-                      HAS_RING: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, ONE_LOOP: tl.constexpr):
+def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, starts_ptr, lengths_ptr, out_ptr,
+                      T_max, H, W, stride_n, stride_t, stride_rs, stride_rh, stride_rw, stride_on, stride_ot,
+                      qk_scale, HAS_RING: tl.constexpr, PACKED: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_LOOP: tl.constexpr):
     """One (query block, row x head): online softmax over the ring keys, then the chunk's keys.
     Chunk-relative key index j < 0 is the ring (position offset + j), j >= 0 the chunk itself.
     ONE_LOOP walks both sources in one loop, each tile's rows loaded from whichever holds them
-    (one software pipeline instead of two short ones)."""
+    (one software pipeline instead of two short ones). PACKED: the row's tokens start at
+    starts[n] of the one sequence and number lengths[n] (T_max bounds them all)."""
     first_q = tl.program_id(0) * BLOCK_M
     n = tl.program_id(1) // H
     h = tl.program_id(1) % H
@@ -278,7 +333,18 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
     offs_m = first_q + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    token = qkv_ptr + n64 * stride_n
+    if PACKED:
+        start = tl.load(starts_ptr + n).to(tl.int64)
+        T = tl.load(lengths_ptr + n).to(tl.int32)
+        token = qkv_ptr + start * stride_t
+        out_row = out_ptr + start * stride_ot
+    else:
+        T = T_max
+        token = qkv_ptr + n64 * stride_n
+        out_row = out_ptr + n64 * stride_on
+    # A block past its row's last token (packed rows shorter than T_max) has nothing to do: its
+    # loops below run empty and it stores nothing.
+    active = first_q < T
     # token x stride in int64: it passes 2**31 past ~0.9 M tokens in one row (39 min of audio)
     q = tl.load(token + offs_m.to(tl.int64)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :],
                 mask=(offs_m < T)[:, None], other=0.0)
@@ -302,7 +368,7 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
         ring_lo = tl.maximum(first_q - W + 1, -history)
     if HAS_RING and ONE_LOOP:
         hi = tl.minimum(first_q + BLOCK_M, T)
-        for first in range(ring_lo, hi, BLOCK_N):
+        for first in range(tl.where(active, ring_lo, hi), hi, BLOCK_N):
             j = first + offs_n
             in_ring = j < 0
             slot = tl.where(in_ring, (first_slot + j + W) % W, 0)  # j >= -W
@@ -317,7 +383,7 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
             row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
     else:
         if HAS_RING:
-            for first in range(ring_lo, 0, BLOCK_N):
+            for first in range(tl.where(active, ring_lo, 0), 0, BLOCK_N):
                 j = first + offs_n
                 is_key = j < 0
                 slot = tl.where(is_key, (first_slot + j + W) % W, 0)  # j >= -W
@@ -325,8 +391,8 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
                 v = tl.load(ring_v + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
                 visible = is_key[None, :] & (offs_m[:, None] - j[None, :] < W)  # j < 0 <= query: causal
                 row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
-        chunk_lo = tl.maximum(first_q - W + 1, 0)
         hi = tl.minimum(first_q + BLOCK_M, T)
+        chunk_lo = tl.where(active, tl.maximum(first_q - W + 1, 0), hi)
         for first in range(chunk_lo, hi, BLOCK_N):
             j = first + offs_n
             is_key = j < hi
@@ -337,7 +403,7 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, ou
             row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
     # every real query sees at least itself, so row_sum > 0; padding queries are not stored
     out = acc / tl.maximum(row_sum, 1e-30)[:, None]
-    tl.store(out_ptr + n64 * stride_on + offs_m.to(tl.int64)[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
+    tl.store(out_row + offs_m.to(tl.int64)[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
 
 
@@ -355,16 +421,25 @@ def _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc):
 
 
 @_jit
-def _ring_write_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, T, kept, H, W,
-                       stride_n, stride_t, stride_rs, stride_rh, stride_rw,
-                       HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
-    """One (token block, row, head): the chunk's last `kept` keys (rotated) and values into the ring."""
-    j = T - kept + tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+def _ring_write_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, starts_ptr, lengths_ptr, T_max,
+                       kept_max, H, W, stride_n, stride_t, stride_rs, stride_rh, stride_rw,
+                       PACKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One (token block, row, head): the chunk's last `kept` keys (rotated) and values into the
+    ring; kept = min(T, W), of the row's own T when PACKED."""
     n = tl.program_id(1)
     h = tl.program_id(2)
+    if PACKED:
+        T = tl.load(lengths_ptr + n).to(tl.int32)
+        kept = tl.minimum(T, W)
+        row_base = qkv_ptr + tl.load(starts_ptr + n).to(tl.int64) * stride_t
+    else:
+        T = T_max
+        kept = kept_max
+        row_base = qkv_ptr + n.to(tl.int64) * stride_n
+    j = T - kept + tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, HEAD_DIM)
     valid = (j < T)[:, None]
-    token = qkv_ptr + n.to(tl.int64) * stride_n + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :]
+    token = row_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :]
     k = tl.load(token + (H + h) * HEAD_DIM, mask=valid, other=0.0)
     v = tl.load(token + (2 * H + h) * HEAD_DIM, mask=valid, other=0.0)
     first_slot = (tl.load(offsets_ptr + n).to(tl.int64) % W).to(tl.int32)  # the position is int64
