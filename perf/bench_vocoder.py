@@ -5,11 +5,12 @@
 
 The real-size MOSS-Audio-Tokenizer-v2 decoder with seeded random weights (bf16), one decode
 state of max(rows) + 1 slots as VocoderSessions allocates it, random codes. A step is what
-VocoderSessions._step does for one group: host codes in (numpy), decode_step on the rows in place, host
-fp32 audio out (the one device-to-host copy included, into pinned memory). Sections, each also in
-the JSON:
-  capture      graphs for row buckets up to max(rows) x frames 1..--max-graph-frames: count,
-               seconds, pool memory (CUDA only; on the CPU the graphs' padded step runs uncaptured)
+VocoderSessions._step does for one group: host codes in (numpy), one packed step on the rows in
+place (graphed: decode_step_packed; eager: the batched decode_step), host fp32 audio out (the one
+device-to-host copy included, into pinned memory). Sections, each also in the JSON:
+  capture      graphs for every reachable (row bucket, frame bucket) up to max(rows) rows of 1 ..
+               --max-graph-frames frames: count, seconds, pool memory (CUDA only; on the CPU the
+               graphs' padded step runs uncaptured)
   equivalence  per shape, two chunks from fresh slots: graphed == uncaptured padded step (must
                hold bit for bit: same kernels, same shapes) and graphed == eager step (holds too
                when the rows are a bucket size, as in the default shapes)
@@ -17,6 +18,9 @@ the JSON:
                8) against codec.decode of the same codes: max |diff| / peak per row
   step         ms per call (median of --iters after --warmup, synchronized), eager vs graphed,
                and audio-s/s = rows x frames / 12.5 / seconds
+  rounds       --rounds ROWS vocoder rounds whose rows bring 1..--max-graph-frames frames (seeded,
+               uniform): one packed graph step per round against one graph step per distinct
+               length (how rounds ran before packing), ms and frames/s each
   offline      codec.decode of --offline ROWSxFRAMES codes already on the device (no host copy)
 Exit status 1 when a section failed or graphed != padded.
 """
@@ -104,13 +108,18 @@ class Steps:
         return to_host(self.codec.decode_step(torch.stack(codes).to(self.device), self.state, rows))
 
     def graphed(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
-        return to_host(self.graphs.run(slots, host_codes(codes)))
+        return by_row(to_host(self.graphs.run(slots, host_codes(codes))), len(slots))
 
     def padded_eager(self, slots: list[int], codes: list[torch.Tensor]) -> torch.Tensor:
-        return to_host(self.padded.run(slots, host_codes(codes)))
+        return by_row(to_host(self.padded.run(slots, host_codes(codes))), len(slots))
 
     def reset(self, num_rows: int) -> None:
         self.state.reset_rows(list(range(num_rows)))
+
+
+def by_row(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """A packed step's audio [2, rows*T*3840] of rows that all brought T frames -> [rows, 2, T*3840]."""
+    return packed.view(packed.shape[0], rows, -1).transpose(0, 1)
 
 
 def host_codes(codes: list[torch.Tensor]) -> list:
@@ -240,6 +249,38 @@ def step_times(steps: Steps, shapes: list[tuple[int, int]], codebook_size: int, 
     return out
 
 
+def rounds(steps: Steps, rows: int, codebook_size: int, iters: int, warmup: int, seed: int = 11) -> dict:
+    """A vocoder round of `rows` sequences bringing 1..max_frames frames each: one packed graph
+    step, against one graph step per distinct length (before packing, VocoderSessions grouped a
+    round by chunk length; the per-length steps here replay the packed graphs of those shapes,
+    the same kernels)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, steps.graphs.max_frames + 1, (rows,), generator=g).tolist()
+    codes = [random_codes(1, n, codebook_size, seed + i)[0] for i, n in enumerate(lengths)]
+    slots, host = list(range(rows)), host_codes_ragged(codes)
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(n, []).append(i)
+
+    def packed():
+        to_host(steps.graphs.run(slots, host))
+
+    def per_length():
+        for members in groups.values():
+            to_host(steps.graphs.run([slots[i] for i in members], [host[i] for i in members]))
+
+    steps.reset(rows)
+    out = {"rows": rows, "frames": sum(lengths), "distinct_lengths": len(groups)}
+    for name, fn in (("packed", packed), ("per_length", per_length)):
+        ms = median_ms(fn, steps.device, iters, warmup)
+        out[f"{name}_ms"], out[f"{name}_frames_per_s"] = ms, sum(lengths) / (ms / 1e3)
+    return out
+
+
+def host_codes_ragged(codes: list[torch.Tensor]) -> list:
+    return [c.numpy() for c in codes]
+
+
 def offline(codec, device: torch.device, shape: tuple[int, int], iters: int, warmup: int) -> dict:
     rows, frames = shape
     codes = torch.stack(random_codes(rows, frames, codec.codebook_size, 4)).to(device)
@@ -279,6 +320,10 @@ def table(results: dict) -> str:
         st = results["streaming"]
         lines.append(f"streaming {st['rows']} rows in chunks {st['chunks']} vs offline decode: max |diff| / peak "
                      f"{st['max_rel_diff']:.3g}, finite {st['finite']}")
+    for r in results.get("rounds", []):
+        lines.append(f"round of {r['rows']} rows, {r['frames']} frames, {r['distinct_lengths']} lengths: packed "
+                     f"{r['packed_ms']:.2f} ms ({r['packed_frames_per_s']:.0f} frames/s), one step per length "
+                     f"{r['per_length_ms']:.2f} ms ({r['per_length_frames_per_s']:.0f} frames/s)")
     if results.get("offline"):
         o = results["offline"]
         lines.append(f"offline decode {o['rows']} x {o['frames']}: {o['ms']:.1f} ms, {o['audio_s_per_s']:.1f} audio-s/s")
@@ -298,6 +343,7 @@ def parse_args(argv):
     ap.add_argument("--shapes", default="1x2,16x10,64x10,256x10", help="rows x frames per step, comma-separated")
     ap.add_argument("--stream-rows", type=int, default=4, help="rows of the streaming == offline check")
     ap.add_argument("--offline", default="32x100", help="rows x frames of the offline decode")
+    ap.add_argument("--rounds", default="16,64,128", help="rows of the mixed-length rounds, comma-separated")
     ap.add_argument("--max-graph-frames", type=int, default=10)
     ap.add_argument("--profile", default="", help="ROWSxFRAMES: also profile one eager step of that shape "
                     "(torch.profiler; the top CUDA kernels and ops go to the results)")
@@ -326,6 +372,8 @@ def main(argv=None) -> int:
         ("equivalence", lambda: equivalence(steps, shapes, size)),
         ("streaming", lambda: streaming(steps, min(args.stream_rows, steps.graphs.max_rows), size)),
         ("step", lambda: step_times(steps, shapes, size, args.iters, args.warmup)),
+        ("rounds", lambda: [rounds(steps, n, size, args.iters, args.warmup)
+                            for n in (int(x) for x in args.rounds.split(",") if x) if n <= steps.graphs.max_rows]),
         ("offline", lambda: offline(codec, device, parse_shapes(args.offline)[0], max(3, args.iters // 4),
                                     args.warmup)),
     ]

@@ -11,11 +11,13 @@ from perf.bench_vocoder import main
 def test_a_tiny_cpu_run_reports_every_section(tmp_path):
     out = tmp_path / "vocoder.json"
     code = main(["--device", "cpu", "--tiny", "--shapes", "1x2,3x4", "--offline", "1x4", "--iters", "1",
-                 "--warmup", "0", "--out", str(out)])
+                 "--warmup", "0", "--rounds", "3", "--out", str(out)])
     results = json.loads(out.read_text())
     assert code == 0 and results["errors"] == {}
     assert [(r["rows"], r["frames"]) for r in results["step"]] == [(1, 2), (3, 4)]
     assert all(e["graphed_equals_padded"] and e["finite"] for e in results["equivalence"])
     assert results["offline"]["audio_s_per_s"] > 0
+    (round_,) = results["rounds"]  # 3 rows of 1..10 frames: one packed step vs one per length
+    assert round_["rows"] == 3 and round_["packed_ms"] > 0 and round_["per_length_ms"] > 0
     streamed = results["streaming"]  # 3 rows (the largest bucket), fp32: rounding only
     assert streamed["rows"] == 3 and streamed["finite"] and streamed["max_rel_diff"] < 1e-5

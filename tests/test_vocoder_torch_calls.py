@@ -5,7 +5,7 @@ so a torch call per sequence per round costs milliseconds of vocoder time under 
 
 Counted with a TorchFunctionMode (torch functions, tensor methods and attributes) plus
 torch.from_numpy (which bypasses modes), on the thread that runs each half of the work; the
-codec's own decode_step is not counted (on the GPU it is one graph replay). Tiny codec on CPU;
+codec's own decode step is not counted (on the GPU it is one graph replay). Tiny codec on CPU;
 the graphs' padded static-buffer step runs uncaptured (capture=False); a GPU test (skipped
 without CUDA) counts the captured graphs' path.
 """
@@ -27,11 +27,11 @@ from moss_tts.serving.vocoder_worker import VocoderWorker
 SPF = 3840  # samples per channel per codec frame
 TIMEOUT_S = 60.0
 MAX_ROWS = 64
-_codec_depth = threading.local()  # > 0 on a thread inside the codec's decode_step
+_codec_depth = threading.local()  # > 0 on a thread inside the codec's decode step
 
 
 class TorchCalls(TorchFunctionMode):
-    """Counts the torch calls made on the thread that entered it, except inside decode_step."""
+    """Counts the torch calls made on the thread that entered it, except inside the decode step."""
 
     def __init__(self):
         super().__init__()
@@ -60,7 +60,7 @@ def counted(calls: TorchCalls):
 
 
 class UncountedCodec:
-    """The tiny codec whose decode_step (the model itself) is left out of the counts."""
+    """The tiny codec whose decode step (the model itself) is left out of the counts."""
 
     def __init__(self, codec):
         self._codec = codec
@@ -68,10 +68,10 @@ class UncountedCodec:
     def __getattr__(self, name):
         return getattr(self._codec, name)
 
-    def decode_step(self, codes, state, rows=None):
+    def decode_step_packed(self, codes, state, rows, packing):
         _codec_depth.value = getattr(_codec_depth, "value", 0) + 1
         try:
-            return self._codec.decode_step(codes, state, rows)
+            return self._codec.decode_step_packed(codes, state, rows, packing)
         finally:
             _codec_depth.value -= 1
 
