@@ -79,9 +79,32 @@ class TritonServer:
         return self.process.poll() is None
 
 
+# tritonserver 2.51's Python backend sometimes aborts while it creates a stub's shared memory
+# (triton-inference-server/server#8882, open upstream; seen here once at start-up, with another
+# server starting on the same 2 cores). It kills the whole server before any of our code runs a
+# request, so a start-up that died of it is tried once more; the first log is kept beside.
+UPSTREAM_START_ABORT = "boost::interprocess::lock_exception"
+
+
+class ServerStartAborted(RuntimeError):
+    """The server died at start-up of UPSTREAM_START_ABORT."""
+
+
 def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: float = 240.0,
                  repository: Path | None = None, args: tuple[str, ...] = ()) -> TritonServer:
     """tritonserver through scripts/serve.sh (its flags + `args`), ready to serve."""
+    try:
+        return _start_server(model_dir, codec_dir, log_path, timeout, repository, args)
+    except ServerStartAborted:
+        kept = log_path.with_suffix(".aborted.log")
+        log_path.replace(kept)
+        print(f"tritonserver aborted at start-up ({UPSTREAM_START_ABORT}, upstream #8882); starting it again "
+              f"(first log: {kept})")
+        return _start_server(model_dir, codec_dir, log_path, timeout, repository, args)
+
+
+def _start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: float,
+                  repository: Path | None, args: tuple[str, ...]) -> TritonServer:
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     env = dict(os.environ, MOSS_TTS_MODEL_DIR=str(model_dir), MOSS_TTS_CODEC_DIR=str(codec_dir),
                HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics),
@@ -96,7 +119,9 @@ def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: floa
     deadline = time.monotonic() + timeout
     while not _is_ready(server):
         if not server.is_alive():
-            raise RuntimeError(f"tritonserver exited during start-up:\n{server.log_tail()}")
+            tail = server.log_tail()
+            error = ServerStartAborted if UPSTREAM_START_ABORT in tail else RuntimeError
+            raise error(f"tritonserver exited during start-up:\n{tail}")
         if time.monotonic() > deadline:
             stop_server(server)
             raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s:\n{server.log_tail()}")
