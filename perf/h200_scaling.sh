@@ -10,7 +10,9 @@
 #                                              # metrics, GPU utilization + logs in results.tgz
 #   perf/h200_scaling.sh soak SECONDS          # single layout, perf/soak.py (the mixed load: cancels,
 #                                              # bad input, clones, continuations, codes, ensemble,
-#                                              # offline) at CONCURRENCY (256), then SIGTERM + checks
+#                                              # offline) at CONCURRENCY (256), then SIGTERM + checks;
+#                                              # soak.log: a progress line per client process every
+#                                              # 10 s; host_series_NAME.txt: memory, /dev/shm, RSS
 #   BENCH=1 perf/h200_scaling.sh soak SECONDS  # the single layout's bench levels first, then the
 #                                              # soak, against one server (one device call)
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
@@ -27,8 +29,11 @@ R=$W/results  # kept across the calls of one machine; each call returns it whole
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$R" "$OUT"
 # The device returns at most 8 files: one archive and the running log.
-# The servers' logs go in too: a call cut by its time limit still returns them.
-trap 'cp "$W"/server_*.log "$R/" 2>/dev/null; tar -czf "$OUT/results.tgz" -C "$W" results; cp "$R/scaling.log" "$OUT/" 2>/dev/null' EXIT
+# The servers' logs go in too: a call cut by its time limit still returns them. SAMPLERS: the
+# soak's background samplers, stopped first so none writes the archive after this.
+SAMPLERS=""
+trap 'kill $SAMPLERS 2>/dev/null; cp "$W"/server_*.log "$R/" 2>/dev/null; rm -f "$OUT/results.tgz.part"
+  tar -czf "$OUT/results.tgz" -C "$W" results; cp "$R/scaling.log" "$OUT/" 2>/dev/null' EXIT
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$R/scaling.log"; }
 
 env_pack() {
@@ -194,6 +199,41 @@ layout() {
   done
 }
 
+# The soak's processes: perf/soak.py and the client processes it spawned (their command lines do
+# not name soak.py; soak.py writes their pids in its first line), the living ones: soak_pids NAME.
+soak_pids() {
+  local p
+  for p in $(pgrep -f 'perf/soak\.py') $(sed -n 's/^soak: .* client processes (pids \([0-9 ]*\)).*/\1/p' "$R/$1.log" 2>/dev/null | head -1); do
+    kill -0 "$p" 2>/dev/null && echo "$p"
+  done
+}
+
+# The host every 5 s while the soak runs: memory, /dev/shm (the Python backend's shared memory) and
+# the RSS of tritonserver, every stub and every soak process, so that a client process that dies or
+# a host out of memory shows when it happened (the dmesg after the soak says whom the kernel killed).
+sample_host() {
+  local pids
+  while :; do
+    echo "t $(date +%s) $(date +%H:%M:%S)"
+    free -m | grep '^Mem:'
+    df -m /dev/shm | tail -1
+    pids=$({ pgrep -f 'tritonserver|triton_python_backend_stub'; soak_pids "$1"; } | sort -un | paste -sd, -)
+    [ -n "$pids" ] && ps -o pid,ppid,stat,rss,etime,cmd -p "$pids" | cut -c1-200
+    sleep 5
+  done > "$R/host_series_$1.txt" 2>&1
+}
+
+# Every 30 s while the soak runs: the server log into $R and $R into $OUT. A call cut by the
+# device's hard limit runs no EXIT trap, and only what is already in $OUT comes back.
+keep_results() {
+  while :; do
+    sleep 30
+    cp "$W/server_$1.log" "$R/" 2>/dev/null
+    tar -czf "$OUT/results.tgz.part" -C "$W" results 2>/dev/null && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+    cp "$R/scaling.log" "$OUT/" 2>/dev/null
+  done
+}
+
 # The mixed soak of issue 19 on the real-size checkpoint, single layout: serve, soak SECONDS, then
 # SIGTERM and time the shutdown (the soak itself checks every stream, row and session free and
 # every heartbeat moving once its clients are gone).
@@ -219,12 +259,27 @@ soak() {
     kill "$sampler" 2>/dev/null
   fi
   [ -n "${RECORD:-}" ] && record_stub "$n" &
-  sample_metrics "${n}_load" & local soak_sampler=$!
+  # The metric series, the host series and the results kept in $OUT, while the soak runs.
+  sample_metrics "${n}_load" & SAMPLERS="$!"
+  sample_host "$n" & SAMPLERS="$SAMPLERS $!"
+  keep_results "$n" & SAMPLERS="$SAMPLERS $!"
+  # RESPONSE_TIMEOUT: seconds a stream waits for its next response (120); every client process
+  # writes a progress line to soak.log every 10 s, so a stall shows there before it times out.
   PYTHONUNBUFFERED=1 python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
     --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" --cancel-fraction 0.2 \
-    --min-frames 40 --max-frames 112 --settle 60 --out "$R/$n.json" > "$R/$n.log" 2>&1
-  log "$n: exit $? after $((SECONDS - t0)) s"
-  kill "$soak_sampler" 2>/dev/null
+    --min-frames 40 --max-frames 112 --settle 60 --response-timeout "${RESPONSE_TIMEOUT:-120}" \
+    --out "$R/$n.json" > "$R/$n.log" 2>&1
+  local rc=$?
+  local left
+  log "$n: exit $rc after $((SECONDS - t0)) s"
+  kill $SAMPLERS 2>/dev/null; SAMPLERS=""
+  # Whatever the exit: what the kernel said (an OOM kill, a segfault) and any soak process left.
+  left=$(soak_pids "$n" | sort -un | paste -sd, -)
+  { echo "--- after the soak (exit $rc): dmesg, last 50 lines"
+    dmesg 2>/dev/null | tail -50
+    echo "--- soak processes left: ${left:-none}"
+    [ -n "$left" ] && ps -o pid,ppid,stat,rss,etime,cmd -p "$left"
+  } >> "$R/$n.log" 2>&1
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
     2>/dev/null | grep -E '^moss_' > "$R/metrics_$n.txt"
   local pid t1=$SECONDS; pid=$(cat "$W/server.pid")

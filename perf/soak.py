@@ -12,6 +12,11 @@ moss_tts_codes ensemble. Normal requests use IGNORE_STOP, so their length is kno
 After the load: within `--settle` seconds no stream, engine row or vocoder session may be in
 use, and every model instance's heartbeat must move (client/server_health.py). Exit 0 when
 all of it holds; the JSON report says what happened (tests/test_soak.py runs a short one).
+
+While it runs, every client process writes one progress line to stderr every 10 s (requests ended,
+failures, requests in flight and the oldest one's age, its RSS) and one line when it is done. A
+client process that dies is named in the report with its exit code or signal, the others are told
+to stop, and the end checks still run (tests/test_soak_clients.py).
 """
 
 from __future__ import annotations
@@ -20,13 +25,18 @@ import argparse
 import asyncio
 import io
 import json
+import multiprocessing
+import os
 import random
+import signal
 import sys
 import time
+import traceback
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -42,6 +52,11 @@ BAD_INPUTS = [({"TEXT": ""}, "TEXT is empty"), ({"TOP_P": 5.0}, "top_p must be i
               ({"MODE": "continuation"}, "continuation needs"),
               ({"REFERENCE_AUDIO": b"RIFF not audio"}, "could not be decoded"),
               ({"TOP_K": ("FP32", 3.0)}, None)]  # a wrong dtype: Triton itself rejects it
+PROGRESS_S = 10.0  # seconds between a client process's progress lines
+STOP_POLL_S = 0.5  # seconds between a client process's looks at the stop flag
+STOP_GRACE_S = 15.0  # after the response timeout: read_to_end's 10 s to a stream's status, and slack
+STARTUP_S = 60.0  # a spawned client process's imports and channel, on a loaded host
+EXIT_S = 10.0  # seconds a client process that sent its report has to exit
 
 
 @dataclass(frozen=True)
@@ -107,12 +122,26 @@ def make_inputs(values: dict, ensemble: bool = False):
     return inputs
 
 
+def say(text: str) -> None:
+    """One line to stderr at once: the soak's log is what is left when a run goes wrong."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def rss_mib() -> float:
+    """This process's resident memory in MiB (/proc/self/statm counts pages)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 class Soak:
-    def __init__(self, config: SoakConfig, client, reference: bytes) -> None:
+    def __init__(self, config: SoakConfig, client, reference: bytes, label: str = "soak client 0") -> None:
         self.config = config
         self.client = client
         self.reference = reference
+        self.label = label  # names this client process in its stderr lines
         self.report = SoakReport()
+        self.deadline = float("inf")  # monotonic; moved to now when the client processes are told to stop
+        self.busy_since: dict[int, float] = {}  # worker index -> monotonic start of its request in flight
 
     async def request(self, model: str, values: dict, outputs: Optional[list[str]] = None, cancel_after=None,
                       ensemble: bool = False):
@@ -242,21 +271,55 @@ class Soak:
     def fail(self, kind: str, detail: str) -> None:
         self.report.failures.append(f"{kind}: {detail}")
 
-    async def worker(self, index: int, deadline: float) -> None:
+    async def worker(self, index: int) -> None:
         rng = random.Random(self.config.seed * 100003 + index)
-        while time.monotonic() < deadline:
-            await self.one(rng)
+        while time.monotonic() < self.deadline:
+            self.busy_since[index] = time.monotonic()
+            try:
+                await self.one(rng)
+            except Exception as exc:
+                # request() turns every gRPC outcome into an error string, so this is the soak's own
+                # bug: shown and counted, and this worker stops rather than repeat it in a tight loop.
+                say(f"{self.label}: {type(exc).__name__} escaped worker {index}, which stops:\n{traceback.format_exc()}")
+                self.fail("worker", f"{index}: {type(exc).__name__}: {exc}")
+                return
+            finally:
+                del self.busy_since[index]
+
+    def progress(self, elapsed_s: float) -> str:
+        now = time.monotonic()
+        oldest = f" (oldest {now - min(self.busy_since.values()):.0f} s)" if self.busy_since else ""
+        ended = sum(self.report.outcomes.values()) + len(self.report.failures)
+        return (f"{self.label}: {elapsed_s:.0f} s, {ended} requests ended, {len(self.report.failures)} failed, "
+                f"{len(self.busy_since)} in flight{oldest}, rss {rss_mib():.0f} MiB")
+
+    async def watch(self, start: float, stop=None) -> None:
+        """Progress every PROGRESS_S; `stop` (a multiprocessing.Event, set when another client
+        process died) ends the load: no new requests, those in flight run to their end."""
+        next_line = start + PROGRESS_S
+        while True:
+            await asyncio.sleep(STOP_POLL_S)
+            now = time.monotonic()
+            if stop is not None and stop.is_set() and self.deadline > now:
+                self.deadline = now
+                say(f"{self.label}: told to stop; {len(self.busy_since)} requests in flight run to their end")
+            if now >= next_line:
+                say(self.progress(now - start))
+                next_line += PROGRESS_S
 
 
-async def run_load(config: SoakConfig) -> SoakReport:
+async def run_load(config: SoakConfig, label: str = "soak client 0", stop=None) -> SoakReport:
     import tritonclient.grpc.aio as grpcclient
 
     client = grpcclient.InferenceServerClient(config.url)
-    soak = Soak(config, client, tone_wav())
+    soak = Soak(config, client, tone_wav(), label)
     start = time.monotonic()
+    soak.deadline = start + config.seconds
+    watcher = asyncio.create_task(soak.watch(start, stop))
     try:
-        await asyncio.gather(*(soak.worker(i, start + config.seconds) for i in range(config.concurrency)))
+        await asyncio.gather(*(soak.worker(i) for i in range(config.concurrency)))
     finally:
+        watcher.cancel()
         await client.close()
     soak.report.wall_seconds = time.monotonic() - start
     return soak.report
@@ -313,8 +376,150 @@ def settle(metrics_url: str, max_running: int, timeout_s: float) -> tuple[dict, 
     return metrics, problems + ([beat] if beat else [])
 
 
-def _load_in_process(config: SoakConfig) -> SoakReport:
-    return asyncio.run(run_load(config))
+Load = Callable[[SoakConfig, int, object], SoakReport]  # (config, client process index, stop Event or None)
+
+
+def load_in_process(config: SoakConfig, index: int, stop=None) -> SoakReport:
+    """One client process's load: the default Load."""
+    return asyncio.run(run_load(config, f"soak client {index}", stop))
+
+
+def checked_load(load: Load, config: SoakConfig, index: int, stop=None) -> SoakReport:
+    """`load`'s report; an exception that escapes it is printed with its traceback and becomes the
+    report's failure, so it is not lost with the process."""
+    label = f"soak client {index}"
+    try:
+        report = load(config, index, stop)
+    except Exception as exc:
+        say(f"{label}: the load raised {type(exc).__name__}:\n{traceback.format_exc()}")
+        return SoakReport(failures=[f"{label}: the load raised {type(exc).__name__}: {exc}"])
+    ended = sum(report.outcomes.values()) + len(report.failures)
+    say(f"{label}: finished normally after {report.wall_seconds:.0f} s: {ended} requests ended, "
+        f"{len(report.failures)} failed")
+    return report
+
+
+def _client_process(load: Load, config: SoakConfig, index: int, stop, writer: Connection) -> None:
+    writer.send(checked_load(load, config, index, stop))
+    writer.close()
+
+
+def exit_reason(code: Optional[int]) -> str:
+    """A multiprocessing exitcode in words (negative: the signal that killed the process)."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class ClientProcess:
+    """One spawned client process and the pipe its report comes back on."""
+
+    index: int
+    process: multiprocessing.process.BaseProcess
+    reader: Connection
+    report: Optional[SoakReport] = None
+    ended: bool = False
+
+    @classmethod
+    def start(cls, ctx, load: Load, config: SoakConfig, index: int, stop) -> "ClientProcess":
+        reader, writer = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=_client_process, args=(load, config, index, stop, writer),
+                              name=f"soak client {index}", daemon=True)
+        process.start()
+        writer.close()  # the child holds the only write end left, so its death reads as EOF here
+        return cls(index, process, reader)
+
+    @property
+    def name(self) -> str:
+        return f"client process {self.index} (pid {self.process.pid})"
+
+    def handles(self) -> list:
+        """What to wait on: the pipe until the report came (a report larger than the pipe's buffer
+        is only written while it is read), the process until it exits."""
+        return ([] if self.reader.closed else [self.reader]) + [self.process.sentinel]
+
+    def receive(self) -> None:
+        """Take the report if it has come; never waits on an empty pipe."""
+        if self.reader.closed:
+            return
+        try:
+            if self.reader.poll():
+                self.report = self.reader.recv()
+                self.reader.close()
+        except (EOFError, OSError):  # the write end closed before a whole report: the process died
+            self.reader.close()
+
+    def end(self) -> Optional[str]:
+        """The process has exited: None if it exited 0 after its report, else what went wrong."""
+        self.receive()  # a report written just before the exit
+        self.ended = True
+        code = self.process.exitcode
+        if self.report is None:
+            return f"{self.name} died without a report: {exit_reason(code)}"
+        return None if code == 0 else f"{self.name} sent its report, then ended with {exit_reason(code)}"
+
+    def kill(self, why: str) -> str:
+        self.process.terminate()
+        self.process.join(5.0)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join(5.0)
+        self.ended = True
+        return f"{self.name} {why}: terminated ({exit_reason(self.process.exitcode)})"
+
+
+def split(config: SoakConfig, processes: int) -> list[SoakConfig]:
+    """One config per client process: the concurrency shared out, a seed of its own."""
+    shares = [config.concurrency // processes + (i < config.concurrency % processes) for i in range(processes)]
+    return [replace(config, concurrency=n, seed=config.seed * 1000 + i) for i, n in enumerate(shares) if n]
+
+
+def run_clients(config: SoakConfig, processes: int, load: Load = load_in_process,
+                grace_s: Optional[float] = None) -> SoakReport:
+    """The load in `processes` spawned client processes, so one Python process is not what limits
+    hundreds of streams. A process that dies is named among the report's failures with its exit
+    code or signal; the others are then told to stop and get `grace_s` (default: the response
+    timeout and STOP_GRACE_S) to end the requests they have in flight, then are terminated. Every
+    wait has a deadline: a dead or stuck client process never hangs the soak."""
+    grace_s = config.response_timeout_s + STOP_GRACE_S if grace_s is None else grace_s
+    ctx = multiprocessing.get_context("spawn")  # a clean interpreter: nothing of the parent's state
+    stop = ctx.Event()
+    clients = [ClientProcess.start(ctx, load, part, i, stop) for i, part in enumerate(split(config, processes))]
+    # perf/h200_scaling.sh reads the pids from this line (spawned, they do not show soak.py in ps).
+    say(f"soak: {len(clients)} client processes (pids {' '.join(str(c.process.pid) for c in clients)}), "
+        f"{config.concurrency} streams for {config.seconds:g} s")
+    failures: list[str] = []
+    deadline = time.monotonic() + STARTUP_S + config.seconds + grace_s
+    while (live := [c for c in clients if not c.ended]) and time.monotonic() < deadline:
+        wait([h for c in live for h in c.handles()], max(0.0, deadline - time.monotonic()))
+        for c in live:
+            c.receive()
+            problem = c.end() if c.process.exitcode is not None else None
+            if problem is None:
+                continue
+            failures.append(problem)
+            say(f"soak: {problem}")
+            if not stop.is_set():
+                stop.set()
+                deadline = min(deadline, time.monotonic() + grace_s)
+                say(f"soak: the other client processes are told to stop; they have {grace_s:.0f} s")
+        if all(c.report is not None for c in clients):
+            deadline = min(deadline, time.monotonic() + EXIT_S)
+    for c in clients:
+        if not c.ended:
+            why = ("sent its report but had not exited" if c.report is not None
+                   else "had not ended after the stop" if stop.is_set() else "had not ended by the deadline")
+            failures.append(c.kill(why))
+            say(f"soak: {failures[-1]}")
+    report = merge([c.report for c in clients if c.report is not None])
+    report.failures[:0] = failures  # first: the summary keeps only the first 20 failures
+    return report
 
 
 def merge(reports: list[SoakReport]) -> SoakReport:
@@ -329,26 +534,20 @@ def merge(reports: list[SoakReport]) -> SoakReport:
 
 
 def soak(config: SoakConfig, metrics_url: str, max_running: int, settle_s: float = 30.0,
-         processes: int = 1) -> SoakReport:
-    """The load (in `processes` client processes, concurrency split between them, so one Python
-    process is not what limits hundreds of streams), then the end checks."""
-    if processes <= 1:
-        report = _load_in_process(config)
-    else:
-        from concurrent.futures import ProcessPoolExecutor
-        from dataclasses import replace
-
-        shares = [config.concurrency // processes + (i < config.concurrency % processes) for i in range(processes)]
-        configs = [replace(config, concurrency=n, seed=config.seed * 1000 + i) for i, n in enumerate(shares) if n]
-        with ProcessPoolExecutor(len(configs)) as pool:
-            report = merge(list(pool.map(_load_in_process, configs)))
-    metrics, report.end_problems = settle(metrics_url, max_running, settle_s)
+         processes: int = 1, load: Load = load_in_process) -> SoakReport:
+    """The load (here, or in `processes` client processes: run_clients), then the end checks,
+    whatever became of the load."""
+    report = checked_load(load, config, 0) if processes <= 1 else run_clients(config, processes, load)
+    try:
+        metrics, report.end_problems = settle(metrics_url, max_running, settle_s)
+    except OSError as exc:  # a server that no longer answers: that is the end checks' finding
+        metrics, report.end_problems = {}, [f"metrics at {metrics_url}: {type(exc).__name__}: {exc}"]
     report.end_state = {k: v for k, v in metrics.items()
                         if "engine" in k or "vocoder" in k or "heartbeat" in k or k.startswith("moss_tts_requests{")}
     return report
 
 
-def main(argv=None) -> int:
+def main(argv=None, load: Load = load_in_process) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="localhost:8001")
     p.add_argument("--metrics-url", default="http://localhost:8002/metrics")
@@ -361,11 +560,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-running", type=int, default=256, help="moss_tts max_running_requests summed over its instances (free slots when idle; 512 on replicas_2gpu)")
     p.add_argument("--settle", type=float, default=30.0)
     p.add_argument("--processes", type=int, default=1, help="client processes sharing the concurrency")
+    p.add_argument("--response-timeout", type=float, default=120.0,
+                   help="seconds a stream may wait for its next response before it is cancelled and failed")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     config = SoakConfig(args.url, args.concurrency, args.seconds, args.cancel_fraction, args.bad_fraction,
-                        args.min_frames, args.max_frames)
-    report = soak(config, args.metrics_url, args.max_running, args.settle, args.processes)
+                        args.min_frames, args.max_frames, args.response_timeout)
+    report = soak(config, args.metrics_url, args.max_running, args.settle, args.processes, load)
     summary = {"config": asdict(config), **report.summary()}
     text = json.dumps(summary, indent=2)
     print(text)
