@@ -223,6 +223,34 @@ sample_host() {
   done > "$R/host_series_$1.txt" 2>&1
 }
 
+# Once, when no request has reached moss_tts for 15 s while the soak runs (the 2026-12-02 stall:
+# admissions stopped at once on all 8 client processes): where every soak process and the moss_tts
+# stub stand (py-spy dump, carry .whl), the gRPC connections to tritonserver, and the kernel wait
+# channel of each tritonserver thread, into stall_NAME.txt. Idle clients waiting on their sockets
+# and established connections point at tritonserver's gRPC frontend; busy or gone clients at them.
+watch_stall() {
+  local last="" same=0 now p
+  while :; do
+    sleep 5
+    now=$(python3 -c "import urllib.request; t = urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=2).read().decode(); print(sum(float(l.split()[-1]) for l in t.splitlines() if l.startswith('moss_engine{') and 'requests_admitted' in l))" 2>/dev/null)
+    if [ -n "$now" ] && [ "$now" = "$last" ]; then same=$((same + 1)); else same=0; fi
+    last=$now
+    [ "$same" -ge 3 ] || continue
+    [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl 2>/dev/null
+    { echo "=== $(date +%H:%M:%S): no request admitted for 15 s (admitted $now)"
+      echo "--- established connections to :8001: $(ss -tn state established '( sport = :8001 )' 2>/dev/null | tail -n +2 | wc -l)"
+      for p in $(pgrep -x tritonserver); do
+        echo "--- tritonserver $p threads (state, wait channel)"
+        for t in /proc/"$p"/task/*; do echo "$(basename "$t") $(awk '{print $3}' "$t/stat") $(cat "$t/wchan" 2>/dev/null)"; done | sort -k2 | uniq -c -f1 | sort -rn | head -20
+      done
+      for p in $(soak_pids "$1") $(pgrep -f "repo/moss_tts/1/model.py"); do
+        echo "--- py-spy dump $p"; timeout 20 /tmp/pyspy/bin/py-spy dump --pid "$p" 2>&1 | head -80
+      done
+    } > "$R/stall_$1.txt" 2>&1
+    return
+  done
+}
+
 # Every 30 s while the soak runs: the server log into $R and $R into $OUT. A call cut by the
 # device's hard limit runs no EXIT trap, and only what is already in $OUT comes back.
 keep_results() {
@@ -263,6 +291,7 @@ soak() {
   sample_metrics "${n}_load" & SAMPLERS="$!"
   sample_host "$n" & SAMPLERS="$SAMPLERS $!"
   keep_results "$n" & SAMPLERS="$SAMPLERS $!"
+  watch_stall "$n" & SAMPLERS="$SAMPLERS $!"
   # RESPONSE_TIMEOUT: seconds a stream waits for its next response (120); every client process
   # writes a progress line to soak.log every 10 s, so a stall shows there before it times out.
   PYTHONUNBUFFERED=1 python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
