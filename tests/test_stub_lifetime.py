@@ -1,13 +1,15 @@
 """No Python stub outlives tritonserver, whatever state its threads are in (issue 20): under load,
 with the `moss_tts` stub stopped (SIGSTOP: no thread of it can run, as with a GIL held forever or
 an IPC call that never returns), every stub is gone 2 s after tritonserver is SIGKILLed, and 2 s
-after tritonserver gives up at its exit timeout with a dead sibling stub. Each stub's guard
+after tritonserver gives up at its exit timeout with a dead sibling stub (or, when tritonserver
+crashes in that exit and hangs, 2 s after it is killed). Each stub's guard
 (serving/stub_guard.py) does it; tests/test_stub_guard.py tests the guard without a server."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -95,7 +97,17 @@ def test_no_stub_outlives_an_exit_timeout_with_a_dead_sibling(tiny_dir, tmp_path
         # Triton gave up on it; the held stub runs again (as a stub whose GIL holder lets go late),
         # and tritonserver, which waits for a stopped stub forever, can end.
         os.kill(stubs["moss_tts_0_0"], signal.SIGCONT)
-        server.process.wait(timeout=60)
+        try:
+            server.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # tritonserver 2.51 sometimes crashes in its own "exiting immediately" path as the
+            # resumed stub's messages reach it (log: "Signal (11) received", a corrupt heap), then
+            # hangs in its crash handler (~1 run in 5 here): an upstream defect, not the stubs'.
+            # What this test owns must still hold: once tritonserver is gone, so are the stubs.
+            after = server.log_path.read_text(errors="replace").split("Exit timeout expired", 1)[-1]
+            assert "Signal (11) received" in after or "Signal (6) received" in after, server.log_tail()
+            os.kill(server.process.pid, signal.SIGKILL)
+            server.process.wait()
         exited = time.monotonic()
         alive = live_stubs(stubs, wait_s=GONE_S)
         assert not alive, f"stubs alive {time.monotonic() - exited:.1f} s after tritonserver exited: {alive}"

@@ -1,0 +1,73 @@
+"""Text sessions with the codec over BLS (moss_tts parameter vocoder=bls, the split layout's
+path; tiny checkpoint, CPU): the session's one vocoder sequence lives in the `vocoder` model,
+and closing the session, by SESSION_END or by a cancel, ends it there at once (an END call,
+model.py `_end_sequence`), not 20 s later by the vocoder's idle janitor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from client.tts_client import TTSClient
+from triton_server import copy_repository, start_server, stop_server
+
+pytestmark = pytest.mark.triton
+
+SPF = 3840  # samples per frame per channel
+FRAMES = 4
+OPTIONS = dict(seed=3, max_frames=FRAMES, ignore_stop=True, first_chunk_frames=2, chunk_frames=2)
+ACTIVE = 'moss_vocoder_sessions{state="active"}'
+STARTED, ENDED, EXPIRED = (f'moss_vocoder{{stat="sessions_{s}"}}' for s in ("started", "ended", "expired"))
+CANCELLED = 'moss_vocoder{stat="sessions_cancelled"}'
+SESSIONS_OPEN = 'moss_tts_sessions{stat="open"}'
+# Well below the vocoder's idle janitor (max_sequence_idle_microseconds, 20 s): an END call, not it.
+END_WITHIN_S = 8.0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("session_bls")
+    repo = copy_repository(tmp, moss_tts={"vocoder": "bls"})
+    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp / "server.log", repository=repo)
+    yield server
+    stop_server(server, timeout=45)
+
+
+def assert_all_free(server) -> None:
+    m = server.wait_for_metrics(lambda m: m[SESSIONS_OPEN] == 0 and server.is_idle(m), timeout=20)
+    assert m[SESSIONS_OPEN] == 0 and server.is_idle(m), m
+
+
+def closed_sequences(m: dict) -> float:
+    return m[ENDED] + m[CANCELLED]
+
+
+def test_session_end_ends_its_one_sequence_in_the_vocoder_model(server):
+    before = server.settled_metrics()
+    session = TTSClient(server.grpc_url).text_session(**OPTIONS)
+    session.send_text("The first sentence is short. The second one is too.")
+    session.end()
+    chunks = list(session.chunks())
+    assert len(session.segments) == 2
+    audio = np.concatenate([c.audio for c in chunks], axis=1)
+    assert audio.shape == (2, 2 * FRAMES * SPF)
+    after = server.wait_for_metrics(lambda m: m[ACTIVE] == 0 and closed_sequences(m) > closed_sequences(before),
+                                    timeout=END_WITHIN_S)
+    assert after[STARTED] - before[STARTED] == 1  # one sequence for both segments
+    assert closed_sequences(after) - closed_sequences(before) == 1 and after[EXPIRED] == before[EXPIRED]
+    assert_all_free(server)
+
+
+def test_a_cancelled_session_ends_its_sequence_in_the_vocoder_model(server):
+    before = server.settled_metrics()
+    session = TTSClient(server.grpc_url).text_session(seed=1, max_frames=1900, ignore_stop=True,
+                                                      first_chunk_frames=1, chunk_frames=1)
+    session.send_text("A long first sentence. And a second one ")
+    chunks = session.chunks()
+    assert next(chunks).audio.shape == (2, SPF)
+    session.cancel()
+    after = server.wait_for_metrics(lambda m: m[ACTIVE] == 0 and closed_sequences(m) > closed_sequences(before)
+                                    and m[SESSIONS_OPEN] == 0, timeout=END_WITHIN_S)
+    assert after[ACTIVE] == 0 and closed_sequences(after) > closed_sequences(before)
+    assert after[EXPIRED] == before[EXPIRED]
+    assert_all_free(server)
