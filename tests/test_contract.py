@@ -121,3 +121,10 @@ def test_server_not_ready_while_the_server_starts_is_not_a_shutdown():
     assert not any(probe.is_stopping(m) for m in [_IN_INITIALIZE, _STARTING, _STARTING, _STARTING])
     assert not any(probe.is_stopping(m) for m in [_SERVING, _SERVING])
     assert probe.is_stopping(_STARTING)  # seen serving, now not ready: it shuts down
+
+
+def test_a_request_marks_the_server_serving_before_any_probe_answer_does():
+    probe = contract.ShutdownProbe()
+    assert not probe.is_stopping(_STARTING)
+    probe.mark_serving()  # the model's first execute(): Triton routes requests only once it serves
+    assert probe.is_stopping(_STARTING)

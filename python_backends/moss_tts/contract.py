@@ -216,10 +216,16 @@ class ShutdownProbe:
 
     Triton answers "Server not ready" both while it starts (until its last model has loaded) and
     once it shuts down; an instance that loads before the others sees it first. Only a server seen
-    serving ("Model 'x' is not ready") can be shutting down; before that the answer says nothing."""
+    serving can be shutting down; before that the answer says nothing. Seen serving: an answer
+    "Model 'x' is not ready", or `mark_serving()`, which the model calls at its first request
+    (Triton serves requests only once every model has loaded; under load the probe thread may not
+    get an answer in before a SIGTERM)."""
 
     def __init__(self) -> None:
         self.seen_serving = False
+
+    def mark_serving(self) -> None:
+        self.seen_serving = True
 
     def is_stopping(self, message: str) -> bool:
         if is_shutting_down(message):

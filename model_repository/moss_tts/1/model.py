@@ -230,6 +230,7 @@ class TritonPythonModel:
         return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s, round_rows=placement.vocoder_round_rows)
 
     def execute(self, requests):
+        self.stop_watch.arm()  # a request came: the server has started, its next "not ready" is its end
         for request in requests:
             sender = self.ledger.track(request.get_response_sender())
             try:

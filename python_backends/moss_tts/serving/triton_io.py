@@ -114,12 +114,17 @@ class ServerStopWatch:
 
     def __init__(self, on_stop: Callable[[], None], interval_s: float = 0.5) -> None:
         self.on_stop, self.interval_s = on_stop, interval_s
+        self.probe = ShutdownProbe()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="moss-server-stop-watch", daemon=True)
         self._thread.start()
 
+    def arm(self) -> None:
+        """The server serves (the model got a request): from now on "Server not ready" is its end."""
+        self.probe.mark_serving()
+
     def _watch(self) -> None:
-        probe = ShutdownProbe()
+        probe = self.probe
         while not self._stop.wait(self.interval_s):
             try:
                 response = pb_utils.InferenceRequest(model_name=self.PROBE_MODEL, inputs=[],
