@@ -65,6 +65,14 @@ def to_host(audio: torch.Tensor, wait: bool = True) -> torch.Tensor:
     return host
 
 
+def sections(num_rows: int, num_frames: int) -> tuple[slice, ...]:
+    """Where a packed step's flat int64 input keeps each part, for b = num_rows, F = num_frames:
+    rows [b], starts [b], lengths [b], frame_rows [F], frame_steps [F], codes [F*n_vq]."""
+    b, f = num_rows, num_frames
+    bounds = (0, b, 2 * b, 3 * b, 3 * b + f, 3 * b + 2 * f)
+    return (*(slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])), slice(bounds[-1], None))
+
+
 def step_input(slots: list[int], codes: list[np.ndarray], num_rows: int, num_frames: int, pad_row: int,
                pinned: bool) -> torch.Tensor:
     """One packed step's input in the StepInputs.flat layout, int64 [3b + 2F + F*n_vq] with
@@ -78,8 +86,7 @@ def step_input(slots: list[int], codes: list[np.ndarray], num_rows: int, num_fra
     b, f = num_rows, num_frames
     flat = torch.empty(3 * b + 2 * f + f * n_vq, dtype=torch.long, pin_memory=pinned)
     host = flat.numpy()
-    rows, starts, lengths = host[:b], host[b:2 * b], host[2 * b:3 * b]
-    frame_rows, frame_steps = host[3 * b:3 * b + f], host[3 * b + f:3 * b + 2 * f]
+    rows, starts, lengths, frame_rows, frame_steps, grid = (host[part] for part in sections(b, f))
     rows[:num_slots] = slots
     rows[num_slots:] = pad_row
     counts = np.fromiter((c.shape[0] for c in codes), dtype=np.int64, count=num_slots)
@@ -93,7 +100,7 @@ def step_input(slots: list[int], codes: list[np.ndarray], num_rows: int, num_fra
     frame_rows[used:] = 0
     frame_steps[:used] = np.arange(used) - np.repeat(starts[:num_slots], counts)
     frame_steps[used:] = 0
-    grid = host[3 * b + 2 * f:].reshape(f, n_vq)
+    grid = grid.reshape(f, n_vq)
     np.concatenate(codes, out=grid[:used], casting="unsafe")  # int32/int16/uint8 codes to int64
     grid[used:] = 0
     return flat
@@ -136,11 +143,15 @@ class StepInputs:
 
     @classmethod
     def empty(cls, num_rows: int, num_frames: int, n_vq: int, max_frames: int, device: torch.device) -> "StepInputs":
-        b, f = num_rows, num_frames
-        flat = torch.zeros(3 * b + 2 * f + f * n_vq, dtype=torch.long, device=device)
-        packing = Packing(flat[b:2 * b], flat[2 * b:3 * b], flat[3 * b:3 * b + f], flat[3 * b + f:3 * b + 2 * f],
-                          max_frames)
-        return cls(flat, flat[:b], packing, flat[3 * b + 2 * f:].view(f, n_vq))
+        flat = torch.zeros(num_rows * 3 + num_frames * (2 + n_vq), dtype=torch.long, device=device)
+        return cls.of(flat, num_rows, num_frames, max_frames)
+
+    @classmethod
+    def of(cls, flat: torch.Tensor, num_rows: int, num_frames: int, max_frames: int) -> "StepInputs":
+        """Views of a flat buffer laid out as step_input writes it."""
+        rows, starts, lengths, frame_rows, frame_steps, codes = (flat[part] for part in sections(num_rows, num_frames))
+        return cls(flat, rows, Packing(starts, lengths, frame_rows, frame_steps, max_frames),
+                   codes.view(num_frames, -1))
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -37,10 +37,9 @@ from typing import Callable, Hashable, Mapping, Optional
 import numpy as np
 import torch
 
-from ..codec.streaming import Packing
 from ..parameters import config_fields
 from ..uploads import to_device
-from .vocoder_graphs import GIB, VocoderGraphs, step_input, to_host
+from .vocoder_graphs import GIB, StepInputs, VocoderGraphs, step_input, to_host
 
 log = logging.getLogger(__name__)
 
@@ -373,10 +372,8 @@ class VocoderSessions:
     def _eager_step(self, rows: list[int], codes: list[np.ndarray]) -> torch.Tensor:
         """decode_step_packed on its own inputs, uploaded as one buffer (no padding)."""
         b, f = len(rows), sum(c.shape[0] for c in codes)
-        n_vq = codes[0].shape[1]
         flat = to_device(step_input(rows, codes, b, f, self.config.max_slots, self._device.type == "cuda"),
                          self._device)
-        packing = Packing(flat[b:2 * b], flat[2 * b:3 * b], flat[3 * b:3 * b + f], flat[3 * b + f:3 * b + 2 * f],
-                          self.config.max_graph_frames)
-        return self.codec.decode_step_packed(flat[3 * b + 2 * f:].view(f, n_vq), self.state, flat[:b], packing)
+        inputs = StepInputs.of(flat, b, f, self.config.max_graph_frames)
+        return self.codec.decode_step_packed(inputs.codes, self.state, inputs.rows, inputs.packing)
 
