@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from client.tts_client import TTSClient
+from test_text_session_triton import all_free, cancel_after_first_chunk
 from triton_server import copy_repository, start_server, stop_server
 
 pytestmark = pytest.mark.triton
@@ -33,11 +34,6 @@ def server(tiny_dir, tmp_path_factory):
     stop_server(server, timeout=45)
 
 
-def assert_all_free(server) -> None:
-    m = server.wait_for_metrics(lambda m: m[SESSIONS_OPEN] == 0 and server.is_idle(m), timeout=20)
-    assert m[SESSIONS_OPEN] == 0 and server.is_idle(m), m
-
-
 def closed_sequences(m: dict) -> float:
     return m[ENDED] + m[CANCELLED]
 
@@ -55,19 +51,14 @@ def test_session_end_ends_its_one_sequence_in_the_vocoder_model(server):
                                     timeout=END_WITHIN_S)
     assert after[STARTED] - before[STARTED] == 1  # one sequence for both segments
     assert closed_sequences(after) - closed_sequences(before) == 1 and after[EXPIRED] == before[EXPIRED]
-    assert_all_free(server)
+    all_free(server)
 
 
 def test_a_cancelled_session_ends_its_sequence_in_the_vocoder_model(server):
     before = server.settled_metrics()
-    session = TTSClient(server.grpc_url).text_session(seed=1, max_frames=1900, ignore_stop=True,
-                                                      first_chunk_frames=1, chunk_frames=1)
-    session.send_text("A long first sentence. And a second one ")
-    chunks = session.chunks()
-    assert next(chunks).audio.shape == (2, SPF)
-    session.cancel()
+    cancel_after_first_chunk(server.grpc_url)
     after = server.wait_for_metrics(lambda m: m[ACTIVE] == 0 and closed_sequences(m) > closed_sequences(before)
                                     and m[SESSIONS_OPEN] == 0, timeout=END_WITHIN_S)
     assert after[ACTIVE] == 0 and closed_sequences(after) > closed_sequences(before)
     assert after[EXPIRED] == before[EXPIRED]
-    assert_all_free(server)
+    all_free(server)

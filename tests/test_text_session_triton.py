@@ -92,14 +92,18 @@ def test_whole_and_word_by_word_give_the_same_segments_and_codes(triton):
     all_free(triton)
 
 
+def cancel_after_first_chunk(url: str) -> None:
+    """A long session cancelled by its client once its first audio (one frame) came."""
+    session = TTSClient(url).text_session(seed=1, max_frames=1900, ignore_stop=True, first_chunk_frames=1,
+                                          chunk_frames=1)
+    session.send_text("A long first sentence. And a second one ")
+    assert next(session.chunks()).audio.shape == (2, SPF)
+    session.cancel()
+
+
 def test_cancel_mid_session_frees_everything(triton):
     before = triton.settled_metrics()
-    session = TTSClient(triton.grpc_url).text_session(seed=1, max_frames=1900, ignore_stop=True,
-                                                      first_chunk_frames=1, chunk_frames=1)
-    session.send_text("A long first sentence. And a second one ")
-    chunks = session.chunks()
-    assert next(chunks).audio.shape == (2, SPF)
-    session.cancel()
+    cancel_after_first_chunk(triton.grpc_url)
     cancelled = 'moss_tts_sessions{stat="cancelled"}'
     triton.wait_for_metrics(lambda m: m[cancelled] > before[cancelled])
     all_free(triton)
