@@ -11,7 +11,6 @@ import io
 import json
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import numpy as np
@@ -22,6 +21,7 @@ import soundfile as sf
 from client.openai_shim import audio_format
 from client.openai_shim.triton_stream import build_inputs as shim_inputs
 from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
+from http_endpoint import HttpEndpoint
 from shim_server import start_shim, stop_shim
 from triton_server import _free_port
 
@@ -330,30 +330,17 @@ def test_shim_and_server_keep_serving_after_bad_requests(openai_shim, triton):
 
 def test_url_reference_when_enabled(triton, tmp_path):
     wav = tone_wav(1.0, 300.0)
-
-    class Voice(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(wav)))
-            self.end_headers()
-            self.wfile.write(wav)
-
-        def log_message(self, *args):
-            pass
-
-    files = ThreadingHTTPServer(("127.0.0.1", 0), Voice)
-    threading.Thread(target=files.serve_forever, daemon=True).start()
+    files = HttpEndpoint(lambda: wav, "/voice.wav")
     shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--metrics-url", triton.metrics_url,
                       "--allow-url-references",
                       "--allow-private-url-hosts")
     try:
         response = sdk(shim.url).audio.speech.create(
             model=MODEL, voice="default", input=TEXT, response_format="pcm",
-            extra_body=fixed(3, ref_audio=f"http://127.0.0.1:{files.server_address[1]}/voice.wav"))
+            extra_body=fixed(3, ref_audio=files.url))
     finally:
         stop_shim(shim)
-        files.shutdown()
-        files.server_close()
+        files.close()
     assert len(response.content) == 3 * FRAME_BYTES
 
 

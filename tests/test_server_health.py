@@ -3,15 +3,14 @@ against a fake metrics endpoint whose counters the test moves."""
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from client.openai_shim.config import ShimConfig
 from client.server_health import HeartbeatMonitor, check, metrics_url_for, parse_heartbeats
+from http_endpoint import HttpEndpoint
 
 INSTANCES = {("moss_tts", "moss_tts_0_0"): 1, ("ref_encoder", "ref_encoder_0_0"): 1, ("vocoder", "vocoder_0_0"): 1}
 
@@ -56,28 +55,16 @@ class FakeMetrics:
 
     def __init__(self):
         self.beats, self.beating = dict(INSTANCES), True
-        fake = self
+        self.endpoint = HttpEndpoint(self._scrape)
+        self.url = self.endpoint.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                if fake.beating:
-                    fake.beats = {k: v + 1 for k, v in fake.beats.items()}
-                body = exposition(fake.beats).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+    def _scrape(self) -> bytes:
+        if self.beating:
+            self.beats = {k: v + 1 for k, v in self.beats.items()}
+        return exposition(self.beats).encode()
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.endpoint.close()
 
 
 @pytest.fixture

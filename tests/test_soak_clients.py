@@ -6,14 +6,15 @@ because the client processes are spawned and import them by name."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from client.server_health import MODELS
+from http_endpoint import HttpEndpoint
 from perf.soak import Soak, SoakConfig, SoakReport, main, run_clients
 
 LOAD_S = 60.0  # the loads' length: far beyond any test's bound, so only a stop ends them early
@@ -146,40 +147,31 @@ def test_the_stop_ends_the_load_of_a_client_process(capsys):
     assert "soak client 4: told to stop" in capsys.readouterr().err
 
 
-class IdleMetrics(BaseHTTPRequestHandler):
+MAX_RUNNING = 4
+_BEATS = itertools.count(1)
+
+
+def idle_metrics() -> bytes:
     """An idle server's metrics, every heartbeat one further on each scrape: settle() finds nothing."""
-
-    beats = 0
-    max_running = 4
-
-    def do_GET(self):
-        IdleMetrics.beats += 1
-        lines = [f'moss_engine{{model_instance="moss_tts_0",stat="{stat}"}} {value}'
-                 for stat, value in (("streams", 0), ("running", 0), ("waiting", 0), ("free_slots", self.max_running))]
-        lines.append('moss_vocoder_sessions{model_instance="vocoder_0",state="active"} 0')
-        lines += [f'moss_heartbeat_total{{model="{m}",model_instance="{m}_0"}} {self.beats}' for m in MODELS]
-        body = ("\n".join(lines) + "\n").encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    beat = next(_BEATS)
+    lines = [f'moss_engine{{model_instance="moss_tts_0",stat="{stat}"}} {value}'
+             for stat, value in (("streams", 0), ("running", 0), ("waiting", 0), ("free_slots", MAX_RUNNING))]
+    lines.append('moss_vocoder_sessions{model_instance="vocoder_0",state="active"} 0')
+    lines += [f'moss_heartbeat_total{{model="{m}",model_instance="{m}_0"}} {beat}' for m in MODELS]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def test_main_writes_a_failed_report_when_a_client_process_dies(tmp_path):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), IdleMetrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    metrics = HttpEndpoint(idle_metrics)
     out = tmp_path / "soak.json"
     try:
         start = time.monotonic()
         code = main(["--processes", "3", "--concurrency", "6", "--seconds", str(LOAD_S), "--settle", "2",
-                     "--max-running", str(IdleMetrics.max_running), "--metrics-url",
-                     f"http://127.0.0.1:{server.server_port}/metrics", "--out", str(out)], load=sigkill_in_1_others_failing)
+                     "--max-running", str(MAX_RUNNING), "--metrics-url", metrics.url, "--out", str(out)],
+                    load=sigkill_in_1_others_failing)
         took = time.monotonic() - start
     finally:
-        server.shutdown()
+        metrics.close()
     assert code == 1 and took < BOUND_S, (code, took)
     report = json.loads(out.read_text())
     assert report["ok"] is False and report["num_failures"] == 51 and report["requests"] == 2, report
