@@ -123,8 +123,9 @@ def by_row(packed: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def host_codes(codes: list[torch.Tensor]) -> list:
-    """Per row, its codes as the numpy view VocoderGraphs.run takes (as VocoderSessions hands them)."""
-    return list(torch.stack(codes).numpy())
+    """Per row, its codes [T_i, n_vq] as the numpy array VocoderGraphs.run takes (as VocoderSessions
+    hands them); rows may differ in length."""
+    return [c.numpy() for c in codes]
 
 
 def random_codes(rows: int, frames: int, codebook_size: int, seed: int) -> list[torch.Tensor]:
@@ -257,7 +258,7 @@ def rounds(steps: Steps, rows: int, codebook_size: int, iters: int, warmup: int,
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, steps.graphs.max_frames + 1, (rows,), generator=g).tolist()
     codes = [random_codes(1, n, codebook_size, seed + i)[0] for i, n in enumerate(lengths)]
-    slots, host = list(range(rows)), host_codes_ragged(codes)
+    slots, host = list(range(rows)), host_codes(codes)
     groups: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
         groups.setdefault(n, []).append(i)
@@ -275,10 +276,6 @@ def rounds(steps: Steps, rows: int, codebook_size: int, iters: int, warmup: int,
         ms = median_ms(fn, steps.device, iters, warmup)
         out[f"{name}_ms"], out[f"{name}_frames_per_s"] = ms, sum(lengths) / (ms / 1e3)
     return out
-
-
-def host_codes_ragged(codes: list[torch.Tensor]) -> list:
-    return [c.numpy() for c in codes]
 
 
 def offline(codec, device: torch.device, shape: tuple[int, int], iters: int, warmup: int) -> dict:
