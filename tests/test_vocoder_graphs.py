@@ -55,6 +55,24 @@ def run_schedule(sessions: VocoderSessions, streams: torch.Tensor, ids: list, si
     return {sid: torch.cat(chunks, dim=-1) for sid, chunks in out.items()}
 
 
+# Four sequences whose chunks differ in length in every call (as a vocoder round's do).
+MIXED_SCHEDULES = {"a": [2, 10, 10, 8], "b": [4, 8, 10, 8], "c": [1, 3, 10, 10], 9: [10, 1, 7, 2]}
+
+
+def run_mixed(sessions: VocoderSessions, streams: torch.Tensor) -> dict:
+    """Four sequences whose chunks differ in length in every call (as a vocoder round's do)."""
+    schedules = MIXED_SCHEDULES
+    cursors, out = dict.fromkeys(schedules, 0), {sid: [] for sid in schedules}
+    for sid in schedules:
+        sessions.start(sid)
+    for k in range(4):
+        call = {sid: streams[i, cursors[sid]:cursors[sid] + sizes[k]] for i, (sid, sizes) in enumerate(schedules.items())}
+        for sid, audio in sessions.decode(call).items():
+            out[sid].append(audio)
+            cursors[sid] += schedules[sid][k]
+    return {sid: torch.cat(chunks, dim=-1) for sid, chunks in out.items()}
+
+
 def assert_same_audio(actual: dict, expected: dict) -> None:
     # Padding changes the GEMMs' row count, and a CPU BLAS may block a product differently for
     # another row count; each row is still computed from its own inputs alone, so any
@@ -202,25 +220,15 @@ def test_longer_chunks_are_decoded_in_graphed_pieces(codec, streams):
 def test_chunks_of_different_lengths_share_one_padded_step(codec, streams):
     """Each call packs the sequences' chunks of 1 to 10 frames into one step, padded to its row
     and frame buckets, and every sequence decodes as it would alone."""
-    schedules = {"a": [2, 10, 10, 8], "b": [4, 8, 10, 8], "c": [1, 3, 10, 10], 9: [10, 1, 7, 2]}
     outs = {}
     for graphs in (True, False):
         sessions = make(codec, max_slots=6, graphs=graphs)
-        cursors, out = dict.fromkeys(schedules, 0), {sid: [] for sid in schedules}
-        for sid in schedules:
-            sessions.start(sid)
-        for k in range(4):
-            call = {sid: streams[i, cursors[sid]:cursors[sid] + sizes[k]]
-                    for i, (sid, sizes) in enumerate(schedules.items())}
-            for sid, audio in sessions.decode(call).items():
-                out[sid].append(audio)
-                cursors[sid] += schedules[sid][k]
+        outs[graphs] = run_mixed(sessions, streams)
         assert sessions.stats().decode_calls == 4  # one step per call
         assert sessions.stats().graph_calls == (4 if graphs else 0)
-        outs[graphs] = {sid: torch.cat(chunks, dim=-1) for sid, chunks in out.items()}
     assert_same_audio(outs[True], outs[False])
-    for i, sid in enumerate(schedules):
-        assert_same_audio({sid: outs[False][sid]}, {sid: codec.decode(streams[i:i + 1, :cursors[sid]])[0]})
+    for i, (sid, sizes) in enumerate(MIXED_SCHEDULES.items()):
+        assert_same_audio({sid: outs[False][sid]}, {sid: codec.decode(streams[i:i + 1, :sum(sizes)])[0]})
 
 
 def test_pieces_of_chunks_of_different_lengths_share_steps(codec, streams):
@@ -274,20 +282,6 @@ def test_graph_replay_equals_the_uncaptured_padded_step(tiny_dir, streams):
     out, expected = run_schedule(graphed, streams, ids, sizes), run_schedule(eager, streams, ids, sizes)
     for sid in ids:
         assert torch.equal(out[sid], expected[sid]), sid  # same kernels, same shapes: bit-exact
-
-
-def run_mixed(sessions: VocoderSessions, streams: torch.Tensor) -> dict:
-    """Four sequences whose chunks differ in length in every call (as a vocoder round's do)."""
-    schedules = {"a": [2, 10, 10, 8], "b": [4, 8, 10, 8], "c": [1, 3, 10, 10], 9: [10, 1, 7, 2]}
-    cursors, out = dict.fromkeys(schedules, 0), {sid: [] for sid in schedules}
-    for sid in schedules:
-        sessions.start(sid)
-    for k in range(4):
-        call = {sid: streams[i, cursors[sid]:cursors[sid] + sizes[k]] for i, (sid, sizes) in enumerate(schedules.items())}
-        for sid, audio in sessions.decode(call).items():
-            out[sid].append(audio)
-            cursors[sid] += schedules[sid][k]
-    return {sid: torch.cat(chunks, dim=-1) for sid, chunks in out.items()}
 
 
 @pytest.mark.gpu
