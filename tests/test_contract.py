@@ -106,25 +106,3 @@ def test_every_server_message_gets_a_kind(message, kind, text):
 
 def test_tags_are_not_doubled():
     assert ErrorKind.UNAVAILABLE.tag("[INVALID_ARGUMENT] child said no") == "[UNAVAILABLE] child said no"
-
-
-# What tritonserver 2.51 answered a BLS call for a missing model, seen from a model that loaded
-# while another model was still loading, then through its shutdown (a probe each second).
-_STARTING = "Model moss_tts_shutdown_probe - Error when running inference: Server not ready"
-_SERVING = ("Model moss_tts_shutdown_probe - Error when running inference: Failed for execute the inference "
-            "request. Model 'moss_tts_shutdown_probe' is not ready.")
-_IN_INITIALIZE = "BLS is only supported during the 'execute' function."
-
-
-def test_server_not_ready_while_the_server_starts_is_not_a_shutdown():
-    probe = contract.ShutdownProbe()
-    assert not any(probe.is_stopping(m) for m in [_IN_INITIALIZE, _STARTING, _STARTING, _STARTING])
-    assert not any(probe.is_stopping(m) for m in [_SERVING, _SERVING])
-    assert probe.is_stopping(_STARTING)  # seen serving, now not ready: it shuts down
-
-
-def test_a_request_marks_the_server_serving_before_any_probe_answer_does():
-    probe = contract.ShutdownProbe()
-    assert not probe.is_stopping(_STARTING)
-    probe.mark_serving()  # the model's first execute(): Triton routes requests only once it serves
-    assert probe.is_stopping(_STARTING)

@@ -207,34 +207,6 @@ def is_shutting_down(message: str) -> bool:
     return bool(_SHUTTING_DOWN.search(message))
 
 
-# Triton's answer to a BLS call for a model it does not have, while the server serves.
-_MODEL_NOT_READY = re.compile(r"Model '[^']*' is not ready")
-
-
-class ShutdownProbe:
-    """Reads the answers to a BLS call for a model that does not exist (triton_io.ServerStopWatch).
-
-    Triton answers "Server not ready" both while it starts (until its last model has loaded) and
-    once it shuts down; an instance that loads before the others sees it first. Only a server seen
-    serving can be shutting down; before that the answer says nothing. Seen serving: an answer
-    "Model 'x' is not ready", or `mark_serving()`, which the model calls at its first request
-    (Triton serves requests only once every model has loaded; under load the probe thread may not
-    get an answer in before a SIGTERM)."""
-
-    def __init__(self) -> None:
-        self.seen_serving = False
-
-    def mark_serving(self) -> None:
-        self.seen_serving = True
-
-    def is_stopping(self, message: str) -> bool:
-        if is_shutting_down(message):
-            return self.seen_serving
-        if _MODEL_NOT_READY.search(message):
-            self.seen_serving = True
-        return False
-
-
 class ServingError(Exception):
     """A request failed; `kind` is what the client is told."""
 

@@ -44,6 +44,7 @@ from moss_tts.serving.session_stream import (SessionChildren, SessionClient, Ses
                                             first_reference)
 from moss_tts.serving.speech_pipeline import END_WAIT_S, NO_CODES, ChildError, Ready, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
+from moss_tts.serving.stop_watch import ServerStopWatch
 from moss_tts.serving.stream_pool import StreamPool
 from moss_tts.serving.synthesis_request import parse_session_inputs, parse_synthesis_request
 from moss_tts.serving.text_sessions import SESSION_STATS, SessionConfig, SessionRegistry
@@ -204,7 +205,7 @@ class TritonPythonModel:
                                 after=self._flush_metrics, instance=instance)
         # The server's shutdown reaches the streams: over BLS a refused call said so, in process
         # nothing does (streams would run on until Triton's exit timeout).
-        self.stop_watch = io.ServerStopWatch(self._server_stopping)
+        self.stop_watch = ServerStopWatch(io.ask_missing_model, self._server_stopping)
         self.vocoder_gauges = None
         if self.worker is not None:
             rows = io.HistogramGauges("moss_tts_vocoder_round_rows", "streams decoded per in-process vocoder round",
@@ -230,7 +231,7 @@ class TritonPythonModel:
         return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s, round_rows=placement.vocoder_round_rows)
 
     def execute(self, requests):
-        self.stop_watch.arm()  # a request came: the server has started, its next "not ready" is its end
+        self.stop_watch.arm()  # the server serves: from now on "Server not ready" is its end
         for request in requests:
             sender = self.ledger.track(request.get_response_sender())
             try:

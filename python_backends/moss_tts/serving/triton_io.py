@@ -11,7 +11,7 @@ from typing import Callable, Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..contract import ErrorKind, ShutdownProbe
+from ..contract import ErrorKind
 from .stub_guard import guard_stub
 
 # TritonError's code for each kind; the stub binds TritonError only after model.py is imported,
@@ -97,51 +97,16 @@ class Heartbeat:
         self._thread.join(2 * self.INTERVAL_S)
 
 
-class ServerStopWatch:
-    """Calls `on_stop()` once when tritonserver begins to shut down, seen from inside a stub.
-
-    At SIGTERM Triton refuses new requests and unloads the models at once, but a model's unload
-    (and so its `finalize`) waits for its requests in flight: `finalize` comes too late to end a
-    decoupled model's streams. Streams that called other models over BLS used to learn it from
-    the refused call ("Server not ready"). Streams whose work stays in this process ask the same
-    way: every `interval_s`, one BLS call to a model that does not exist, answered at once with
-    "not ready" while the server runs and with "Server not ready" once it shuts down (and while it
-    starts: contract.ShutdownProbe tells the two apart). Not
-    `pb_utils.is_model_ready`: while the calling model unloads, 24.10 never answers it (seen in
-    1 of 5 shutdowns here, the stream threads then held the exit for its whole timeout)."""
-
-    PROBE_MODEL = "moss_tts_shutdown_probe"  # no such model: the answer costs no model any work
-
-    def __init__(self, on_stop: Callable[[], None], interval_s: float = 0.5) -> None:
-        self.on_stop, self.interval_s = on_stop, interval_s
-        self.probe = ShutdownProbe()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="moss-server-stop-watch", daemon=True)
-        self._thread.start()
-
-    def arm(self) -> None:
-        """The server serves (the model got a request): from now on "Server not ready" is its end."""
-        self.probe.mark_serving()
-
-    def _watch(self) -> None:
-        probe = self.probe
-        while not self._stop.wait(self.interval_s):
-            try:
-                response = pb_utils.InferenceRequest(model_name=self.PROBE_MODEL, inputs=[],
-                                                     requested_output_names=[]).exec()
-                message = response.error().message() if response.has_error() else ""
-            except Exception as exc:
-                message = str(exc)
-            if probe.is_stopping(message):
-                log.info("tritonserver is shutting down (%s)", message)
-                self.on_stop()
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(2 * self.interval_s)
+PROBE_MODEL = "moss_tts_shutdown_probe"  # no such model: the answer costs no model any work
 
 
+def ask_missing_model() -> str:
+    """One BLS call to a model that does not exist; Triton's answer (stop_watch.ServerStopWatch)."""
+    try:
+        response = pb_utils.InferenceRequest(model_name=PROBE_MODEL, inputs=[], requested_output_names=[]).exec()
+        return response.error().message() if response.has_error() else ""
+    except Exception as exc:
+        return str(exc)
 
 
 def instance_label(instance: Optional[str]) -> dict[str, str]:
