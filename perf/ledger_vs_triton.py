@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perf.soak import Soak, SoakConfig, read_metrics, tone_wav  # noqa: E402
+from perf.soak_load import Soak, SoakConfig, tone_wav  # noqa: E402
+from perf.soak_metrics import read_metrics  # noqa: E402
 
 TRITON = ("request_success", "request_failure", "pending_request_count")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
-from perf.soak import idle_problems
+from perf.soak_metrics import idle_problems
 from triton_server import copy_repository, start_server, stop_server
 
 pytestmark = pytest.mark.triton

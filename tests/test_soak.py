@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from perf.soak import SoakConfig, soak
+from perf.soak import soak
+from perf.soak_load import SoakConfig
 from triton_server import MODELS, live_stubs, start_server, stub_pids
 
 pytestmark = pytest.mark.triton

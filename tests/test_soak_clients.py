@@ -15,7 +15,9 @@ import time
 
 from client.server_health import MODELS
 from http_endpoint import HttpEndpoint
-from perf.soak import Soak, SoakConfig, SoakReport, main, run_clients
+from perf.soak import main
+from perf.soak_clients import run_clients
+from perf.soak_load import Soak, SoakConfig, SoakReport
 
 LOAD_S = 60.0  # the loads' length: far beyond any test's bound, so only a stop ends them early
 BOUND_S = 20.0  # a test's run_clients must return by then

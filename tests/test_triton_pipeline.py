@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 
 from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
-from perf.soak import vocoder_sessions
+from perf.soak_metrics import vocoder_sessions
 
 pytestmark = pytest.mark.triton
 

@@ -32,7 +32,7 @@ class TritonServer:
 
     def metrics(self) -> dict[str, float]:
         """Our custom series, e.g. {'moss_engine{stat="running"}': 0.0}."""
-        from perf.soak import read_metrics
+        from perf.soak_metrics import read_metrics
 
         return read_metrics(self.metrics_url)
 
@@ -68,7 +68,7 @@ class TritonServer:
 
     def is_idle(self, m: dict[str, float]) -> bool:
         """No stream, no engine row, no vocoder session in use (metrics as from `metrics()`)."""
-        from perf.soak import idle_problems
+        from perf.soak_metrics import idle_problems
 
         return not idle_problems(m, self.parameter("moss_tts", "max_running_requests"))
 

@@ -3,7 +3,8 @@
 Runs the soak's load (`run_load`, the test's mix) against the project's server (tiny checkpoint)
 with grpc.aio's cancel instrumented, then SIGTERM. A cancel at the channel close is a stream that
 had its final but not yet its status: the ordering that can leave moss_tts held (README.md).
-`--soak-file` loads another version of perf/soak.py, e.g. the one before the fix:
+`--soak-file` loads another version of the load (perf/soak_load.py; before the split, perf/soak.py
+held it), e.g. the one before the fix:
 
     git show 685f33e:perf/soak.py > /tmp/soak_old.py
     PYTHONPATH=python_backends .venv/bin/python perf/hold_repro/soak_close_cancels.py --soak-file /tmp/soak_old.py
@@ -58,7 +59,7 @@ def count_cancels() -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--soak-file", type=Path, default=ROOT / "perf" / "soak.py")
+    p.add_argument("--soak-file", type=Path, default=ROOT / "perf" / "soak_load.py")
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--tiny", type=Path, default=Path(tempfile.gettempdir()) / "hold_repro_tiny")
     args = p.parse_args()
