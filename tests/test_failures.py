@@ -54,7 +54,10 @@ def wait_for(predicate, timeout: float = 15.0):
 def server(tiny_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("failures")
     repo = copy_repository(tmp, moss_tts={"max_streams": "2", "max_sessions": "1", "session_idle_timeout_s": "2"})
-    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp / "server.log", repository=repo)
+    # A short exit timeout: the last test kills moss_tts's stub, and Triton then waits out its exit
+    # timeout for a model it cannot unload (30 s by default, spent for nothing).
+    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp / "server.log", repository=repo,
+                          args=("--exit-timeout-secs=8",))
     yield server
     stop_server(server, timeout=45)
 
