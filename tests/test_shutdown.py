@@ -42,17 +42,18 @@ def test_an_idle_server_unloads_every_model_at_once(tiny_dir, tmp_path):
     assert_clean_exit(server, took, stubs)
 
 
-def test_streams_in_flight_end_with_unavailable_and_every_model_unloads(tiny_dir, tmp_path):
-    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path / "server.log")
-    stubs = stub_pids(server)
+def stop_with_streams_in_flight(server, streams: int = 6) -> float:
+    """SIGTERM while `streams` streams are mid-utterance (odd ones: text-session requests), then
+    check each ended with one [UNAVAILABLE] "shutting down"; -> the seconds the exit took."""
     outcomes: "queue.Queue[tuple[int, str]]" = queue.Queue()
-    started = threading.Barrier(7)
+    started = threading.Barrier(streams + 1)
 
     def stream(i: int) -> None:
         chunks = 0
+        session = {"session_id": f"in-flight-{i}"} if i % 2 else {}
         try:
             for _ in TTSClient(server.grpc_url).stream(
-                    build_inputs("A long one.", max_frames=1900, ignore_stop=True, seed=i), timeout=60):
+                    build_inputs("A long one.", max_frames=1900, ignore_stop=True, seed=i, **session), timeout=60):
                 chunks += 1
                 if chunks == 1:
                     started.wait(timeout=60)
@@ -65,15 +66,22 @@ def test_streams_in_flight_end_with_unavailable_and_every_model_unloads(tiny_dir
             started.wait(timeout=60)  # release the main thread whatever came first
         outcomes.put((chunks, outcome))
 
-    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(6)]
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(streams)]
     for t in threads:
         t.start()
-    started.wait(timeout=120)  # every stream has its first chunk: all six are mid-utterance
+    started.wait(timeout=120)  # every stream has its first chunk: all are mid-utterance
     took = stop_server(server, timeout=60)
     for t in threads:
         t.join(70)
     results = [outcomes.get_nowait() for _ in range(outcomes.qsize())]
-    assert len(results) == 6, results
+    assert len(results) == streams, results
     for chunks, outcome in results:
         assert chunks >= 1 and outcome.startswith("UNAVAILABLE") and "shutting down" in outcome, results
+    return took
+
+
+def test_streams_in_flight_end_with_unavailable_and_every_model_unloads(tiny_dir, tmp_path):
+    server = start_server(tiny_dir / "model", tiny_dir / "codec", tmp_path / "server.log")
+    stubs = stub_pids(server)
+    took = stop_with_streams_in_flight(server)
     assert_clean_exit(server, took, stubs, EXIT_IN_FLIGHT_S)

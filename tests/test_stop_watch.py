@@ -46,9 +46,9 @@ def test_it_asks_nothing_before_the_first_request():
     watch = ServerStopWatch(answers, stopped.set, interval_s=INTERVAL_S)
     time.sleep(30 * INTERVAL_S)
     watch.stop()
+    assert wait_until(lambda: not watch.is_alive)
     assert answers.calls == 0 and watch.asked == 0
     assert not stopped.is_set()
-    assert not watch.is_alive
 
 
 def test_armed_it_stops_once_at_the_first_server_not_ready_and_asks_no_more():
@@ -72,7 +72,7 @@ def test_arming_again_is_harmless_and_stop_ends_the_asking():
     assert wait_until(lambda: answers.calls >= 5)
     assert not stopped.is_set()
     watch.stop()
-    assert not watch.is_alive
+    assert wait_until(lambda: not watch.is_alive)
     calls = answers.calls
     time.sleep(10 * INTERVAL_S)
     assert answers.calls == calls  # stop() ends the asking
@@ -85,4 +85,20 @@ def test_other_answers_are_not_a_shutdown():
     watch.arm()
     assert wait_until(lambda: answers.calls >= 4)
     assert not stopped.is_set()
+    watch.stop()
+
+
+def test_an_ask_that_raises_does_not_end_the_watch():
+    calls, stopped = [], threading.Event()
+
+    def ask():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("IPC hiccup")
+        return STOPPING
+
+    watch = ServerStopWatch(ask, stopped.set, interval_s=INTERVAL_S)
+    watch.arm()
+    assert wait_until(stopped.is_set)  # the third answer, after two that raised
+    assert len(calls) == 3
     watch.stop()

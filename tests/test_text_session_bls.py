@@ -10,7 +10,8 @@ import pytest
 
 from client.tts_client import TTSClient
 from test_text_session_triton import all_free, cancel_after_first_chunk
-from triton_server import copy_repository, start_server, stop_server
+from test_shutdown import EXIT_IN_FLIGHT_S, assert_clean_exit, stop_with_streams_in_flight
+from triton_server import copy_repository, start_server, stop_server, stub_pids
 
 pytestmark = pytest.mark.triton
 
@@ -62,3 +63,13 @@ def test_a_cancelled_session_ends_its_sequence_in_the_vocoder_model(server):
     assert after[ACTIVE] == 0 and closed_sequences(after) > closed_sequences(before)
     assert after[EXPIRED] == before[EXPIRED]
     all_free(server)
+
+
+def test_streams_and_sessions_in_flight_at_sigterm_end_cleanly_over_bls(server):
+    """Last in this module: it stops the module's server. With the codec over BLS a stream (or a
+    session) that ends at shutdown makes no END call after its final response: one could land as
+    Triton finalizes moss_tts, which crashes tritonserver 2.51 (serving/stop_watch.py); the
+    vocoder's sequences end with the server."""
+    stubs = stub_pids(server)
+    took = stop_with_streams_in_flight(server)
+    assert_clean_exit(server, took, stubs, EXIT_IN_FLIGHT_S)

@@ -26,12 +26,10 @@ from repro import Server  # noqa: E402  (the hold repro's server runner)
 
 VARIANTS = {
     # The probe runs on through finalize(), as the stop watch of an instance that never served did.
-    "probe_through_finalize": {"STOP_FIRST": "0"},
-    # moss_tts's stop watch since the fix: probes only once the model served a request, stops at
-    # the first "Server not ready" after that (every 500 ms, as moss_tts probes).
+    "probe_through_finalize": {},
+    # moss_tts's stop watch since the fix: asks only after a request, stops at the first "Server not
+    # ready" after it (here every 500 ms; moss_tts asks every 250 ms).
     "armed_stop_at_not_ready": {"ARMED_BY_REQUEST": "1", "STOP_AT_NOT_READY": "1", "PROBE_MS": "500"},
-    # The same model, never sent a request: it never probes.
-    "never_served": {"ARMED_BY_REQUEST": "1", "STOP_AT_NOT_READY": "1", "PROBE_MS": "500", "NO_REQUEST": "1"},
 }
 
 
@@ -86,8 +84,7 @@ def main() -> None:
                     took = server.stop()
                     result = "crashed_at_start" if outcome(log_path.read_text(errors="replace")) == "crashed" else "no_start"
                 else:
-                    if params.get("NO_REQUEST") != "1":
-                        infer_once(server.http_url)
+                    infer_once(server.http_url)
                     time.sleep(args.settle_s)
                     took = server.stop()
                     result = outcome(log_path.read_text(errors="replace"))

@@ -40,8 +40,8 @@ from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
 from moss_tts.serving.session_claims import SessionClaims, server_directory
-from moss_tts.serving.session_stream import (SessionChildren, SessionClient, SessionCodes, SessionRequest,
-                                            first_reference)
+from moss_tts.serving.session_stream import (NO_AUDIO, SessionChildren, SessionClient, SessionCodes,
+                                            SessionRequest, first_reference)
 from moss_tts.serving.speech_pipeline import END_WAIT_S, NO_CODES, ChildError, Ready, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stop_watch import ServerStopWatch
@@ -85,11 +85,16 @@ def encode_reference(audio: bytes, watch: StallWatch) -> np.ndarray:
 
 
 def vocode_call(worker, parameters, watch: StallWatch, sequence_id: int, codes, start: bool, end: bool,
-                on_done=lambda: None, deadline=None):
+                on_done=lambda: None, deadline=None, is_stopping=lambda: False):
     """One call of a vocoder sequence: a job of this process's worker (its audio to come), or a
     call of the `vocoder` model over BLS with the pipeline's key `parameters` (answered: Ready)."""
     if worker is not None:
         return worker.submit(sequence_id, codes, start, end, on_done=on_done, deadline=deadline)
+    if end and not start and not len(codes) and is_stopping():
+        # The server stops: Triton refuses the END anyway (the vocoder's sequences end with it), and
+        # a BLS call made after this instance's last final response can land as Triton finalizes
+        # the instance, which crashes tritonserver 2.51 (serving/stop_watch.py).
+        return Ready(NO_AUDIO)
     flags = (START if start else 0) | (END if end else 0)
     request = pb_utils.InferenceRequest(
         model_name="vocoder", correlation_id=sequence_id, flags=flags, parameters=parameters,
@@ -104,8 +109,9 @@ class TritonChildren:
     quota). Every blocking BLS call is watched for stalls."""
 
     def __init__(self, codes: "EngineCodes | SegmentedCodes", key: str, watch: StallWatch,
-                 worker: "VocoderWorker | None"):
+                 worker: "VocoderWorker | None", is_stopping=lambda: False):
         self.codes = codes
+        self.is_stopping = is_stopping
         self.parameters = internal_key.parameters(key)
         self.watch = watch
         self.worker = worker
@@ -120,7 +126,7 @@ class TritonChildren:
     def vocode(self, codes, start, end, deadline=None):
         # The job's completion wakes this stream's wait for its next engine chunk.
         return vocode_call(self.worker, self.parameters, self.watch, self.sequence_id, codes, start, end,
-                           on_done=self.codes.wake, deadline=deadline)
+                           on_done=self.codes.wake, deadline=deadline, is_stopping=self.is_stopping)
 
 
 class TritonClient:
@@ -262,7 +268,7 @@ class TritonPythonModel:
         codes = codes_for(self.streams, self.builder, synthesis, reference)  # long text: one request per segment
         self.ledger.classify(sender, "long_form" if isinstance(codes, SegmentedCodes) else
                              "codes" if "AUDIO" not in requested else "stream" if synthesis.stream else "offline")
-        children = TritonChildren(codes, self.key, self.watch, self.worker)
+        children = TritonChildren(codes, self.key, self.watch, self.worker, self.pool.is_stopping)
         client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
         return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
 
@@ -319,7 +325,8 @@ class TritonPythonModel:
                 codes = codes_for(self.streams, self.builder, synthesis, first_reference(session, reference))
             else:
                 codes = codes_for(self.streams, self.builder, replace(synthesis, mode="clone"), session.voice_codes)
-            children = TritonChildren(SessionCodes(codes, session, is_new), self.key, self.watch, self.worker)
+            children = TritonChildren(SessionCodes(codes, session, is_new), self.key, self.watch, self.worker,
+                                      self.pool.is_stopping)
             children.sequence_id = session.sequence_id
             stream = SpeechStream(SessionChildren(children, session, inputs.is_end, client), client, True, True,
                                   self.pool.is_stopping)
@@ -329,7 +336,7 @@ class TritonPythonModel:
         """End a text session's vocoder sequence (closed by SESSION_END, cancel, failure or timeout)."""
         try:
             vocode_call(self.worker, internal_key.parameters(self.key), self.watch, sequence_id, NO_CODES,
-                        start=False, end=True).result(timeout=END_WAIT_S)
+                        start=False, end=True, is_stopping=self.pool.is_stopping).result(timeout=END_WAIT_S)
         except Exception as exc:  # the vocoder's own idle timeout reclaims the sequence
             log.warning("ending text session sequence %x failed: %s", sequence_id, exc)
 

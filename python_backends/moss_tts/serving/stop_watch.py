@@ -55,7 +55,10 @@ class ServerStopWatch:
                 return
         while not self._stop.wait(self.interval_s):
             self.asked += 1
-            message = self.ask()
+            try:
+                message = self.ask()
+            except Exception as exc:  # never the end of the watch: it would miss the shutdown
+                message = f"{type(exc).__name__}: {exc}"
             if is_shutting_down(message):
                 log.info("tritonserver is shutting down (%s)", message)
                 self.on_stop()

@@ -12,7 +12,6 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
         self.probe_s = float(params.get("PROBE_MS", "50")) / 1000
         self.finalize_s = float(params.get("FINALIZE_S", "2"))
-        self.stop_first = params.get("STOP_FIRST", "0") == "1"
         # moss_tts's ServerStopWatch: probe only once the model served a request, and stop at the
         # first "Server not ready" (from then on it means the server stops).
         self.armed = threading.Event()
@@ -53,10 +52,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.finalize_t = time.time()
-        pb_utils.Logger.log_info(f"finalize: begins (stop_first={self.stop_first})")
-        if self.stop_first:
-            self.stop.set()
-            self.thread.join(1.0)
+        pb_utils.Logger.log_info("finalize: begins")
         time.sleep(self.finalize_s)  # moss_tts's finalize takes 1-4 s (streams, engine, threads)
         self.stop.set()
         self.thread.join(1.0)
