@@ -207,3 +207,67 @@ def test_an_instance_takes_over_its_own_stale_claim(tmp_path):
     restarted.claim("s1")
     restarted.release("s1")
     assert not any(tmp_path.iterdir())
+
+
+def test_indexed_requests_run_in_index_order_whatever_order_they_arrive_in():
+    # A server with several instances relays a session's requests to its holder, where they can
+    # arrive out of order: SESSION_INDEX, not arrival, decides the turn.
+    reg, _, _ = registry()
+    order, threads = [], []
+    for index in (2, 0, 3, 1):  # arrival order
+        session, ticket, _ = reg.join("s", is_end=index == 3, has_text=True, index=index)
+        assert ticket == index
+
+        def run(session=session, ticket=ticket):
+            assert session.wait_turn(ticket, lambda: False, wait_s=0.05)
+            order.append(ticket)
+            reg.finish(session)
+        threads.append(threading.Thread(target=run))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert order == [0, 1, 2, 3]
+    assert reg.stats().waiting == 0
+
+
+def test_an_index_out_of_place_is_refused_and_leaves_nothing():
+    reg, _, _ = registry()
+    session, _, _ = reg.join("s", False, True, index=0)
+    with pytest.raises(InvalidRequest, match="SESSION_INDEX 0 was already sent"):
+        reg.join("s", False, True, index=0)
+    with pytest.raises(InvalidRequest, match="SESSION_INDEX on every request"):
+        reg.join("s", False, True)  # the session is indexed
+    reg.finish(session)
+    with pytest.raises(InvalidRequest, match="SESSION_INDEX 0 was already sent"):
+        reg.join("s", False, True, index=0)  # its turn has passed
+    unindexed, _, _ = reg.join("u", False, True)
+    with pytest.raises(InvalidRequest, match="SESSION_INDEX on no request"):
+        reg.join("u", False, True, index=1)
+    reg.finish(unindexed)
+    assert reg.stats().opened == 2 and reg.stats().waiting == 0
+
+
+def test_requests_waiting_for_an_index_that_never_comes_are_expired():
+    reg, ended, clock = registry(session_idle_timeout_s=5)
+    session, ticket, _ = reg.join("s", False, True, index=1)  # index 0 never comes
+    assert session.is_missing_its_turn
+    clock.now += 4
+    assert reg.expire() == 0
+    clock.now += 2
+    assert reg.expire() == 1 and session.closed == "expired"
+    assert not session.wait_turn(ticket, lambda: False)  # the waiter learns it at once
+    reg.finish(session)
+    assert_all_free(reg)
+
+
+def test_session_index_is_parsed_and_checked():
+    def get_of(values):
+        return lambda name: None if values.get(name) is None else np.array([values[name]])
+
+    assert parse_session_inputs(get_of({"SESSION_ID": "s", "TEXT": "Hi.", "SESSION_INDEX": 4})).index == 4
+    assert parse_session_inputs(get_of({"SESSION_ID": "s", "TEXT": "Hi."})).index is None
+    with pytest.raises(InvalidRequest, match="SESSION_INDEX must be 0, 1, 2"):
+        parse_session_inputs(get_of({"SESSION_ID": "s", "TEXT": "Hi.", "SESSION_INDEX": -1}))
+    with pytest.raises(InvalidRequest, match="SESSION_INDEX needs SESSION_ID"):
+        parse_session_inputs(get_of({"TEXT": "Hi.", "SESSION_INDEX": 0}))

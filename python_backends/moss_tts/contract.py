@@ -97,8 +97,12 @@ MOSS_TTS_INPUTS = (
     _option("REQUEST_ID", "BYTES"),
     # Text sessions (serving/text_sessions.py): consecutive requests with one SESSION_ID speak as
     # one stream, one voice; SESSION_END (TEXT may be empty) ends it after its earlier requests.
+    # SESSION_INDEX (0, 1, 2, ...: the request's place in its session) orders them by index, not
+    # by arrival: needed when the server has several moss_tts instances (a request that reaches
+    # another instance than the session's is relayed to it and arrives late).
     _option("SESSION_ID", "BYTES"),
     _option("SESSION_END", "BOOL"),
+    _option("SESSION_INDEX", "INT32"),
 )
 MOSS_TTS_OUTPUTS = (
     Tensor("AUDIO", "FP32", (CHANNELS, -1)),
@@ -109,7 +113,7 @@ MOSS_TTS_OUTPUTS = (
 # it fills REFERENCE_CODES itself and always streams (no STREAM input).
 MOSS_TTS_CODES_INPUTS = tuple(Tensor(t.name, t.dtype, (1, 1), optional=False) if t.name == "REFERENCE_AUDIO" else t
                               for t in MOSS_TTS_INPUTS
-                              if t.name not in ("REFERENCE_CODES", "STREAM", "SESSION_ID", "SESSION_END"))
+                              if t.name not in ("REFERENCE_CODES", "STREAM", "SESSION_ID", "SESSION_END", "SESSION_INDEX"))
 MOSS_TTS_CODES_OUTPUTS = MOSS_TTS_OUTPUTS[1:]
 # Batched models: dims without the batch dimension.
 REF_ENCODER_INPUTS = (Tensor("REFERENCE_AUDIO", "BYTES", (1,)),)

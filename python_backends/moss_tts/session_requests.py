@@ -6,7 +6,9 @@ every request names the SESSION_ID; the voice inputs (contract.SESSION_VOICE_INP
 first request only, the other options with every request that carries text; the last request
 carries SESSION_END, and is an extra one with empty TEXT (and no options) when no text is left.
 Request ids are `<prefix><k>` for segment k and `<prefix>end` for that empty closing request,
-so each response names its segment. Option names are matched case-insensitively (the gRPC
+so each response names its segment. Every request carries SESSION_INDEX, its place in the session
+(k, and the number of segments for the closing request), so that a server with several moss_tts
+instances speaks them in order even when a relayed one arrives late. Option names are matched case-insensitively (the gRPC
 client takes lower-case keywords, the shim input names).
 """
 
@@ -33,6 +35,7 @@ class SessionRequests:
             options = dict(self.options, **self.voice) if is_first else dict(self.options)
         else:
             options = {}
+        options["SESSION_INDEX"] = len(self.segments)
         request_id = f"{self.id_prefix}{len(self.segments)}" if text else f"{self.id_prefix}end"
         if is_end:
             self.end_id = request_id

@@ -24,8 +24,8 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.contract import (MOSS_TTS_OUTPUTS, N_VQ, SESSION_VOICE_INPUTS, ErrorKind, InvalidRequest,
-                               ServingError)
+from moss_tts.contract import (MOSS_TTS_INPUTS, MOSS_TTS_OUTPUTS, N_VQ, SESSION_VOICE_INPUTS, ErrorKind,
+                               InvalidRequest, ServingError)
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
 from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS
@@ -39,7 +39,8 @@ from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_
 from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
 from moss_tts.serving.request_record import RecordingClient
 from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
-from moss_tts.serving.session_claims import SessionClaims, server_directory
+from moss_tts.serving.session_claims import SessionClaims, SessionHeldElsewhere, server_directory
+from moss_tts.serving.session_relay import RelayedStream, RelayServer, message_getter, request_message, socket_path
 from moss_tts.serving.session_stream import (NO_AUDIO, SessionChildren, SessionClient, SessionCodes,
                                             SessionRequest, first_reference)
 from moss_tts.serving.speech_pipeline import END_WAIT_S, NO_CODES, ChildError, Ready, SpeechStream, new_sequence_id
@@ -190,6 +191,10 @@ class TritonPythonModel:
         self.sessions = SessionRegistry(session_config, self._end_sequence, new_sequence_id,
                                         claims=SessionClaims(server_directory(), args["model_instance_name"]))
         self.sessions.start_reaper()
+        # Session requests that reached another instance of this server come here to be spoken
+        # (several instances: serving/session_relay.py).
+        self.relay_server = RelayServer(socket_path(server_directory(), args["model_instance_name"]),
+                                        self._accept_relayed)
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds(),
                                                         self.worker.stalled_seconds() if self.worker else 0.0))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
@@ -261,8 +266,11 @@ class TritonPythonModel:
         get = io.getter(request)
         session = parse_session_inputs(get)
         if session is not None:
-            return self._prepare_session(request, sender, get, session, started)
-        synthesis = self._synthesis(request, get)
+            requested = set(request.requested_output_names()) or set(OUTPUTS)
+            return self._prepare_session(get, session, started, requested, request.request_id(),
+                                         TritonClient(sender, requested, self.watch),
+                                         on_admit=lambda: self.ledger.classify(sender, "stream"), may_relay=True)
+        synthesis = self._synthesis(request.request_id(), get)
         reference = self._reference(get, synthesis)
         requested = set(request.requested_output_names()) or set(OUTPUTS)
         codes = codes_for(self.streams, self.builder, synthesis, reference)  # long text: one request per segment
@@ -286,51 +294,90 @@ class TritonPythonModel:
         return (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
 
     @staticmethod
-    def _synthesis(request, get):
+    def _synthesis(request_id, get):
         synthesis = parse_synthesis_request(get, "")
         # Client request ids repeat across clients ("1", ...): the engine id is made unique.
-        return synthesis.with_request_id(f"{synthesis.request_id or request.request_id() or 'req'}-"
-                                         f"{new_sequence_id():x}")
+        return synthesis.with_request_id(f"{synthesis.request_id or request_id or 'req'}-{new_sequence_id():x}")
 
-    def _prepare_session(self, request, sender, get, inputs, started):
-        """One request of a text session (serving/text_sessions.py): checked here, run in order."""
-        synthesis = self._synthesis(request, get) if inputs.has_text else None
-        requested = set(request.requested_output_names()) or set(OUTPUTS)
+    def _prepare_session(self, get, inputs, started, requested, request_id, client, on_admit, may_relay):
+        """One request of a text session (serving/text_sessions.py): checked here, run in order.
+        `client`: the request's (TritonClient, or a RelayClient when it came from another instance);
+        a request for a session another instance holds is relayed there if `may_relay`."""
+        synthesis = self._synthesis(request_id, get) if inputs.has_text else None
         if "AUDIO" not in requested:
             raise InvalidRequest("a text session streams audio: request AUDIO (CODES may come with it)")
         if synthesis is not None and (not synthesis.stream or synthesis.fields.tokens is not None):
             raise InvalidRequest("a text session streams each segment: drop STREAM=false and TOKENS")
         voice_inputs = [name for name in SESSION_VOICE_INPUTS if get(name) is not None]
-        if voice_inputs and self.sessions.is_open(inputs.session_id):
-            raise InvalidRequest(f"{', '.join(voice_inputs)}: the voice of text session {inputs.session_id!r} was "
+        is_later = inputs.index != 0 if inputs.index is not None else self.sessions.is_open(inputs.session_id)
+        if voice_inputs and is_later:
+            raise InvalidRequest(f"{', '.join(voice_inputs)}: the voice of text session {inputs.session_id!r} is "
                                  f"set by its first request; send these only there")
         reference = self._reference(get, synthesis) if synthesis is not None else (lambda: None)
-        session, ticket, is_new = self.sessions.join(inputs.session_id, inputs.is_end, inputs.has_text)
         try:
-            return self._session_request(sender, synthesis, reference, requested, inputs, session, ticket,
-                                         is_new, started)
+            session, ticket, _ = self._join(inputs)
+        except SessionHeldElsewhere as held:
+            if not may_relay or not held.owner:  # relayed once already; or its holder never said
+                raise
+            on_admit()
+            self.sessions.count_relayed()
+            inputs_sent = {t.name: get(t.name) for t in MOSS_TTS_INPUTS if get(t.name) is not None}
+            message = request_message(inputs_sent, sorted(requested), request_id or "")
+            return RelayedStream(socket_path(server_directory(), held.owner), message, client, self.pool.is_stopping)
+        try:
+            on_admit()
+            return self._session_request(client, synthesis, reference, inputs, session, ticket, started)
         except BaseException:  # the ticket must be given back, or the session's later requests wait forever
             self.sessions.finish(session, "failed")
             raise
 
-    def _session_request(self, sender, synthesis, reference, requested, inputs, session, ticket, is_new,
-                         started):
-        self.ledger.classify(sender, "stream")
+    def _join(self, inputs):
+        """sessions.join; a claim whose holder has not written its name yet (it opens the session
+        this moment) is read again for a short while."""
+        for _ in range(50):
+            try:
+                return self.sessions.join(inputs.session_id, inputs.is_end, inputs.has_text, inputs.index)
+            except SessionHeldElsewhere as held:
+                if held.owner:
+                    raise
+                time.sleep(0.01)
+        return self.sessions.join(inputs.session_id, inputs.is_end, inputs.has_text, inputs.index)
+
+    def _session_request(self, base_client, synthesis, reference, inputs, session, ticket, started):
         on_final = (lambda: self.sessions.close(session, "ended")) if inputs.is_end else (lambda: None)
-        client = SessionClient(RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe,
-                                               started), on_final)
+        client = SessionClient(RecordingClient(base_client, self.metrics.observe, started), on_final)
         stream = None
+        is_first = ticket == 0  # the session's first request: its reference, or its first frames, is the voice
         if synthesis is not None:
-            if is_new:
+            if is_first:
                 codes = codes_for(self.streams, self.builder, synthesis, first_reference(session, reference))
             else:
                 codes = codes_for(self.streams, self.builder, replace(synthesis, mode="clone"), session.voice_codes)
-            children = TritonChildren(SessionCodes(codes, session, is_new), self.key, self.watch, self.worker,
+            children = TritonChildren(SessionCodes(codes, session, is_first), self.key, self.watch, self.worker,
                                       self.pool.is_stopping)
             children.sequence_id = session.sequence_id
             stream = SpeechStream(SessionChildren(children, session, inputs.is_end, client), client, True, True,
                                   self.pool.is_stopping)
         return SessionRequest(self.sessions, session, ticket, stream, client, self.pool.is_stopping)
+
+    def _accept_relayed(self, message, client):
+        """A session request relayed from another instance of this server (session_relay.RelayServer)."""
+        started = time.monotonic()
+        try:
+            get = message_getter(message)
+            inputs = parse_session_inputs(get)
+            if inputs is None:
+                raise InvalidRequest("a relayed request must name a SESSION_ID")
+            requested = set(message["requested"]) or set(OUTPUTS)
+            stream = self._prepare_session(get, inputs, started, requested, message["request_id"], client,
+                                           on_admit=lambda: None, may_relay=False)
+        except ServingError as exc:
+            client.send_error(str(exc), exc.kind)
+            return
+        if not self.pool.try_start(stream.run):
+            self.sessions.finish(stream.session, "failed")
+            reason = "is shutting down" if self.pool.is_stopping() else f"is busy: {self.pool.max_streams} streams"
+            client.send_error(f"server {reason}; retry later", ErrorKind.UNAVAILABLE)
 
     def _end_sequence(self, sequence_id):
         """End a text session's vocoder sequence (closed by SESSION_END, cancel, failure or timeout)."""
@@ -359,6 +406,7 @@ class TritonPythonModel:
         # wait), abort, and answer UNAVAILABLE; then the engine stops.
         if not self.pool.stop(STOP_TIMEOUT_S):
             log.warning("%d streams still running at shutdown (blocked on a child?)", self.pool.num_active)
+        self.relay_server.stop()
         self.sessions.stop()
         self.session_gauges.stop()
         self.streams.shutdown(STOP_TIMEOUT_S)

@@ -5,10 +5,10 @@ instances (`configs/replicas_*`) Triton hands each request to whichever instance
 nothing routes a session's later requests to the one that holds it (the sequence batcher would,
 but on the public entry it would make every request carry a correlation id). Unchecked, such a
 request would open a second session on the other instance: another voice, and audio that does
-not continue the first. Claims turn that into a clear error: an instance claims a session id when
-it opens the session (a file created exclusively in a directory that the instances of one
-tritonserver share, named by its pid), a request for a session another instance claimed is
-refused, and the claim goes when the session closes. A claim of this instance's own name left by
+not continue the first. So an instance claims a session id when it opens the session (a file
+created exclusively in a directory that the instances of one tritonserver share, named by its
+pid), a request for a session another instance claimed is relayed to that instance
+(session_relay.py), and the claim goes when the session closes. A claim of this instance's own name left by
 an earlier stub of it (restarted by Triton) is taken over. No Triton import.
 """
 
@@ -28,11 +28,10 @@ log = logging.getLogger(__name__)
 
 class SessionHeldElsewhere(ServingError):
     def __init__(self, session_id: str, owner: str, me: str) -> None:
+        self.owner = owner  # "" while the holder has not written its claim yet
         super().__init__(
-            f"text session {session_id!r} is held by {owner}, another moss_tts instance of this server, and "
-            f"this request reached {me}: Triton does not route a session's requests to one instance. Serve "
-            f"text sessions from a server with one moss_tts instance (config.pbtxt; on a multi-GPU host one "
-            f"server per GPU, docs/scaling.md)", ErrorKind.UNAVAILABLE)
+            f"text session {session_id!r} is held by {owner or 'an instance opening it'}, another moss_tts "
+            f"instance of this server, and this request reached {me}", ErrorKind.UNAVAILABLE)
 
 
 def server_directory() -> Path:
@@ -44,7 +43,7 @@ def server_directory() -> Path:
 class SessionClaims:
     def __init__(self, directory: Path, owner: str) -> None:
         self.directory, self.owner = Path(directory), owner
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # the relay's sockets live here too
         self._mine: set[str] = set()  # session ids this instance claimed and holds
 
     def _path(self, session_id: str) -> Path:
@@ -58,14 +57,14 @@ class SessionClaims:
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileNotFoundError:  # the directory went with another instance's release_all
-                self.directory.mkdir(parents=True, exist_ok=True)
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
                 continue
             except FileExistsError:
                 owner = self._owner(path)
                 if owner is None:  # released in between
                     continue
                 if owner != self.owner:
-                    raise SessionHeldElsewhere(session_id, owner or "an instance opening it", self.owner) from None
+                    raise SessionHeldElsewhere(session_id, owner, self.owner) from None
             else:
                 with os.fdopen(fd, "w") as f:
                     f.write(self.owner)

@@ -67,15 +67,16 @@ class SessionInputs:
     session_id: str
     is_end: bool  # SESSION_END: the session ends after this request
     has_text: bool  # False: a SESSION_END alone (TEXT empty)
+    index: Optional[int] = None  # SESSION_INDEX: the request's place in the session (None: by arrival)
 
 
 def parse_session_inputs(get: Getter) -> Optional[SessionInputs]:
-    """SESSION_ID / SESSION_END, or None for a request outside any text session."""
+    """SESSION_ID / SESSION_END / SESSION_INDEX, or None for a request outside any text session."""
     session_id = _string(get, "SESSION_ID")
     is_end = bool(_scalar(get, "SESSION_END") or False)
     if session_id is None:
-        if is_end:
-            raise InvalidRequest("SESSION_END needs SESSION_ID: the session to end")
+        if is_end or get("SESSION_INDEX") is not None:
+            raise InvalidRequest(f"{'SESSION_END' if is_end else 'SESSION_INDEX'} needs SESSION_ID: the session it belongs to")
         return None
     if not session_id or len(session_id) > MAX_SESSION_ID_CHARS or not session_id.isprintable():
         raise InvalidRequest(f"input SESSION_ID must be 1 to {MAX_SESSION_ID_CHARS} printable characters, got "
@@ -84,7 +85,10 @@ def parse_session_inputs(get: Getter) -> Optional[SessionInputs]:
     has_text = bool(text and text.strip())
     if not has_text and not is_end:
         raise InvalidRequest("input TEXT is empty: give the words to speak (an empty TEXT only with SESSION_END)")
-    return SessionInputs(session_id, is_end, has_text)
+    index = _scalar(get, "SESSION_INDEX")
+    if index is not None and not 0 <= int(index) < 2**31 - 1:
+        raise InvalidRequest(f"input SESSION_INDEX must be 0, 1, 2, ... (the request's place in its session), got {index}")
+    return SessionInputs(session_id, is_end, has_text, None if index is None else int(index))
 
 
 def _scalar(get: Getter, name: str):

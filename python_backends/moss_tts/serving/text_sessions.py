@@ -5,7 +5,10 @@ keeps between its requests what makes them one utterance: the voice (the first r
 reference, or the first segment's first VOICE_FRAMES code frames) and one vocoder sequence
 (opened by the first segment's first chunk, continued by every later one, so the audio joins
 without a click). Requests run in arrival order, one at a time: each waits for its turn (the
-previous request's final response sent), so the audio on the stream follows the text.
+previous request's final response sent), so the audio on the stream follows the text. Requests
+that carry SESSION_INDEX run in index order instead, whatever order they arrive in (a session's
+requests relayed from another instance arrive late, session_relay.py); a session is indexed or
+not from its first request on.
 
 A session ends by SESSION_END, and is freed at once on a cancel or failure of any of its
 requests, and after `session_idle_timeout_s` without a request (`expire`, called by a reaper
@@ -64,6 +67,8 @@ class TextSession:
         self._next_ticket = 0
         self._turn = 0
         self._num_holding = 0  # requests entered and not finished
+        self.indexed: Optional[bool] = None  # its requests carry SESSION_INDEX (set by the first)
+        self._indices: set[int] = set()  # indexed: the indices entered and not yet finished
         self._cond = threading.Condition()
 
     def voice_codes(self) -> Optional[np.ndarray]:
@@ -74,9 +79,25 @@ class TextSession:
     def is_busy(self) -> bool:
         return self._num_holding > 0
 
-    def _take_ticket(self) -> int:
+    @property
+    def is_missing_its_turn(self) -> bool:
+        """Indexed, with requests waiting, and the one whose turn it is has not come."""
+        return bool(self.indexed) and self._num_holding > 0 and self._turn not in self._indices
+
+    def _take_ticket(self, index: Optional[int] = None) -> int:
         with self._cond:
-            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            if self.indexed is None:
+                self.indexed = index is not None
+            if self.indexed != (index is not None):
+                raise InvalidRequest(f"text session {self.session_id!r}: SESSION_INDEX on "
+                                     f"{'every' if self.indexed else 'no'} request of a session, as on its first")
+            if index is None:
+                ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            else:
+                if index < self._turn or index in self._indices:
+                    raise InvalidRequest(f"text session {self.session_id!r}: SESSION_INDEX {index} was already sent")
+                self._indices.add(index)
+                ticket = index
             self._num_holding += 1
             return ticket
 
@@ -91,6 +112,7 @@ class TextSession:
 
     def _finish_turn(self, now: float) -> None:
         with self._cond:
+            self._indices.discard(self._turn)
             self._turn += 1
             self._num_holding -= 1
             self.last_active = now
@@ -112,6 +134,7 @@ class SessionStats:
     cancelled: int
     failed: int
     refused: int  # new sessions refused at max_sessions
+    relayed: int  # requests sent on to the instance holding their session (several instances)
 
 
 SESSION_STATS = tuple(SessionStats.__dataclass_fields__)
@@ -131,7 +154,7 @@ class SessionRegistry:
         self._lock = threading.Lock()
         self._open: dict[str, TextSession] = {}
         self._closed: "OrderedDict[str, str]" = OrderedDict()  # id -> reason, most recent last
-        self._counts = dict.fromkeys((*REASONS, "opened", "refused"), 0)
+        self._counts = dict.fromkeys((*REASONS, "opened", "refused", "relayed"), 0)
         self._reaper: Optional[threading.Thread] = None
         self._stop = threading.Event()
 
@@ -139,23 +162,25 @@ class SessionRegistry:
         with self._lock:
             return session_id in self._open
 
-    def join(self, session_id: str, is_end: bool, has_text: bool) -> tuple[TextSession, int, bool]:
-        """The session a request belongs to, its ticket, and whether it opens the session.
-        Raises InvalidRequest for a closed or unknown session it cannot open, ServingError
-        UNAVAILABLE beyond max_sessions."""
+    def join(self, session_id: str, is_end: bool, has_text: bool,
+             index: Optional[int] = None) -> tuple[TextSession, int, bool]:
+        """The session a request belongs to, its ticket (its turn: `index` if given), and whether it
+        opens the session. Raises InvalidRequest for a closed or unknown session it cannot open, or
+        an index out of place; ServingError UNAVAILABLE beyond max_sessions."""
         with self._lock:
             session = self._open.get(session_id)
             if session is None:
                 self._check_new(session_id, is_end, has_text)
                 if self.claims is not None:
-                    self.claims.claim(session_id)  # refused if another instance holds it
+                    self.claims.claim(session_id)  # SessionHeldElsewhere if another instance holds it
                 session = self._open[session_id] = TextSession(session_id, self.new_sequence_id(), self.clock())
                 self._counts["opened"] += 1
                 is_new = True
             else:
                 is_new = False
             session.last_active = self.clock()
-            return session, session._take_ticket(), is_new
+            # A new session takes any index; only a later request's can be out of place.
+            return session, session._take_ticket(index), is_new
 
     def _check_new(self, session_id: str, is_end: bool, has_text: bool) -> None:
         reason = self._closed.get(session_id)
@@ -172,6 +197,10 @@ class SessionRegistry:
             self._counts["refused"] += 1
             raise ServingError(f"server busy: {self.config.max_sessions} text sessions open (max_sessions); "
                                f"retry later", ErrorKind.UNAVAILABLE)
+
+    def count_relayed(self) -> None:
+        with self._lock:
+            self._counts["relayed"] += 1
 
     def finish(self, session: TextSession, outcome: Optional[str] = None) -> None:
         """A request of `session` is done; `outcome` (a REASONS value) closes the session."""
@@ -198,11 +227,12 @@ class SessionRegistry:
         session.reference, session.voice = None, VoiceFrames()
 
     def expire(self) -> int:
-        """Close the sessions idle for longer than the timeout (no request running or waiting)."""
+        """Close the sessions idle for longer than the timeout: no request running or waiting, or
+        (indexed) requests waiting for an index that has not come in that time."""
         now = self.clock()
         with self._lock:
             idle = [s for s in self._open.values()
-                    if not s.is_busy and now - s.last_active > self.config.session_idle_timeout_s]
+                    if (not s.is_busy or s.is_missing_its_turn) and now - s.last_active > self.config.session_idle_timeout_s]
         for session in idle:
             self.close(session, "expired")
         return len(idle)
@@ -211,7 +241,7 @@ class SessionRegistry:
         with self._lock:
             waiting = sum(s._num_holding for s in self._open.values())
             return SessionStats(len(self._open), waiting, **{k: self._counts[k] for k in
-                                                             ("opened", *REASONS, "refused")})
+                                                             ("opened", *REASONS, "refused", "relayed")})
 
     def start_reaper(self, interval_s: float = 0.5) -> None:
         def reap():
