@@ -248,17 +248,62 @@ def test_an_index_out_of_place_is_refused_and_leaves_nothing():
     assert reg.stats().opened == 2 and reg.stats().waiting == 0
 
 
-def test_requests_waiting_for_an_index_that_never_comes_are_expired():
-    reg, ended, clock = registry(session_idle_timeout_s=5)
+def test_a_missing_first_index_fails_the_session_and_a_later_gap_is_skipped():
+    # A request refused before it reached the holder (on another instance) never takes its index:
+    # GAP_S later its turn is skipped, or, for index 0 (the voice), the session fails.
+    from moss_tts.serving.text_sessions import GAP_S
+
+    reg, _, clock = registry()
     session, ticket, _ = reg.join("s", False, True, index=1)  # index 0 never comes
-    assert session.is_missing_its_turn
-    clock.now += 4
-    assert reg.expire() == 0
-    clock.now += 2
-    assert reg.expire() == 1 and session.closed == "expired"
+    reg.expire()  # the gap is seen
+    clock.now += GAP_S / 2
+    reg.expire()
+    assert session.closed is None
+    clock.now += GAP_S
+    reg.expire()
+    assert session.closed == "failed"
     assert not session.wait_turn(ticket, lambda: False)  # the waiter learns it at once
     reg.finish(session)
     assert_all_free(reg)
+
+    other, first, _ = reg.join("t", False, True, index=0)
+    reg.finish(other)  # index 0 spoken
+    _, third, _ = reg.join("t", False, True, index=2)  # index 1 was refused elsewhere
+    reg.expire()
+    clock.now += GAP_S + 0.1
+    reg.expire()
+    assert other.closed is None and other.wait_turn(third, lambda: False, wait_s=0.05)  # skipped to 2
+    with pytest.raises(InvalidRequest, match="its turn was skipped"):
+        reg.join("t", False, True, index=1)  # too late
+    reg.finish(other)
+    assert reg.stats().waiting == 0
+
+
+def test_an_indexed_session_end_may_arrive_first():
+    reg, _, _ = registry()
+    session, ticket, is_new = reg.join("s", is_end=True, has_text=False, index=3)
+    assert is_new and ticket == 3
+    with pytest.raises(InvalidRequest, match="SESSION_END for unknown session"):
+        reg.join("u", is_end=True, has_text=False)  # unindexed: nothing to wait for
+
+
+def test_the_claims_directory_must_be_private_and_owner_names_well_formed(tmp_path):
+    import os
+
+    from moss_tts.serving.session_claims import SessionClaims
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    with pytest.raises(PermissionError, match="mode 0700"):
+        SessionClaims(shared, "moss_tts_0_0")
+    with pytest.raises(ValueError, match="instance name"):
+        SessionClaims(tmp_path / "claims", "../evil")
+    claims = SessionClaims(tmp_path / "claims", "moss_tts_0_0")
+    claims.claim("s")
+    path = next((tmp_path / "claims").iterdir())
+    path.write_text("../../tmp/x")  # a forged claim
+    assert SessionClaims._owner(path) == ""  # not a name: never becomes a socket path
 
 
 def test_session_index_is_parsed_and_checked():

@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -40,10 +42,26 @@ def server_directory() -> Path:
     return base / f"moss-tts-sessions-{os.getppid()}"
 
 
+# Claim files hold an instance name, which also names the instance's relay socket.
+_INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def check_private(directory: Path) -> None:
+    """The directory's name is predictable (/dev/shm, tritonserver's pid): refuse one that another
+    user made or can write into, since claims and relayed requests go through it."""
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{directory} must be a directory of user {os.getuid()} with mode 0700 (found uid "
+                              f"{info.st_uid}, mode {oct(info.st_mode & 0o777)}); remove it and restart")
+
+
 class SessionClaims:
     def __init__(self, directory: Path, owner: str) -> None:
+        if not _INSTANCE_NAME.fullmatch(owner):
+            raise ValueError(f"instance name {owner!r}: letters, digits, '_', '-' and '.' only")
         self.directory, self.owner = Path(directory), owner
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # the relay's sockets live here too
+        check_private(self.directory)
         self._mine: set[str] = set()  # session ids this instance claimed and holds
 
     def _path(self, session_id: str) -> Path:
@@ -58,6 +76,7 @@ class SessionClaims:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileNotFoundError:  # the directory went with another instance's release_all
                 self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                check_private(self.directory)
                 continue
             except FileExistsError:
                 owner = self._owner(path)
@@ -83,7 +102,8 @@ class SessionClaims:
             except FileNotFoundError:
                 return None
             if owner:
-                return owner
+                # Only a well-formed name counts: it becomes a socket path (session_relay).
+                return owner if _INSTANCE_NAME.fullmatch(owner) else ""
             time.sleep(0.002)
         return ""
 

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..contract import ErrorKind
+from .session_claims import check_private
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,9 @@ class RelayClient:
 
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
+        # A receiving instance that stops reading must not hold this stream (and its session's
+        # turn) forever: a write that cannot go out in this time ends the request as a cancel.
+        conn.settimeout(READ_TIMEOUT_S)
         self._lock = threading.Lock()
         self._is_gone = False
 
@@ -129,12 +133,10 @@ class RelayClient:
     def is_cancelled(self) -> bool:
         if self._is_gone:
             return True
-        try:
-            if self.conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+        try:  # readable with nothing to read: the other side closed (it sends nothing after the request)
+            if select.select([self.conn], [], [], 0)[0] and self.conn.recv(1, socket.MSG_PEEK) == b"":
                 self._is_gone = True
-        except BlockingIOError:
-            pass
-        except OSError:
+        except (OSError, ValueError):  # ValueError: closed here already
             self._is_gone = True
         return self._is_gone
 
@@ -157,6 +159,7 @@ class RelayServer:
     def __init__(self, path: Path, accept: Callable[[dict, RelayClient], None]) -> None:
         self.path, self.accept = Path(path), accept
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_private(self.path.parent)
         self.path.unlink(missing_ok=True)  # left by an earlier stub of this instance
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(str(self.path))
@@ -175,7 +178,7 @@ class RelayServer:
             threading.Thread(target=self._one, args=(conn,), name="moss-tts-relay-in", daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
-        client = RelayClient(conn)
+        client = RelayClient(conn)  # its timeout bounds this read too
         try:
             message = read_message(conn)
             if message is None:
@@ -200,12 +203,13 @@ def relay(path: Path, message: dict, client, is_cancelled: Callable[[], bool],
           is_stopping: Callable[[], bool], poll_s: float = 0.25) -> None:
     """The receiving side: send the request to the holder at `path`, pass each response to `client`
     (TritonClient's interface) until the final one; exactly one final response reaches `client`."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_TIMEOUT_S)
         sock.connect(str(path))
         write_message(sock, message)
     except OSError as exc:
+        sock.close()
         client.send_error(f"the instance holding this text session cannot be reached ({exc}); start a new "
                           f"session", ErrorKind.UNAVAILABLE)
         return
@@ -233,11 +237,15 @@ def relay(path: Path, message: dict, client, is_cancelled: Callable[[], bool],
                 client.send_final()
                 return
             arrays = {name: decode_array(v) for name, v in answer["send"].items()}
-            client.send(arrays.get("AUDIO"), arrays.get("CODES"), arrays.get("CONTEXT_CODES"), answer["final"])
-            if answer["final"]:
+            final = bool(answer["final"])
+            client.send(arrays.get("AUDIO"), arrays.get("CODES"), arrays.get("CONTEXT_CODES"), final)
+            if final:
                 return
     except (OSError, ValueError) as exc:
         client.send_error(f"relay to the instance holding this text session failed: {exc}", ErrorKind.UNAVAILABLE)
+    except Exception as exc:  # never leave the client without its final response
+        log.exception("session relay failed")
+        client.send_error(f"internal error: session relay: {exc}", ErrorKind.INTERNAL)
     finally:
         sock.close()
 

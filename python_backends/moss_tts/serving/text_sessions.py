@@ -34,6 +34,10 @@ from .segmented_codes import VoiceFrames
 from .session_claims import SessionClaims
 
 CLOSED_IDS_KEPT = 4096  # closed sessions remembered, to tell a late request why its session is gone
+# Indexed sessions: a relayed request reaches the holder within milliseconds, so an index missing
+# this long while later ones wait was refused before it got here (or never sent). Its turn is
+# skipped; a missing index 0 (the voice) fails the session.
+GAP_S = 2.0
 REASONS = ("ended", "expired", "cancelled", "failed")
 
 
@@ -69,6 +73,7 @@ class TextSession:
         self._num_holding = 0  # requests entered and not finished
         self.indexed: Optional[bool] = None  # its requests carry SESSION_INDEX (set by the first)
         self._indices: set[int] = set()  # indexed: the indices entered and not yet finished
+        self._missing: Optional[tuple[int, float]] = None  # (turn, since when) its request has not come
         self._cond = threading.Condition()
 
     def voice_codes(self) -> Optional[np.ndarray]:
@@ -95,7 +100,8 @@ class TextSession:
                 ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
             else:
                 if index < self._turn or index in self._indices:
-                    raise InvalidRequest(f"text session {self.session_id!r}: SESSION_INDEX {index} was already sent")
+                    raise InvalidRequest(f"text session {self.session_id!r}: SESSION_INDEX {index} was already sent, "
+                                         f"or came more than {GAP_S:g} s after later ones and its turn was skipped")
                 self._indices.add(index)
                 ticket = index
             self._num_holding += 1
@@ -109,6 +115,12 @@ class TextSession:
                 if not self._cond.wait(wait_s) and should_stop():
                     return False
             return self.closed is None
+
+    def _skip_turn(self) -> None:
+        with self._cond:
+            self._turn += 1
+            self._missing = None
+            self._cond.notify_all()
 
     def _finish_turn(self, now: float) -> None:
         with self._cond:
@@ -170,7 +182,7 @@ class SessionRegistry:
         with self._lock:
             session = self._open.get(session_id)
             if session is None:
-                self._check_new(session_id, is_end, has_text)
+                self._check_new(session_id, is_end, has_text, index)
                 if self.claims is not None:
                     self.claims.claim(session_id)  # SessionHeldElsewhere if another instance holds it
                 session = self._open[session_id] = TextSession(session_id, self.new_sequence_id(), self.clock())
@@ -182,7 +194,7 @@ class SessionRegistry:
             # A new session takes any index; only a later request's can be out of place.
             return session, session._take_ticket(index), is_new
 
-    def _check_new(self, session_id: str, is_end: bool, has_text: bool) -> None:
+    def _check_new(self, session_id: str, is_end: bool, has_text: bool, index: Optional[int]) -> None:
         reason = self._closed.get(session_id)
         if reason is not None:
             why = {"ended": "it was ended (SESSION_END)",
@@ -190,7 +202,7 @@ class SessionRegistry:
                               f"(session_idle_timeout_s)",
                    "cancelled": "a request of it was cancelled", "failed": "a request of it failed"}[reason]
             raise InvalidRequest(f"session {session_id!r} is closed: {why}; start a new session with a new SESSION_ID")
-        if is_end and not has_text:
+        if is_end and not has_text and not index:  # an indexed one may overtake the session's others
             raise InvalidRequest(f"SESSION_END for unknown session {session_id!r}: no open session has this "
                                  f"SESSION_ID (send its text first, or drop SESSION_END)")
         if len(self._open) >= self.config.max_sessions:
@@ -227,15 +239,31 @@ class SessionRegistry:
         session.reference, session.voice = None, VoiceFrames()
 
     def expire(self) -> int:
-        """Close the sessions idle for longer than the timeout: no request running or waiting, or
-        (indexed) requests waiting for an index that has not come in that time."""
+        """Close the sessions idle for longer than the timeout (no request running or waiting), and
+        settle indexed sessions whose next index has been missing for GAP_S."""
         now = self.clock()
         with self._lock:
             idle = [s for s in self._open.values()
-                    if (not s.is_busy or s.is_missing_its_turn) and now - s.last_active > self.config.session_idle_timeout_s]
+                    if not s.is_busy and now - s.last_active > self.config.session_idle_timeout_s]
+            gaps = [s for s in self._open.values() if self._is_gap(s, now)]
         for session in idle:
             self.close(session, "expired")
+        for session in gaps:
+            if session._turn == 0:  # no voice without the first request
+                self.close(session, "failed")
+            else:
+                session._skip_turn()
         return len(idle)
+
+    @staticmethod
+    def _is_gap(session: TextSession, now: float) -> bool:
+        if not session.is_missing_its_turn:
+            session._missing = None
+            return False
+        if session._missing is None or session._missing[0] != session._turn:
+            session._missing = (session._turn, now)
+            return False
+        return now - session._missing[1] >= GAP_S
 
     def stats(self) -> SessionStats:
         with self._lock:
