@@ -292,11 +292,15 @@ def test_the_claims_directory_must_be_private_and_owner_names_well_formed(tmp_pa
 
     from moss_tts.serving.session_claims import SessionClaims
 
-    shared = tmp_path / "shared"
-    shared.mkdir(mode=0o777)
-    os.chmod(shared, 0o777)
+    ours = tmp_path / "left-by-an-earlier-server"
+    ours.mkdir()
+    os.chmod(ours, 0o777)
+    SessionClaims(ours, "moss_tts_0_0")  # ours: made private
+    assert ours.stat().st_mode & 0o777 == 0o700
+    link = tmp_path / "a-link"
+    link.symlink_to(ours)
     with pytest.raises(PermissionError, match="mode 0700"):
-        SessionClaims(shared, "moss_tts_0_0")
+        SessionClaims(link, "moss_tts_0_0")  # not a directory of its own
     with pytest.raises(ValueError, match="instance name"):
         SessionClaims(tmp_path / "claims", "../evil")
     claims = SessionClaims(tmp_path / "claims", "moss_tts_0_0")

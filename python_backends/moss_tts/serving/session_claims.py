@@ -48,8 +48,12 @@ _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 def check_private(directory: Path) -> None:
     """The directory's name is predictable (/dev/shm, tritonserver's pid): refuse one that another
-    user made or can write into, since claims and relayed requests go through it."""
+    user made, since claims and relayed requests go through it. One of ours left by an earlier
+    server with the same pid (made before directories were private) is made private."""
     info = os.lstat(directory)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and info.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+        info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise PermissionError(f"{directory} must be a directory of user {os.getuid()} with mode 0700 (found uid "
                               f"{info.st_uid}, mode {oct(info.st_mode & 0o777)}); remove it and restart")
