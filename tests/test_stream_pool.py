@@ -20,6 +20,7 @@ def test_refuses_beyond_capacity_then_accepts_again():
     assert pool.try_start(stream) and pool.try_start(stream)
     assert started.acquire(timeout=5) and started.acquire(timeout=5)
     assert not pool.try_start(stream) and pool.num_active == 2  # full: refused at once, nothing queued
+    assert pool.refusal() == "server is busy: 2 streams; retry later"
     release.set()
     assert pool.stop(10) and pool.num_active == 0
 
@@ -38,6 +39,7 @@ def test_stop_refuses_new_streams_and_waits_for_running_ones():
     while not pool.is_stopping():
         pass
     assert not pool.try_start(stream)
+    assert pool.refusal() == "server is shutting down; retry later"
     proceed.set()
     stopper.join(10)
     assert seen == [True, True]

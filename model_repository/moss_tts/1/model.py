@@ -257,8 +257,7 @@ class TritonPythonModel:
                     self.sessions.finish(stream.session, "failed")
                 self.ledger.classify(sender, "refused")
                 self.metrics.count("busy" if not self.pool.is_stopping() else "unavailable")
-                reason = "is shutting down" if self.pool.is_stopping() else f"is busy: {self.pool.max_streams} streams"
-                sender.send(io.error_response(f"server {reason}; retry later", ErrorKind.UNAVAILABLE), flags=FINAL)
+                sender.send(io.error_response(self.pool.refusal(), ErrorKind.UNAVAILABLE), flags=FINAL)
         return None
 
     def _prepare(self, request, sender):
@@ -321,7 +320,7 @@ class TritonPythonModel:
                 raise
             on_admit()
             self.sessions.count_relayed()
-            inputs_sent = {t.name: get(t.name) for t in MOSS_TTS_INPUTS if get(t.name) is not None}
+            inputs_sent = {t.name: value for t in MOSS_TTS_INPUTS if (value := get(t.name)) is not None}
             message = request_message(inputs_sent, sorted(requested), request_id or "")
             return RelayedStream(socket_path(server_directory(), held.owner), message, client, self.pool.is_stopping)
         try:
@@ -376,8 +375,7 @@ class TritonPythonModel:
             return
         if not self.pool.try_start(stream.run):
             self.sessions.finish(stream.session, "failed")
-            reason = "is shutting down" if self.pool.is_stopping() else f"is busy: {self.pool.max_streams} streams"
-            client.send_error(f"server {reason}; retry later", ErrorKind.UNAVAILABLE)
+            client.send_error(self.pool.refusal(), ErrorKind.UNAVAILABLE)
 
     def _end_sequence(self, sequence_id):
         """End a text session's vocoder sequence (closed by SESSION_END, cancel, failure or timeout)."""

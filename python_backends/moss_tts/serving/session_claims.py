@@ -46,6 +46,12 @@ def server_directory() -> Path:
 _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
+def private_directory(directory: Path) -> None:
+    """Make `directory` (0700) if missing, and check it (check_private)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private(directory)
+
+
 def check_private(directory: Path) -> None:
     """The directory's name is predictable (/dev/shm, tritonserver's pid): refuse one that another
     user made, since claims and relayed requests go through it. One of ours left by an earlier
@@ -64,8 +70,7 @@ class SessionClaims:
         if not _INSTANCE_NAME.fullmatch(owner):
             raise ValueError(f"instance name {owner!r}: letters, digits, '_', '-' and '.' only")
         self.directory, self.owner = Path(directory), owner
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # the relay's sockets live here too
-        check_private(self.directory)
+        private_directory(self.directory)  # the relay's sockets live here too
         self._mine: set[str] = set()  # session ids this instance claimed and holds
 
     def _path(self, session_id: str) -> Path:
@@ -79,8 +84,7 @@ class SessionClaims:
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileNotFoundError:  # the directory went with another instance's release_all
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-                check_private(self.directory)
+                private_directory(self.directory)
                 continue
             except FileExistsError:
                 owner = self._owner(path)

@@ -29,14 +29,14 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..contract import ErrorKind
-from .session_claims import check_private
+from .session_claims import private_directory
+from .speech_pipeline import SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 2**20  # a relayed request with its reference audio, or one audio chunk
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0  # a message already begun must arrive whole within this
-SHUTTING_DOWN = "the server is shutting down; retry"
 
 
 def socket_path(directory: Path, instance: str) -> Path:
@@ -158,8 +158,7 @@ class RelayServer:
 
     def __init__(self, path: Path, accept: Callable[[dict, RelayClient], None]) -> None:
         self.path, self.accept = Path(path), accept
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_private(self.path.parent)
+        private_directory(self.path.parent)
         self.path.unlink(missing_ok=True)  # left by an earlier stub of this instance
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(str(self.path))

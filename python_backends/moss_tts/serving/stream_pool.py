@@ -46,6 +46,11 @@ class StreamPool:
     def is_stopping(self) -> bool:
         return self._is_stopping
 
+    def refusal(self) -> str:
+        """What a request that try_start() turned away is told (UNAVAILABLE)."""
+        reason = "is shutting down" if self._is_stopping else f"is busy: {self.max_streams} streams"
+        return f"server {reason}; retry later"
+
     def try_start(self, run: Callable[[], None]) -> bool:
         """Run `run` on a thread of the pool; False (nothing started) at capacity or after stop()."""
         with self._lock:

@@ -89,6 +89,16 @@ class TextSession:
         """Indexed, with requests waiting, and the one whose turn it is has not come."""
         return bool(self.indexed) and self._num_holding > 0 and self._turn not in self._indices
 
+    def has_gap(self, now: float) -> bool:
+        """Its turn's request has been missing for GAP_S (seen by the reaper, which calls this)."""
+        if not self.is_missing_its_turn:
+            self._missing = None
+            return False
+        if self._missing is None or self._missing[0] != self._turn:
+            self._missing = (self._turn, now)
+            return False
+        return now - self._missing[1] >= GAP_S
+
     def _take_ticket(self, index: Optional[int] = None) -> int:
         with self._cond:
             if self.indexed is None:
@@ -245,7 +255,7 @@ class SessionRegistry:
         with self._lock:
             idle = [s for s in self._open.values()
                     if not s.is_busy and now - s.last_active > self.config.session_idle_timeout_s]
-            gaps = [s for s in self._open.values() if self._is_gap(s, now)]
+            gaps = [s for s in self._open.values() if s.has_gap(now)]
         for session in idle:
             self.close(session, "expired")
         for session in gaps:
@@ -254,16 +264,6 @@ class SessionRegistry:
             else:
                 session._skip_turn()
         return len(idle)
-
-    @staticmethod
-    def _is_gap(session: TextSession, now: float) -> bool:
-        if not session.is_missing_its_turn:
-            session._missing = None
-            return False
-        if session._missing is None or session._missing[0] != session._turn:
-            session._missing = (session._turn, now)
-            return False
-        return now - session._missing[1] >= GAP_S
 
     def stats(self) -> SessionStats:
         with self._lock:
