@@ -68,6 +68,9 @@ def test_a_stream_beyond_capacity_is_unavailable_at_once(server):
         next(stream)  # both running
     error = fails_fast(server, seconds=5)
     assert error_code(error) == "UNAVAILABLE" and "busy" in error.message()
+    # The gauges publish every 0.25 s: see the two streams there first, or "idle" below could be
+    # a reading from before they started (a CI run saw the next request refused as busy).
+    wait_for(lambda: server.metrics()['moss_engine{stat="streams"}'] == 2)
     for stream in held:
         stream.close()  # cancels them
     wait_for(lambda: server.is_idle(server.metrics()))
