@@ -46,6 +46,7 @@ setup() {
   env_pack
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv | tee "$R/gpu.txt"
   python3 -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" | tee -a "$R/gpu.txt"
+  echo "$MOSS_STACK" | tee -a "$R/gpu.txt"; log "$MOSS_STACK"
   if [ ! -f "$W/ckpt/codec/model.safetensors" ]; then
     rm -rf "$W/ckpt"
     PYTHONPATH=python_backends python3 -m moss_tts.tools.make_tiny_checkpoint --real-size "$W/ckpt" || { log "checkpoint failed"; exit 1; }
@@ -311,12 +312,23 @@ soak() {
   } >> "$R/$n.log" 2>&1
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
     2>/dev/null | grep -E '^moss_' > "$R/metrics_$n.txt"
-  local pid t1=$SECONDS; pid=$(cat "$W/server.pid")
+  local pid t1=$SECONDS kernel_lines; pid=$(cat "$W/server.pid")
+  kernel_lines=$(dmesg 2>/dev/null | wc -l)
   kill -TERM "$pid"  # SHIM_PORT=0: serve.sh exec'd tritonserver itself
   while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t1)) -lt 60 ]; do sleep 0.2; done
   sleep 2
   log "$n: shutdown took $((SECONDS - t1)) s; stubs left: $(pgrep -fc triton_python_backend_stub)"
   cp "$W/server_$n.log" "$R/"
+  # How the stubs ended: a crash at unload is in the server log (each stub's faulthandler: "Fatal
+  # Python error") and, for one without it, in the kernel log after the SIGTERM.
+  if dmesg > /dev/null 2>&1; then
+    { dmesg | tail -n +$((kernel_lines + 1)) | grep -E "triton_python_b|tritonserver"
+      grep -a "Fatal Python error" "$W/server_$n.log"; } > "$R/stub_crashes_$n.txt"
+    log "$n: stub crashes at shutdown (server log + kernel log after SIGTERM): $(wc -l < "$R/stub_crashes_$n.txt")"
+  else
+    grep -a "Fatal Python error" "$W/server_$n.log" > "$R/stub_crashes_$n.txt"
+    log "$n: stub crashes at shutdown (server log only: the kernel log cannot be read here): $(wc -l < "$R/stub_crashes_$n.txt")"
+  fi
   grep -cE "successfully unloaded" "$W/server_$n.log" | xargs -I{} echo "models unloaded: {}" | tee -a "$R/scaling.log"
   grep -E "Non-graceful|Exit timeout|Traceback|invalid pointer|double free|Segmentation|stalled" "$W/server_$n.log" | head -20 \
     | tee -a "$R/scaling.log"

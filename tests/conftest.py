@@ -95,3 +95,21 @@ def real_model():
 
     cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
     return build_random_model(cfg, "cuda", torch.bfloat16, seed=0)
+
+
+@pytest.fixture(autouse=True)
+def no_stub_crashed():
+    """After each test: no Python stub of a tritonserver that has exited crashed, whoever stopped
+    it (triton_server.check_exited_servers; stop_server checks its own at once)."""
+    yield
+    from triton_server import check_exited_servers
+
+    check_exited_servers()
+
+
+def pytest_terminal_summary(terminalreporter):
+    from triton_server import _started, kernel_log_problem
+
+    if _started and kernel_log_problem:
+        terminalreporter.write_line(f"NOTE: the kernel log could not be read ({kernel_log_problem[0]}): stub crashes "
+                                    "were read from the server logs alone (faulthandler)", yellow=True)

@@ -7,9 +7,10 @@ import os
 import re
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,8 @@ class TritonServer:
     http_url: str
     metrics_url: str
     log_path: Path
+    stubs: dict[str, int] = field(default_factory=dict)  # its Python stubs once ready (stub_pids)
+    crashes_checked: bool = False
 
     def metrics(self) -> dict[str, float]:
         """Our custom series, e.g. {'moss_engine{stat="running"}': 0.0}."""
@@ -126,6 +129,9 @@ def _start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: flo
             stop_server(server)
             raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s:\n{server.log_tail()}")
         time.sleep(0.5)
+    server.stubs = stub_pids(server)
+    with _started_lock:
+        _started.append(server)
     return server
 
 
@@ -150,8 +156,67 @@ def stop_server(server: TritonServer, timeout: float = 60.0) -> float:
         except subprocess.TimeoutExpired:
             os.killpg(server.process.pid, 9)
             server.process.wait()
+            assert_no_stub_crash(server)
             return float("inf")
-    return time.monotonic() - start
+    took = time.monotonic() - start
+    assert_no_stub_crash(server)
+    return took
+
+
+# How a stub ended is read two ways. Every stub enables Python's faulthandler (triton_io.prepare_stub),
+# which writes "Fatal Python error: <signal>" and the threads' stacks into the server log, which
+# the stub shares. The kernel log names a crashed process by its pid (`triton_python_b[PID]:
+# segfault at ...`) for a crash faulthandler cannot report (one before the model imported our code,
+# or a stub of another model); it is read where `dmesg` can be, and the run says when it cannot.
+STUB_CRASH_LOG_LINE = "Fatal Python error"
+_started_lock = threading.Lock()
+_started: list[TritonServer] = []  # every server started in this test session, checked once it has exited
+kernel_log_problem: list[str] = []  # why dmesg could not be read (shown in the run's summary)
+
+
+def kernel_log() -> str | None:
+    """The kernel log, or None (and the reason kept in kernel_log_problem) where it cannot be read."""
+    try:
+        result = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        result, reason = None, str(exc)
+    else:
+        reason = result.stderr.strip() or f"exit status {result.returncode}"
+    if result is not None and result.returncode == 0:
+        return result.stdout
+    if not kernel_log_problem:
+        kernel_log_problem.append(f"dmesg: {reason}")
+    return None
+
+
+def stub_crashes(server: TritonServer) -> list[str]:
+    """The lines that say a stub of this server crashed: its log's faulthandler reports and the
+    kernel's lines for its stubs' pids."""
+    lines = [line for line in server.log_path.read_text(errors="replace").splitlines() if STUB_CRASH_LOG_LINE in line]
+    kernel = kernel_log()
+    if kernel is not None:
+        tags = [f"triton_python_b[{pid}]" for pid in server.stubs.values()]
+        lines += [line for line in kernel.splitlines() if any(tag in line for tag in tags)]
+    return lines
+
+
+def assert_no_stub_crash(server: TritonServer) -> None:
+    """Once the server has exited: no stub of it crashed (checked once per server)."""
+    if server.crashes_checked or server.is_alive():
+        return
+    server.crashes_checked = True
+    crashes = stub_crashes(server)
+    assert not crashes, (f"a Python stub of this tritonserver crashed (stubs {server.stubs}; log {server.log_path}):\n"
+                         + "\n".join(crashes) + "\n--- log tail ---\n" + server.log_tail(40))
+
+
+def check_exited_servers() -> None:
+    """assert_no_stub_crash for every server of this session that has exited (conftest runs it
+    after each test, so a test that stops its server its own way is checked too)."""
+    with _started_lock:
+        exited = [s for s in _started if not s.crashes_checked and not s.is_alive()]
+    for server in exited:
+        assert_no_stub_crash(server)
 
 
 def copy_repository(tmp: Path, **parameters: dict[str, str]) -> Path:

@@ -17,12 +17,11 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "hold_repro"))
-from repro import Server  # noqa: E402  (the hold repro's server runner)
+from repro import Server, infer_once, make_repository  # noqa: E402  (the hold repro's server runner)
 
 VARIANTS = {
     # The probe runs on through finalize(), as the stop watch of an instance that never served did.
@@ -31,23 +30,6 @@ VARIANTS = {
     # ready" after it (here every 500 ms; moss_tts asks every 250 ms).
     "armed_stop_at_not_ready": {"ARMED_BY_REQUEST": "1", "STOP_AT_NOT_READY": "1", "PROBE_MS": "500"},
 }
-
-
-def make_repository(tmp: Path, params: dict[str, str]) -> Path:
-    repo = tmp / "models"
-    shutil.copytree(HERE / "model", repo / "probe")
-    config = repo / "probe" / "config.pbtxt"
-    extra = "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params.items())
-    config.write_text('name: "probe"\n' + config.read_text() + extra)
-    return repo
-
-
-def infer_once(http_url: str) -> None:
-    body = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}).encode()
-    request = urllib.request.Request(f"http://{http_url}/v2/models/probe/infer", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200, response.status
 
 
 def outcome(log: str) -> str:
@@ -75,7 +57,7 @@ def main() -> None:
         counts[name] = collections.Counter()
         for run in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
-                repo = make_repository(Path(tmp), params)
+                repo = make_repository(Path(tmp), ["probe"], HERE / "model", params)
                 log_path = Path(tmp) / "server.log"
                 server = Server(repo, log_path, exit_timeout_s=15)
                 try:
@@ -84,7 +66,7 @@ def main() -> None:
                     took = server.stop()
                     result = "crashed_at_start" if outcome(log_path.read_text(errors="replace")) == "crashed" else "no_start"
                 else:
-                    infer_once(server.http_url)
+                    infer_once(server.http_url, "probe")
                     time.sleep(args.settle_s)
                     took = server.stop()
                     result = outcome(log_path.read_text(errors="replace"))

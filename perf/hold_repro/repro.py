@@ -86,18 +86,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def infer_once(http_url: str, model: str) -> None:
+    """One request over HTTP to a model with one INT32 [1] input "IN" (the repro models of perf/)."""
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}).encode()
+    request = urllib.request.Request(f"http://{http_url}/v2/models/{model}/infer", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200, response.status
+
+
 def triton_env() -> dict[str, str]:
     out = subprocess.run(["bash", "-c", f"source {ROOT}/scripts/triton_env.sh && env -0"],
                          capture_output=True, check=True).stdout.decode()
     return dict(line.split("=", 1) for line in out.split("\0") if "=" in line)
 
 
-def make_repository(tmp: Path, names: list[str]) -> Path:
+def make_repository(tmp: Path, names: list[str], model: Path = HERE / "model",
+                    params: dict[str, str] | None = None) -> Path:
+    """tmp/models holding `model` (a model directory of perf/) once per name, each config with
+    `params` added as pbtxt parameters."""
     repo = tmp / "models"
+    extra = "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in (params or {}).items())
     for name in names:
-        shutil.copytree(HERE / "model", repo / name)
+        shutil.copytree(model, repo / name)
         config = repo / name / "config.pbtxt"
-        config.write_text(f'name: "{name}"\n' + config.read_text())
+        config.write_text(f'name: "{name}"\n' + config.read_text() + extra)
     return repo
 
 

@@ -406,12 +406,10 @@ class TritonPythonModel:
             log.warning("%d streams still running at shutdown (blocked on a child?)", self.pool.num_active)
         self.relay_server.stop()
         self.sessions.stop()
-        self.session_gauges.stop()
         self.streams.shutdown(STOP_TIMEOUT_S)
         self.stop_watch.stop()
         if self.worker is not None:
             self.worker.stop(STOP_TIMEOUT_S)
-            self.vocoder_gauges.stop()
-        self.gauges.stop()
-        self.ledger_gauges.stop()
-        self.heartbeat.stop()
+        # Last: the heartbeat, every gauge and request metric (a metric alive after finalize
+        # crashes the stub at unload: triton_io.MetricHolder).
+        io.release_metrics()

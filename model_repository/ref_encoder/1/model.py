@@ -33,11 +33,7 @@ class TritonPythonModel:
         config = ReferenceCacheConfig(max_entries=int(params.get("cache_max_entries", 8192)),
                                       max_bytes=int(params.get("cache_max_bytes", 64 << 20)))
         self.encoder = ReferenceEncoder(codec, config, encoder_id=str(codec_dir.resolve()))
-        # The family must outlive its metrics, so it is kept on the instance.
-        self.family = pb_utils.MetricFamily("moss_ref_cache_total", "reference cache events",
-                                            pb_utils.MetricFamily.COUNTER)
-        self.counters = {name: self.family.Metric(labels={"event": name}) for name in COUNTERS}
-        self.published = {name: 0 for name in COUNTERS}
+        self.counters = io.Counters("moss_ref_cache_total", "reference cache events", COUNTERS, label="event")
         self.watch = StallWatch()
         # Encoding a 100 s reference can take a while on a CPU; a minute is not normal anywhere.
         self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds, stall_limit_s=60.0)
@@ -82,14 +78,10 @@ class TritonPythonModel:
         return results
 
     def _publish(self):
-        stats = self.encoder.stats()
-        for name, metric in self.counters.items():
-            value = getattr(stats, name)
-            metric.increment(value - self.published[name])
-            self.published[name] = value
+        self.counters.publish(vars(self.encoder.stats()))
 
     def finalize(self):
-        self.heartbeat.stop()
+        io.release_metrics()  # the heartbeat's and the counters' (a metric alive after finalize crashes the stub)
 
 
 def _stack(codes: list) -> np.ndarray:

@@ -138,7 +138,5 @@ class TritonPythonModel:
     def finalize(self):
         self._stop.set()
         self._janitor.join(2.0)
-        self.slots.stop()
-        self.gauges.stop()
-        self.heartbeat.stop()
+        io.release_metrics()  # heartbeat and gauges: a metric alive after finalize crashes the stub
         self.sessions = None

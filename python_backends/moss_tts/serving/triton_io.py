@@ -3,9 +3,12 @@ Python backend stub (it imports triton_python_backend_utils)."""
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import json
 import logging
 import threading
+import weakref
 from typing import Callable, Optional
 
 import numpy as np
@@ -58,7 +61,77 @@ def bytes_tensor(name: str, values: list[bytes | str], shape) -> "pb_utils.Tenso
     return pb_utils.Tensor(name, np.array(values, dtype=np.object_).reshape(shape))
 
 
-class Heartbeat:
+class MetricHolder:
+    """Base of everything in a stub that holds custom metrics (pb_utils.MetricFamily / Metric).
+
+    In tritonserver 2.51 (python_backend r24.10) a family or metric still alive when the stub tears
+    itself down after finalize() kills the stub with SIGSEGV at every unload: ~Stub releases the
+    model object, the metric's destructor asks Stub::GetOrCreateInstance() for the shared-memory
+    pool, that unique_ptr is already reset, so it makes an empty Stub and reads its null pool
+    ("segfault at 60"; fixed upstream by python_backend PRs #429/#433; perf/unload_repro/ shows it
+    and this cure outside the project). So every holder registers here, and release_metrics(), the
+    last step of each finalize(), stops each holder's thread and drops its metrics while the stub
+    can still tell Triton."""
+
+    def __init__(self) -> None:
+        self.released = False
+        with _registry_lock:
+            _holders.append(self)
+
+    def _family(self, name: str, description: str, kind) -> "pb_utils.MetricFamily":
+        return _tracked(name, pb_utils.MetricFamily(name, description, kind))
+
+    def _metric(self, family, name: str, **kwargs) -> "pb_utils.Metric":
+        return _tracked(name, family.Metric(**kwargs))
+
+    def stop(self) -> None:
+        """Stop the thread that updates the metrics, if any (before they are dropped)."""
+
+    def drop(self) -> None:
+        """Let go of every family and metric: metrics first (a family must outlive its metrics)."""
+        raise NotImplementedError
+
+
+_registry_lock = threading.Lock()
+_holders: list[MetricHolder] = []
+_made: list[tuple[str, weakref.ref]] = []  # every family and metric made, to check that none survives
+
+
+def _tracked(name: str, obj):
+    with _registry_lock:
+        _made.append((name, weakref.ref(obj)))
+    return obj
+
+
+def release_metrics() -> list[str]:
+    """The last step of every finalize(): stop every MetricHolder's thread, then drop every custom
+    metric of this stub while it can still tell Triton. Returns (and logs as an error) the names of
+    those still referenced from elsewhere: each one crashes the stub at unload."""
+    with _registry_lock:
+        holders, _holders[:] = list(_holders), []
+    for holder in holders:
+        holder.stop()
+    for holder in holders:
+        holder.released = True
+        holder.drop()
+    gc.collect()
+    with _registry_lock:
+        alive = [name for name, ref in _made if ref() is not None]
+        _made[:] = [(name, ref) for name, ref in _made if ref() is not None]
+    if alive:
+        log.error("custom metrics still referenced after finalize; this stub will crash at unload: %s", alive)
+    return alive
+
+
+def prepare_stub() -> None:
+    """Once per stub: its guard (no stub outlives tritonserver), and Python's faulthandler, so that a
+    crash of the stub (SIGSEGV, SIGABRT...) writes "Fatal Python error" and every thread's Python
+    stack into the server log instead of vanishing into the kernel log (the tests read it)."""
+    faulthandler.enable()
+    guard_stub()
+
+
+class Heartbeat(MetricHolder):
     """`moss_heartbeat_total{model, model_instance}` counts up every 0.5 s while `stalled_seconds()`
     stays under `stall_limit_s`. It stops when the stub dies, when its work is stuck (a send or
     step that never returns) and when the process can no longer run Python (a GIL deadlock):
@@ -68,17 +141,19 @@ class Heartbeat:
 
     def __init__(self, args: dict, stalled_seconds: Callable[[], float] = lambda: 0.0,
                  stall_limit_s: float = 30.0) -> None:
+        super().__init__()
         self.stalled_seconds = stalled_seconds
         self.stall_limit_s = stall_limit_s
         # The family must outlive its metric, so both are kept here.
-        self.family = pb_utils.MetricFamily(HEARTBEAT_FAMILY, "moss-tts model liveness: +1 every 0.5 s while not stalled",
-                                            pb_utils.MetricFamily.COUNTER)
-        self.metric = self.family.Metric(labels={"model": args["model_name"], "model_instance": args["model_instance_name"]})
+        self.family = self._family(HEARTBEAT_FAMILY, "moss-tts model liveness: +1 every 0.5 s while not stalled",
+                                   pb_utils.MetricFamily.COUNTER)
+        self.metric = self._metric(self.family, HEARTBEAT_FAMILY, labels={"model": args["model_name"],
+                                                                          "model_instance": args["model_instance_name"]})
         self._stop = threading.Event()
         self._was_stalled = False
         self._thread = threading.Thread(target=self._beat, name="moss-heartbeat", daemon=True)
         self._thread.start()
-        guard_stub()
+        prepare_stub()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
@@ -95,6 +170,9 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(2 * self.INTERVAL_S)
+
+    def drop(self) -> None:
+        self.metric = self.family = None
 
 
 PROBE_MODEL = "moss_tts_shutdown_probe"  # no such model: the answer costs no model any work
@@ -117,17 +195,19 @@ def instance_label(instance: Optional[str]) -> dict[str, str]:
     return {"model_instance": instance} if instance else {}
 
 
-class Gauges:
+class Gauges(MetricHolder):
     """A gauge family `name{<label>=...}` refreshed from `read() -> {value of the label: value}`
     every `interval_s` on a thread of its own: each set is an IPC round trip, kept off the hot path."""
 
     def __init__(self, name: str, description: str, stats: tuple[str, ...], read: Callable[[], dict],
                  interval_s: float = 0.25, label: str = "stat", after: Callable[[], None] = lambda: None,
                  instance: Optional[str] = None) -> None:
+        super().__init__()
         # The family must outlive its metrics, so both are kept here.
-        self.family = pb_utils.MetricFamily(name, description, pb_utils.MetricFamily.GAUGE)
+        self.family = self._family(name, description, pb_utils.MetricFamily.GAUGE)
         self.family_name = name
-        self.metrics = {stat: self.family.Metric(labels={label: stat, **instance_label(instance)}) for stat in stats}
+        self.metrics = {stat: self._metric(self.family, f"{name}{{{label}={stat}}}", labels={label: stat, **instance_label(instance)})
+                        for stat in stats}
         self.read = read
         self.after = after  # more metric IPC that must leave from this one thread (RequestMetrics.flush)
         self.interval_s = interval_s
@@ -152,30 +232,41 @@ class Gauges:
         self._stop.set()
         self._thread.join(2 * self.interval_s)
 
+    def drop(self) -> None:
+        self.metrics, self.family = {}, None
 
-class HistogramGauges:
+
+class HistogramGauges(MetricHolder):
     """A histogram kept in process (engine.stats.Histogram) published as Prometheus' three series,
     `<name>_bucket{le=...}`, `<name>_sum`, `<name>_count` (gauge families: the 24.10 API can only
     observe one value per IPC call, too costly per engine step). histogram_quantile() reads them
     as any histogram. `set` runs on the gauge thread."""
 
     def __init__(self, name: str, description: str, bounds: tuple, instance: Optional[str] = None) -> None:
-        self.families = [pb_utils.MetricFamily(f"{name}_{part}", f"{description} ({part})", pb_utils.MetricFamily.GAUGE)
+        super().__init__()
+        self.families = [self._family(f"{name}_{part}", f"{description} ({part})", pb_utils.MetricFamily.GAUGE)
                          for part in ("bucket", "sum", "count")]
         buckets, total, num = self.families
         own = instance_label(instance)
-        self.buckets = [buckets.Metric(labels={"le": le, **own}) for le in [f"{b:g}" for b in bounds] + ["+Inf"]]
-        self.total, self.num = total.Metric(labels=own), num.Metric(labels=own)
+        self.buckets = [self._metric(buckets, f"{name}_bucket{{le={le}}}", labels={"le": le, **own})
+                        for le in [f"{b:g}" for b in bounds] + ["+Inf"]]
+        self.total = self._metric(total, f"{name}_sum", labels=own)
+        self.num = self._metric(num, f"{name}_count", labels=own)
 
     def set(self, cumulative: tuple) -> None:
+        if self.released:  # a caller's closure may outlive the release (Gauges(after=...))
+            return
         counts, total, num = cumulative
         for metric, count in zip(self.buckets, counts):
             metric.set(count)
         self.total.set(total)
         self.num.set(num)
 
+    def drop(self) -> None:
+        self.buckets, self.total, self.num, self.families = [], None, None, []
 
-class RequestMetrics:
+
+class RequestMetrics(MetricHolder):
     """The per-request series of `moss_tts` (README, Metrics): requests by outcome, time to first
     audio and real-time factor histograms, audio seconds out.
 
@@ -187,22 +278,23 @@ class RequestMetrics:
     def __init__(self) -> None:
         from .request_record import OUTCOMES, RTF_BUCKETS, TTFA_BUCKETS
 
+        super().__init__()
         # Families must outlive their metrics, so both are kept here.
         self.families = [
-            pb_utils.MetricFamily("moss_tts_requests_total", "moss_tts requests by how they ended",
-                                  pb_utils.MetricFamily.COUNTER),
-            pb_utils.MetricFamily("moss_tts_time_to_first_audio_seconds",
-                                  "request start to its first audio (or codes) response", pb_utils.MetricFamily.HISTOGRAM),
-            pb_utils.MetricFamily("moss_tts_rtf", "wall time per second of audio, per finished request",
-                                  pb_utils.MetricFamily.HISTOGRAM),
-            pb_utils.MetricFamily("moss_tts_audio_seconds_total", "audio sent, in seconds (12.5 frames per second)",
-                                  pb_utils.MetricFamily.COUNTER),
+            self._family("moss_tts_requests_total", "moss_tts requests by how they ended", pb_utils.MetricFamily.COUNTER),
+            self._family("moss_tts_time_to_first_audio_seconds",
+                         "request start to its first audio (or codes) response", pb_utils.MetricFamily.HISTOGRAM),
+            self._family("moss_tts_rtf", "wall time per second of audio, per finished request",
+                         pb_utils.MetricFamily.HISTOGRAM),
+            self._family("moss_tts_audio_seconds_total", "audio sent, in seconds (12.5 frames per second)",
+                         pb_utils.MetricFamily.COUNTER),
         ]
         requests, ttfa, rtf, audio = self.families
-        self.requests = {outcome: requests.Metric(labels={"outcome": outcome}) for outcome in OUTCOMES}
-        self.ttfa = ttfa.Metric(labels={}, buckets=list(TTFA_BUCKETS))
-        self.rtf = rtf.Metric(labels={}, buckets=list(RTF_BUCKETS))
-        self.audio = audio.Metric(labels={})
+        self.requests = {outcome: self._metric(requests, f"moss_tts_requests_total{{outcome={outcome}}}",
+                                               labels={"outcome": outcome}) for outcome in OUTCOMES}
+        self.ttfa = self._metric(ttfa, "moss_tts_time_to_first_audio_seconds", labels={}, buckets=list(TTFA_BUCKETS))
+        self.rtf = self._metric(rtf, "moss_tts_rtf", labels={}, buckets=list(RTF_BUCKETS))
+        self.audio = self._metric(audio, "moss_tts_audio_seconds_total", labels={})
         self._pending: list = []
         self._lock = threading.Lock()
 
@@ -218,6 +310,8 @@ class RequestMetrics:
     def flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
+        if self.released:
+            return
         for item in pending:
             if isinstance(item, str):
                 self.requests[item].increment(1)
@@ -229,3 +323,25 @@ class RequestMetrics:
                 self.rtf.observe(item.rtf)
             if item.audio_s:
                 self.audio.increment(item.audio_s)
+
+    def drop(self) -> None:
+        self.requests, self.ttfa, self.rtf, self.audio, self.families = {}, None, None, None, []
+
+
+class Counters(MetricHolder):
+    """A counter family `name{<label>=...}` that follows running totals kept elsewhere: publish()
+    adds what each total gained since the last call (a counter only goes up)."""
+
+    def __init__(self, name: str, description: str, names: tuple[str, ...], label: str) -> None:
+        super().__init__()
+        self.family = self._family(name, description, pb_utils.MetricFamily.COUNTER)
+        self.counters = {n: self._metric(self.family, f"{name}{{{label}={n}}}", labels={label: n}) for n in names}
+        self.published = dict.fromkeys(names, 0)
+
+    def publish(self, totals: dict) -> None:
+        for n, metric in self.counters.items():
+            metric.increment(totals[n] - self.published[n])
+            self.published[n] = totals[n]
+
+    def drop(self) -> None:
+        self.counters, self.family = {}, None
