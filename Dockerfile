@@ -12,7 +12,7 @@
 # Its image is the `shim` stage below (the last stage, tritonserver's, is the default target).
 #
 # Why this base and not NGC's tritonserver:24.10-py3 (the same server, 2.51.0): that image's Python
-# is 3.10, and the tested stack needs 3.11 (transformers 5.24 requires it; torch 2.13 and the
+# is 3.10, and the tested stack needs 3.11 (transformers 5.24 requires it; torch 2.11 and the
 # engine's Triton kernels are what the tests run). So both stages start from python:3.11-slim-bookworm:
 # Debian 12 and CPython 3.11 with a shared libpython, the OS and Python minor of the development
 # machines and CI. Everything else is requirements.txt, installed by scripts/setup_env.sh, the script
@@ -21,8 +21,9 @@
 #   (3.8-3.13) come in the nvidia-pytriton 0.7.0 wheel; setup_triton.sh puts the 3.11 stub in the
 #   backend, and `tritonserver` (scripts/tritonserver) starts it with scripts/triton_env.sh, exactly
 #   as scripts/serve.sh does in the tests.
-# - torch 2.13.0: PyPI's Linux wheel of that version is the CUDA 13.0 build, and it brings the CUDA
-#   libraries as wheels (cuda-toolkit 13.0.3, cuDNN, NCCL) and triton 3.7.1. A CUDA base image would
+# - torch 2.11.0: PyPI's Linux wheel of that version is the CUDA 13.0 build, and it brings the CUDA
+#   libraries as wheels (cuda-toolkit 13.0.2, cuDNN, NCCL) and triton 3.6.0: the stack of the H200 box
+#   where every GPU figure is measured. A CUDA base image would
 #   be a second copy of those libraries: none is used, and the build fails below if the torch it got
 #   is not a CUDA 13.0 build. The host needs only the NVIDIA driver: >= 580.65.06 (CUDA 13.0; any
 #   CUDA 13.x needs >= 580); NVIDIA_REQUIRE_CUDA makes the NVIDIA container runtime refuse to start

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import threading
@@ -520,7 +521,9 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     start = time.perf_counter()
     model, device = build(args)
-    results = {"meta": {"device": device, "torch": torch.__version__, "frames": args.frames,
+    results = {"meta": {"device": device, "torch": torch.__version__,
+                        "stack": os.environ.get("MOSS_STACK", "unchecked (not under the device pack's env.sh)"),
+                        "frames": args.frames,
                         "prompt_rows": args.prompt_rows, "model_build_s": time.perf_counter() - start},
                "errors": {}}
     config = EngineConfig(max_running_requests=max(batches), max_queue=1024,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -358,7 +359,9 @@ def main(argv=None) -> int:
     shapes = parse_shapes(args.shapes)
     start = time.perf_counter()
     codec, device = build(args)
-    results = {"meta": {"device": str(device), "torch": torch.__version__, "codec": "tiny fp32" if args.tiny else
+    results = {"meta": {"device": str(device), "torch": torch.__version__,
+                        "stack": os.environ.get("MOSS_STACK", "unchecked (not under the device pack's env.sh)"),
+                        "codec": "tiny fp32" if args.tiny else
                         "real-size bf16", "codec_build_s": time.perf_counter() - start,
                         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},
                "errors": {}}

@@ -24,6 +24,7 @@ serve() {
   env | grep -E '^(TRITONSERVER|TRITON_BACKENDS|PERF_ANALYZER|LD_LIBRARY_PATH|MOSS_TTS_STUB_PATH|PYTHONPATH)=' > "$W/env"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
   python3 -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/gpu.txt"
+  echo "$MOSS_STACK" | tee -a "$OUT/gpu.txt"
   PYTHONPATH=python_backends python3 -m moss_tts.tools.make_tiny_checkpoint "$W/tiny" > /dev/null
   # A clean copy of the repository: only models with a config (a stale directory left on the
   # machine by an earlier tree made tritonserver refuse to start).

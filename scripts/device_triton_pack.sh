@@ -9,9 +9,10 @@
 # tritonserver; and its transformers 5.17 cannot import AutoTokenizer next to numpy<2 (its scipy/sklearn
 # need numpy 2), so the pack brings the project's transformers 5.24 + tokenizers, which import neither.
 # Versions: the pack's packages and tritonserver come from the project's one pin list, requirements.txt
-# (scripts/pins.py; tritonserver is .venv's nvidia-pytriton). Python and torch are the box's own (3.12,
-# torch 2.11 + Triton 3.6; neither can be replaced there): env.sh prints them beside the pack's pins
-# when sourced, and perf/h200_*.sh record torch in each run's gpu.txt (docs/kubernetes.md, "One stack").
+# (scripts/pins.py; tritonserver is .venv's nvidia-pytriton). Python, torch and Triton are the box's own
+# (3.12, torch 2.11 + Triton 3.6; none can be replaced there), and the list pins that same torch and
+# Triton: env.sh compares them with the pins when sourced (MOSS_STACK, a mismatch in bold), and
+# perf/h200_*.sh write that line into each run's results (docs/kubernetes.md, "One stack").
 set -euo pipefail
 root="$(pwd)"; [ -x .venv/bin/python ] || { echo "run the README set-up first (.venv missing)"; exit 1; }
 box_python=3.12  # the H200 box's Python: its stub, and the ABI of the wheels below
@@ -60,16 +61,12 @@ export MOSS_TTS_STUB_PATH="$PWD/python_backends:$_pack/site" PYTHONPATH="$PWD:$P
 _base_site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo 'import os, sys; sys.path[:0] = [p for p in os.environ.get("MOSS_TTS_STUB_PATH", "").split(os.pathsep) if p and p not in sys.path]' > "$_base_site/moss_tts_stub_path.pth"
 chmod +x "$TRITONSERVER" "$PERF_ANALYZER" "$_pack/backends/python/triton_python_backend_stub"
-# What a measurement ran on: the pack's pins (requirements.txt) and the box's own Python and torch.
+# What a measurement ran on: the pack's pins, and the box's own torch and Triton against the pin
+# list (scripts/pins.py --stack: a mismatch in **bold**). MOSS_STACK carries that line into every
+# results file (perf/h200_*.sh: gpu.txt, the run log; perf/bench_engine.py, bench_vocoder.py: meta).
 echo "moss-pack: $(grep -o '^[^ #]*' "$_pack/PINS" | tr '\n' ' ')" >&2
-python3 -c 'import sys
-from importlib.metadata import version, PackageNotFoundError
-def v(name):
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "none"
-print("this box: python", sys.version.split()[0], "torch", v("torch"), "triton", v("triton"), file=sys.stderr)'
+export MOSS_STACK="$(python3 scripts/pins.py --stack) (python $(python3 -c 'import sys; print(sys.version.split()[0])'))"
+echo "this box: $MOSS_STACK" >&2
 unset _pack _base_site
 ENV
 mkdir -p .device; tar -C "$work" -cJf .device/triton-pack.tar.xz moss-pack

@@ -9,6 +9,9 @@ versions from here, so no file but requirements.txt holds a package version
     python3 scripts/pins.py numpy 'tritonclient[grpc]'   ->  numpy==1.26.4
                                                              tritonclient[grpc]==2.51.0
     python3 scripts/pins.py --fact python                ->  3.11 (the list's `# python 3.11` line)
+    python3 scripts/pins.py --stack                      ->  stack: torch 2.11.0+cu130, triton 3.6.0: as pinned
+        (this interpreter's torch and triton against the list; a mismatch is printed in **bold**, for the
+        H200 box, whose torch cannot be replaced: the device pack's env.sh and perf/h200_*.sh record it)
 
 Standard library only: the Dockerfile runs it before anything is installed.
 """
@@ -25,6 +28,7 @@ FACTS = ("python", "torch-cuda", "nvidia-driver")
 _PIN = re.compile(r"([A-Za-z0-9][\w.-]*)(\[[\w,.-]+\])?==([^\s;#]+)")
 _FACT = re.compile(rf"# ({'|'.join(FACTS)}) (\S+)")
 _REQUIREMENT = re.compile(r"([A-Za-z0-9][\w.-]*)(\[[\w,.-]+\])?")
+STACK = ("torch", "triton")  # what every GPU figure depends on, and the H200 box brings its own of
 
 
 def canonical(name: str) -> str:
@@ -66,11 +70,36 @@ def pinned(requirements: list[str], text: str) -> list[str]:
     return lines
 
 
+def stack_line(text: str, installed) -> str:
+    """One line: the installed version of each STACK package (`installed(name)` -> version or None)
+    against the list; any mismatch in **bold**. A local build label (+cu130, +cpu) is not a mismatch."""
+    pins, parts, wrong = read_pins(text), [], []
+    for name in STACK:
+        have = installed(name)
+        parts.append(f"{name} {have or 'not installed'}")
+        if (have or "").split("+")[0] != pins[name]:
+            wrong.append(f"{name} {have or 'not installed'} (requirements.txt: {pins[name]})")
+    if wrong:
+        return f"stack: **MISMATCH with the pins: {', '.join(wrong)}**"
+    return f"stack: {', '.join(parts)}: as pinned"
+
+
+def _installed(name: str):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def main(argv: list[str]) -> int:
     text = PIN_LIST.read_text()
     try:
         if argv[:1] == ["--fact"] and len(argv) == 2 and argv[1] in FACTS:
             print(read_facts(text)[argv[1]])
+        elif argv == ["--stack"]:
+            print(stack_line(text, _installed))
         elif argv and not argv[0].startswith("-"):
             print("\n".join(pinned(argv, text)))
         else:

@@ -4,7 +4,7 @@ requirements.txt is the one pin list: `make setup` installs it (scripts/setup_en
 runs that same script, the shim image and the H200 pack take their versions from it
 (scripts/pins.py). (a) Every file that builds an environment agrees with the list and carries no
 package version of its own; the docs state the image's Python, torch, CUDA and driver. (b) This
-session's environment is the image's without Docker, less the CUDA build of torch: the Python
+session's environment is the image's without Docker (torch's CUDA 13.0 wheel included, run on the CPU): the Python
 minor, every pin importable at its version, and the `triton` fixture's tritonserver (the one the
 other server tests use) is the wheel's 2.51.0 running the image's 3.11 stub on these packages,
 serving a stream.
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "python:{python}-slim-bookworm"  # both stages (Dockerfile header, docs/kubernetes.md)
 SERVER_OF_PYTRITON = {"0.7.0": "2.51.0"}  # the tritonserver each nvidia-pytriton wheel carries
 BOX_PYTHON = "3.12"  # the H200 box's own Python: the device pack's stub and wheels
+BOX_TORCH_TRITON = ("2.11.0", "3.6.0")  # the H200 box's own torch (2.11.0+cu130) and Triton
 # Pins an environment that runs the models must import (pin name -> module).
 RUNTIME_MODULES = {"torch": "torch", "numpy": "numpy", "transformers": "transformers", "tokenizers": "tokenizers",
                    "safetensors": "safetensors", "soundfile": "soundfile", "xxhash": "xxhash", "triton": "triton",
@@ -70,9 +71,9 @@ def version_literals(text: str) -> list[str]:
 
 
 def pins_requests(text: str) -> list[list[str]]:
-    """The package arguments of every `scripts/pins.py NAME...` call in `text` (not --fact)."""
-    calls = [shlex.split(args) for args in re.findall(r"python3? scripts/pins\.py ([^>&|\n]*)", text)]
-    return [args for args in calls if args and args[0] != "--fact"]
+    """The package arguments of every `scripts/pins.py NAME...` call in `text` (not --fact, --stack)."""
+    calls = re.findall(r"python3? scripts/pins\.py ([^>&|\n]*)", text)
+    return [shlex.split(args) for args in calls if args.strip() and not args.startswith("--")]
 
 
 def dockerfile_stages() -> dict[str, tuple[str, str]]:
@@ -145,8 +146,25 @@ def test_the_device_pack_takes_its_versions_from_the_pin_list():
     assert re.search(r"^box_python=(\S+)$", pack, re.M).group(1) == BOX_PYTHON
     assert 'python_backend_stubs/$box_python/triton_python_backend_stub' in pack
     assert '--python-version "$box_python"' in pack and '-r "$p/PINS"' in pack
-    # Its env.sh names the box's own torch beside the pack's pins in every run that sources it.
-    assert 'v("torch")' in pack and "$_pack/PINS" in pack
+    # Its env.sh compares the box's own torch and Triton with the pins in every run that sources it,
+    # and hands the line to the results (MOSS_STACK).
+    assert 'export MOSS_STACK="$(python3 scripts/pins.py --stack)' in pack and "$_pack/PINS" in pack
+
+
+def test_the_stack_line_shows_a_mismatch_in_bold():
+    versions = {"torch": f"{PINS['torch']}+cu130", "triton": PINS["triton"]}
+    assert pins_module.stack_line(PIN_TEXT, versions.get) == (
+        f"stack: torch {PINS['torch']}+cu130, triton {PINS['triton']}: as pinned")
+    versions["torch"] = "2.13.0"
+    line = pins_module.stack_line(PIN_TEXT, versions.get)
+    assert line == f"stack: **MISMATCH with the pins: torch 2.13.0 (requirements.txt: {PINS['torch']})**"
+    assert "**MISMATCH" in pins_module.stack_line(PIN_TEXT, {}.get)  # neither installed
+
+
+def test_the_pins_are_the_h200_boxs_torch_and_triton():
+    """The tests, the image and every GPU figure run one stack: the box's own torch 2.11.0 (cu130)
+    with Triton 3.6.0, which nothing can replace there (the device tool's KINDS.md)."""
+    assert (PINS["torch"], PINS["triton"]) == BOX_TORCH_TRITON
 
 
 def test_docs_state_the_images_python_torch_cuda_and_driver():
@@ -198,7 +216,7 @@ def image_python() -> str:
 
 def test_this_environment_has_every_pin_and_imports_the_runtime(image_python):
     installed = {name: version(name) for name in PINS}
-    # torch: the same release; its build differs (CPU here, CUDA in the image: +cpu vs no label).
+    # torch: PyPI's wheel has no local label; a local build (+cpu, +cu130) of the same release is the same stack.
     installed["torch"] = installed["torch"].split("+")[0]
     assert installed == PINS
     for module in RUNTIME_MODULES.values():
