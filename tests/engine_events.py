@@ -4,31 +4,32 @@ and the codes a request received, checked for order."""
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 
 import numpy as np
 import torch
 
 from moss_tts.engine import CodesChunk, Finished
+from shared_state import EventsByKey
 
 TIMEOUT_S = 120  # generous: the CPU may be shared with other jobs
 
 
 class Collector:
-    """on_event sink: events per request, plus threading.Events for the first chunk and the end."""
+    """on_event sink: events per request, plus threading.Events for the first chunk and the end.
+    The engine thread writes while the test reads: the events under the lock, the signals in
+    EventsByKey (tests/shared_state.py)."""
 
     def __init__(self, on_first_chunk=None) -> None:
-        self.events: dict[str, list] = defaultdict(list)
-        self.first_chunk: dict[str, threading.Event] = defaultdict(threading.Event)
-        self.done: dict[str, threading.Event] = defaultdict(threading.Event)
+        self._events: dict[str, list] = {}
+        self.first_chunk = EventsByKey()
+        self.done = EventsByKey()
         self.on_first_chunk = on_first_chunk
         self._lock = threading.Lock()
 
     def __call__(self, event) -> None:
         with self._lock:
-            self.events[event.request_id].append(event)
-            first_event = self.first_chunk[event.request_id]
-            done = self.done[event.request_id]
+            self._events.setdefault(event.request_id, []).append(event)
+        first_event, done = self.first_chunk[event.request_id], self.done[event.request_id]
         if isinstance(event, CodesChunk) and not first_event.is_set():
             first_event.set()
             if self.on_first_chunk is not None:
@@ -40,14 +41,20 @@ class Collector:
         for rid in ids:
             assert self.done[rid].wait(timeout), f"request {rid} never finished"
 
+    def events(self, rid) -> list:
+        """A copy of the request's events so far, in order."""
+        with self._lock:
+            return list(self._events.get(rid, ()))
+
     def chunks(self, rid) -> list[CodesChunk]:
-        return [e for e in self.events[rid] if isinstance(e, CodesChunk)]
+        return [e for e in self.events(rid) if isinstance(e, CodesChunk)]
 
     def final(self, rid) -> Finished:
         """The request's single Finished event, checked to be its last event."""
-        finals = [e for e in self.events[rid] if isinstance(e, Finished)]
+        events = self.events(rid)
+        finals = [e for e in events if isinstance(e, Finished)]
         assert len(finals) == 1, f"{rid}: {len(finals)} Finished events"
-        assert self.events[rid][-1] is finals[0], f"{rid}: Finished is not the last event"
+        assert events[-1] is finals[0], f"{rid}: Finished is not the last event"
         return finals[0]
 
     def codes(self, rid) -> torch.Tensor:

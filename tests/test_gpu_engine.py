@@ -105,7 +105,7 @@ def _run_after_a_prefix(model, config: EngineConfig):
     sink, ids = Collector(), [f"q{i}" for i in range(4)]
 
     def on_event(event):
-        if event.request_id == "q0" and not sink.events["q0"]:
+        if event.request_id == "q0" and not sink.events("q0"):
             for i in range(1, 4):
                 engine.submit(EngineRequest(ids[i], prompts[i], params[i]))
         sink(event)
