@@ -1,5 +1,6 @@
 """HttpEndpoint: a local HTTP server that answers every GET with what `body()` returns (fake
-metrics endpoints, a reference file), for tests of clients that read URLs."""
+metrics endpoints, a reference file), for tests of clients that read URLs. body() runs on the
+server's threads, one per request, several at once: state it changes lives in shared_state.py."""
 
 from __future__ import annotations
 

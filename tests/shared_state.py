@@ -5,6 +5,11 @@ waiting on them).
 A plain `defaultdict(threading.Event)` is not that: two threads that ask for a missing key at once
 can each make an Event, one of which is dropped, and a waiter holding the dropped one waits
 forever (a CI run: "request bad-prefill never finished" after 120 s, the engine done long before).
+
+A flag one thread flips while others read it is a threading.Event. A result that one thread writes
+and the test reads only once the writer has signalled, after the write, that it is done (the test
+joined it, waited on an Event it set, or got the response it sent) needs none of these: the signal
+orders the two.
 """
 
 from __future__ import annotations
@@ -50,3 +55,26 @@ class SharedList(Generic[T]):
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+
+class SharedCounter:
+    """A count that several threads add to while another reads it: add() returns the new count
+    under the lock, so no add is lost and no two adds see the same count (a bare `self.calls += 1`
+    is a read, an add and a write, and a thread switch between them loses one)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def add(self) -> int:
+        with self._lock:
+            self._count += 1
+            return self._count
+
+    def value(self) -> int:
+        with self._lock:
+            return self._count
+
+    def reset(self) -> None:
+        with self._lock:
+            self._count = 0

@@ -8,6 +8,7 @@ import stat
 import threading
 
 from moss_tts.serving import internal_key
+from shared_state import SharedList
 
 
 def test_environment_wins(monkeypatch, tmp_path):
@@ -18,11 +19,12 @@ def test_environment_wins(monkeypatch, tmp_path):
 
 def test_models_of_one_server_share_one_file_key(monkeypatch, tmp_path):
     monkeypatch.delenv(internal_key.ENV, raising=False)
-    keys = []
-    threads = [threading.Thread(target=lambda: keys.append(internal_key.internal_key(str(tmp_path))))
+    found = SharedList()  # appended by 8 threads at once
+    threads = [threading.Thread(target=lambda: found.append(internal_key.internal_key(str(tmp_path))))
                for _ in range(8)]
     [t.start() for t in threads]
     [t.join() for t in threads]
+    keys = found.snapshot()
     assert len(set(keys)) == 1 and len(keys[0]) == 64
     [key_file] = tmp_path.iterdir()  # no scratch file left behind
     assert key_file.name == f"moss-tts-internal-key-{os.getppid()}"

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shared_state import SharedCounter
+
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.31.0"
@@ -258,22 +260,23 @@ def test_resolver_urls_get_round_robin_other_urls_keep_grpc_default():
 
 
 class CountingServer:
-    """A fake tritonserver gRPC endpoint that only counts ServerReady/ModelReady calls."""
+    """A fake tritonserver gRPC endpoint that only counts ServerReady/ModelReady calls, on its pool's
+    threads while the test reads the count: a SharedCounter."""
 
     def __init__(self):
         import grpc
         from tritonclient.grpc import service_pb2, service_pb2_grpc
 
         fake = self
-        self.calls = 0
+        self.calls = SharedCounter()
 
         class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             def ServerReady(self, request, context):
-                fake.calls += 1
+                fake.calls.add()
                 return service_pb2.ServerReadyResponse(ready=True)
 
             def ModelReady(self, request, context):
-                fake.calls += 1
+                fake.calls.add()
                 return service_pb2.ModelReadyResponse(ready=True)
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -298,15 +301,15 @@ def test_the_shim_channel_spreads_rpcs_over_every_address_of_a_name():
             return problems
 
         assert asyncio.run(ask(10)) == [None] * 10  # 20 RPCs
-        assert all(s.calls >= 8 for s in servers), [s.calls for s in servers]
+        assert all(s.calls.value() >= 8 for s in servers), [s.calls.value() for s in servers]
         # gRPC's default policy (what a plain host:port or a ClusterIP gets): one connection, one server.
         for s in servers:
-            s.calls = 0
+            s.calls.reset()
         with grpc.insecure_channel(url, options=CHANNEL_ARGS) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             for _ in range(10):
                 stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=5)
-        assert sorted(s.calls for s in servers) == [0, 10]
+        assert sorted(s.calls.value() for s in servers) == [0, 10]
     finally:
         for s in servers:
             s.server.stop(0)

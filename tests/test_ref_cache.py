@@ -18,6 +18,7 @@ from moss_tts.codec import load_codec
 from moss_tts.reference import encode_references
 from moss_tts.serving.lru import TensorLRU
 from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder, encoder_hash
+from shared_state import SharedList
 
 WAIT_S = 30  # generous bound on any wait: a bug shows up as a failed wait, not a hung suite
 CODES_BYTES = 5 * 12 * 8  # 0.4 s -> 5 frames x 12 codes x int64
@@ -35,13 +36,14 @@ SHORT = 0.01  # seconds: decodes fine but is shorter than one codec frame (80 ms
 
 
 class GatedCodec:
-    """The tiny codec, with the batch size of every encode() recorded and an optional gate."""
+    """The tiny codec, with the batch size of every encode() recorded and an optional gate. encode()
+    runs on whichever caller thread drains the queue: the sizes are a SharedList."""
 
     def __init__(self, codec, gate: threading.Event | None = None):
         self._codec = codec
         self.gate = gate
         self.entered = threading.Event()
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: SharedList[int] = SharedList()
 
     def __getattr__(self, name):
         return getattr(self._codec, name)
@@ -198,7 +200,7 @@ def test_disabled_cache_encodes_every_time(codec):
     audio = wav_bytes(1)
     results = [encoder.encode_many([audio])[0] for _ in range(3)]
     assert all(torch.equal(r, results[0]) for r in results)
-    assert gated.batch_sizes == [1, 1, 1]
+    assert gated.batch_sizes.snapshot() == [1, 1, 1]
     assert_stats(encoder, hits=0, misses=3, encodes=3, entries=0, bytes=0)
 
 
@@ -207,7 +209,7 @@ def test_misses_of_one_call_share_one_codec_call(codec):
     encoder, gated = make(codec)
     audios = [wav_bytes(1), wav_bytes(2, seconds=0.5), wav_bytes(3, seconds=0.3)]
     codes = encoder.encode_many(audios)
-    assert gated.batch_sizes == [3]
+    assert gated.batch_sizes.snapshot() == [3]
     assert [c.shape[0] for c in codes] == [5, 6, 3]
     for audio, got in zip(audios, codes):  # padding inside the batch changes nothing
         assert torch.equal(got, encode_references(codec, [load_reference(audio)])[0])
@@ -224,7 +226,7 @@ def test_concurrent_identical_misses_encode_once(codec):
     gate.set()
     finish(callers)
     assert all(c.error is None and torch.equal(c.result[0], callers[0].result[0]) for c in callers)
-    assert gated.batch_sizes == [1]
+    assert gated.batch_sizes.snapshot() == [1]
     assert_stats(encoder, misses=8, coalesced_waits=7, encodes=1, items_encoded=1, entries=1)
 
 
@@ -240,7 +242,7 @@ def test_misses_arriving_during_an_encode_join_the_next_batch(codec):
     acquire(encoder.draining, 3)  # both later callers have queued their audio
     gate.set()
     finish([first] + later)
-    assert gated.batch_sizes == [1, 2]
+    assert gated.batch_sizes.snapshot() == [1, 2]
     assert_stats(encoder, misses=3, encodes=2, items_encoded=3, coalesced_waits=0)
 
 
@@ -250,7 +252,7 @@ def test_bad_item_fails_only_its_caller(codec):
     good = [wav_bytes(1), wav_bytes(2)]
     with pytest.raises(AudioError, match="could not be decoded"):
         encoder.encode_many([good[0], b"not audio", good[1]])
-    assert gated.batch_sizes == [2]  # the good items were still encoded and cached
+    assert gated.batch_sizes.snapshot() == [2]  # the good items were still encoded and cached
     encoder.encode_many(good)
     assert_stats(encoder, hits=2, misses=3, items_encoded=2, entries=2)
 
@@ -269,7 +271,7 @@ def test_short_item_in_a_shared_batch_fails_only_its_caller(codec):
     finish([first, short, good])
     assert isinstance(short.error, AudioError) and "shorter than one codec frame" in str(short.error)
     assert first.error is None and good.error is None and good.result[0].shape == (5, 12)
-    assert gated.batch_sizes == [1, 1]  # the batch of two was retried item by item
+    assert gated.batch_sizes.snapshot() == [1, 1]  # the batch of two was retried item by item
     assert_stats(encoder, items_encoded=2, entries=2)
 
 
@@ -289,4 +291,4 @@ def test_waiters_share_the_owner_error_and_failures_are_not_cached(codec):
     with pytest.raises(AudioError):
         encoder.encode_many([audio])  # tried again, not served from a cached failure
     assert_stats(encoder, misses=5, coalesced_waits=3)
-    assert gated.batch_sizes == []
+    assert gated.batch_sizes.snapshot() == []

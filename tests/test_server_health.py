@@ -3,6 +3,7 @@ against a fake metrics endpoint whose counters the test moves."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 from client.openai_shim.config import ShimConfig
 from client.server_health import HeartbeatMonitor, check, metrics_url_for, parse_heartbeats
 from http_endpoint import HttpEndpoint
+from shared_state import SharedCounter
 
 INSTANCES = {("moss_tts", "moss_tts_0_0"): 1, ("ref_encoder", "ref_encoder_0_0"): 1, ("vocoder", "vocoder_0_0"): 1}
 
@@ -51,17 +53,19 @@ def test_unreachable_metrics_are_a_problem():
 
 
 class FakeMetrics:
-    """An HTTP metrics endpoint; `beating` says whether the counters move between scrapes."""
+    """An HTTP metrics endpoint; while `beating` is set the counters move by one per scrape. Scrapes
+    run on the server's threads, one per request, while the test flips `beating`: the moves are a
+    SharedCounter and the flag an Event (tests/shared_state.py)."""
 
     def __init__(self):
-        self.beats, self.beating = dict(INSTANCES), True
+        self.moves, self.beating = SharedCounter(), threading.Event()
+        self.beating.set()
         self.endpoint = HttpEndpoint(self._scrape)
         self.url = self.endpoint.url
 
     def _scrape(self) -> bytes:
-        if self.beating:
-            self.beats = {k: v + 1 for k, v in self.beats.items()}
-        return exposition(self.beats).encode()
+        moves = self.moves.add() if self.beating.is_set() else self.moves.value()
+        return exposition({k: v + moves for k, v in INSTANCES.items()}).encode()
 
     def close(self):
         self.endpoint.close()
@@ -76,7 +80,7 @@ def metrics():
 
 def test_one_shot_check(metrics):
     assert check(metrics.url, window_s=0.4) is None
-    metrics.beating = False
+    metrics.beating.clear()
     assert "no heartbeat" in check(metrics.url, window_s=0.4)
 
 
@@ -87,7 +91,7 @@ def test_shim_answers_503_while_a_heart_has_stopped(metrics):
     config = ShimConfig(metrics_url=metrics.url, heartbeat_stale_s=1.0)
     with ShimThread(config, FakeTriton(FakeStream([]))) as url:
         assert httpx.get(f"{url}/health").status_code == 200
-        metrics.beating = False
+        metrics.beating.clear()
         deadline = time.monotonic() + 10
         while httpx.get(f"{url}/health").status_code != 503:
             assert time.monotonic() < deadline, "the shim never noticed the stopped heartbeat"
@@ -95,7 +99,7 @@ def test_shim_answers_503_while_a_heart_has_stopped(metrics):
         assert "no heartbeat" in health["error"]["message"]
         speech = httpx.post(f"{url}/v1/audio/speech", json={"input": "Hello."})
         assert speech.status_code == 503 and "unhealthy" in speech.json()["error"]["message"]
-        metrics.beating = True
+        metrics.beating.set()
         deadline = time.monotonic() + 10
         while httpx.get(f"{url}/health").status_code != 200:
             assert time.monotonic() < deadline, "the shim never recovered"

@@ -6,7 +6,6 @@ because the client processes are spawned and import them by name."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ from http_endpoint import HttpEndpoint
 from perf.soak import main
 from perf.soak_clients import run_clients
 from perf.soak_load import Soak, SoakConfig, SoakReport
+from shared_state import SharedCounter
 
 LOAD_S = 60.0  # the loads' length: far beyond any test's bound, so only a stop ends them early
 BOUND_S = 20.0  # a test's run_clients must return by then
@@ -150,12 +150,12 @@ def test_the_stop_ends_the_load_of_a_client_process(capsys):
 
 
 MAX_RUNNING = 4
-_BEATS = itertools.count(1)
+_BEATS = SharedCounter()  # scraped on the metrics server's threads, one per request
 
 
 def idle_metrics() -> bytes:
     """An idle server's metrics, every heartbeat one further on each scrape: settle() finds nothing."""
-    beat = next(_BEATS)
+    beat = _BEATS.add()
     lines = [f'moss_engine{{model_instance="moss_tts_0",stat="{stat}"}} {value}'
              for stat, value in (("streams", 0), ("running", 0), ("waiting", 0), ("free_slots", MAX_RUNNING))]
     lines.append('moss_vocoder_sessions{model_instance="vocoder_0",state="active"} 0')

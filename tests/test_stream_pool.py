@@ -8,6 +8,7 @@ import pytest
 
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stream_pool import StreamPool
+from shared_state import SharedList
 
 
 def test_refuses_beyond_capacity_then_accepts_again():
@@ -26,7 +27,7 @@ def test_refuses_beyond_capacity_then_accepts_again():
 
 
 def test_stop_refuses_new_streams_and_waits_for_running_ones():
-    pool, seen = StreamPool(4), []
+    pool, seen = StreamPool(4), SharedList()  # appended by the stream's thread and the stopper
     proceed = threading.Event()
 
     def stream():
@@ -42,7 +43,7 @@ def test_stop_refuses_new_streams_and_waits_for_running_ones():
     assert pool.refusal() == "server is shutting down; retry later"
     proceed.set()
     stopper.join(10)
-    assert seen == [True, True]
+    assert seen.snapshot() == [True, True]
 
 
 def test_stop_reports_streams_that_did_not_end():
@@ -90,7 +91,7 @@ def test_stall_watch_forgets_a_unit_that_raised():
 
 
 def test_a_finished_stream_leaves_its_thread_for_the_next_one():
-    pool, names, done = StreamPool(4), [], threading.Semaphore(0)
+    pool, names, done = StreamPool(4), SharedList(), threading.Semaphore(0)  # appended by the pool's threads
 
     def stream():
         names.append(threading.current_thread().name)
@@ -100,10 +101,10 @@ def test_a_finished_stream_leaves_its_thread_for_the_next_one():
         assert pool.try_start(stream) and done.acquire(timeout=5)
         while pool.num_active:  # the thread is idle once its stream is counted done
             pass
-    assert len(set(names)) == 1, names
+    assert len(set(names.snapshot())) == 1, names.snapshot()
     # Two at once: the idle thread takes one, a new thread the other, never more than max_streams.
     gate = threading.Event()
     assert pool.try_start(lambda: (gate.wait(5), stream())) and pool.try_start(lambda: (gate.wait(5), stream()))
     gate.set()
     assert done.acquire(timeout=5) and done.acquire(timeout=5) and pool.stop(5)
-    assert len(set(names)) == 2 and pool.num_active == 0
+    assert len(set(names.snapshot())) == 2 and pool.num_active == 0

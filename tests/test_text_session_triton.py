@@ -15,6 +15,7 @@ import soundfile as sf
 import tritonclient.grpc as grpcclient
 
 from client.tts_client import TTSClient, build_inputs
+from shared_state import SharedList
 from triton_server import ROOT
 
 pytestmark = pytest.mark.triton
@@ -110,7 +111,9 @@ def test_cancel_mid_session_frees_everything(triton):
 
 
 def raw_stream(triton):
-    events = []
+    """A gRPC stream whose callback, on the client's stream thread, records (result, error) while the
+    test reads them: a SharedList."""
+    events = SharedList()
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     client.start_stream(callback=lambda result, error: events.append((result, error)))
     return client, events
@@ -125,13 +128,13 @@ def test_bad_messages_get_invalid_argument_and_leave_everything_free(triton):
     send("", "2", session_id="bad-1", session_end=True)
     send("", "3", session_id="never-opened", session_end=True)
     deadline = time.monotonic() + 60
-    while len([e for e in events if e[1] is not None or
+    while len([e for e in events.snapshot() if e[1] is not None or
                e[0].get_response().parameters["triton_final_response"].bool_param]) < 4:
-        assert time.monotonic() < deadline, events
+        assert time.monotonic() < deadline, events.snapshot()
         time.sleep(0.05)
     client.stop_stream()
     client.close()
-    messages = [e.message() for _, e in events if e is not None]
+    messages = [e.message() for _, e in events.snapshot() if e is not None]
     assert len(messages) == 2, messages
     assert any("REFERENCE_CODES" in m and "first request" in m for m in messages), messages
     assert any("SESSION_END for unknown session 'never-opened'" in m for m in messages), messages

@@ -13,6 +13,7 @@ from moss_tts.serving.session_stream import SessionChildren, SessionClient, Sess
 from moss_tts.serving.speech_pipeline import CodesChunk, SpeechStream
 from moss_tts.serving.synthesis_request import parse_session_inputs
 from moss_tts.serving.text_sessions import SessionConfig, SessionRegistry
+from shared_state import SharedList
 from test_speech_pipeline import EMPTY, FakeChildren, FakeClient, codes
 
 
@@ -213,7 +214,7 @@ def test_indexed_requests_run_in_index_order_whatever_order_they_arrive_in():
     # A server with several instances relays a session's requests to its holder, where they can
     # arrive out of order: SESSION_INDEX, not arrival, decides the turn.
     reg, _, _ = registry()
-    order, threads = [], []
+    order, threads = SharedList(), []  # order: appended by the four request threads
     for index in (2, 0, 3, 1):  # arrival order
         session, ticket, _ = reg.join("s", is_end=index == 3, has_text=True, index=index)
         assert ticket == index
@@ -227,7 +228,7 @@ def test_indexed_requests_run_in_index_order_whatever_order_they_arrive_in():
         t.start()
     for t in threads:
         t.join(5)
-    assert order == [0, 1, 2, 3]
+    assert order.snapshot() == [0, 1, 2, 3]
     assert reg.stats().waiting == 0
 
 

@@ -16,6 +16,7 @@ from moss_tts.contract import ErrorKind
 from moss_tts.serving.speech_pipeline import ChildError
 from moss_tts.serving.vocoder_sessions import VocoderConfig, VocoderSessions
 from moss_tts.serving.vocoder_worker import VocoderPlacement, VocoderWorker
+from shared_state import SharedList
 
 SPF = 3840
 TIMEOUT_S = 60.0
@@ -40,12 +41,13 @@ def offline(codec, streams) -> np.ndarray:
 
 
 class Gate:
-    """Holds the worker inside its next decode until released: lets a test queue work mid-round."""
+    """Holds the worker inside its next decode until released: lets a test queue work mid-round.
+    The worker thread records its rounds while the test reads them: a SharedList."""
 
     def __init__(self, sessions):
         self.sessions, self.decode = sessions, sessions.decode_async
         self.entered, self.release = threading.Event(), threading.Event()
-        self.rounds: list[dict] = []  # {seq: frames} per decode call
+        self.rounds: SharedList[dict] = SharedList()  # {seq: frames} per decode call
         sessions.decode_async = self  # the worker launches a round with decode_async
 
     def __call__(self, chunks, checked=False):
@@ -80,7 +82,7 @@ def close(a, b):
 
 def test_chunks_in_flight_decode_in_order_and_equal_offline(codec, streams, offline):
     worker = make(codec)
-    woken = []
+    woken = SharedList()  # on_done runs on the worker thread
     try:
         jobs = []
         for seq in range(2):  # all chunks of both streams queued before any is answered
@@ -94,7 +96,9 @@ def test_chunks_in_flight_decode_in_order_and_equal_offline(codec, streams, offl
             close(audio, offline[seq])
         for end in ends:
             assert end.result(TIMEOUT_S).shape == (2, 0)
-        assert sorted(woken) == [0] * 5 + [1] * 5  # one wake per answered chunk
+        # Read after the ENDs: a job's result is ready before its on_done runs, and each END is
+        # answered after its stream's last wake, on the same worker thread.
+        assert sorted(woken.snapshot()) == [0] * 5 + [1] * 5  # one wake per answered chunk
         stats = worker.stats()
         assert (stats.active_slots, stats.sessions_started, stats.sessions_ended) == (0, 2, 2)
         assert stats.rounds <= 5 + 1  # both streams' k-th chunks share a round (not 10 rounds)
@@ -112,8 +116,9 @@ def test_a_long_job_goes_one_piece_per_round_beside_the_streams(codec, streams, 
         close(np.concatenate([first.result(TIMEOUT_S), second.result(TIMEOUT_S)], -1), offline[0][:, :6 * SPF])
         close(long.result(TIMEOUT_S), offline[1])
         # Round 2 decoded the stream's next chunk beside the long job's first piece.
-        assert gate.rounds[1] == {"offline": 4, "stream": 4}
-        assert all(max(r.values()) <= 4 for r in gate.rounds)
+        rounds = gate.rounds.snapshot()
+        assert rounds[1] == {"offline": 4, "stream": 4}
+        assert all(max(r.values()) <= 4 for r in rounds)
         assert "offline" not in worker.sessions  # its START|END job freed the slot
 
 
@@ -199,7 +204,7 @@ def test_cancelled_jobs_are_dropped_and_their_end_still_frees_the_slot(codec, st
             with pytest.raises(ChildError) as err:
                 job.result(TIMEOUT_S)
             assert err.value.kind is ErrorKind.CANCELLED
-        assert gate.rounds == [{1: 2}]  # nothing cancelled was decoded
+        assert gate.rounds.snapshot() == [{1: 2}]  # nothing cancelled was decoded
         assert worker.sessions.stats().active_slots == 0
 
 
@@ -269,7 +274,7 @@ def test_on_the_gpu_in_flight_chunks_through_graphs_equal_offline(tiny_dir, stre
 
 def test_the_starts_of_a_round_share_one_reset_and_a_full_state_refuses_only_the_rest(codec, streams):
     with gated(codec, max_slots=3) as (worker, gate):
-        state, calls = worker.sessions.state, []
+        state, calls = worker.sessions.state, SharedList()  # reset_rows runs on the worker thread
         reset = state.reset_rows
         state.reset_rows = lambda rows: (calls.append(sorted(rows)), reset(rows))
         worker.submit("a", streams[0, :2], start=True, end=False)
@@ -280,7 +285,7 @@ def test_the_starts_of_a_round_share_one_reset_and_a_full_state_refuses_only_the
         with pytest.raises(ChildError) as err:
             jobs["d"].result(TIMEOUT_S)
         assert err.value.kind is ErrorKind.UNAVAILABLE and "slots" in str(err.value)
-        assert calls == [[0], [1, 2]]  # one reset for round 1's START, one for round 2's two
+        assert calls.snapshot() == [[0], [1, 2]]  # one reset for round 1's START, one for round 2's two
 
 
 def test_a_round_takes_the_most_urgent_streams_first_up_to_round_rows(codec, streams):
@@ -293,7 +298,7 @@ def test_a_round_takes_the_most_urgent_streams_first_up_to_round_rows(codec, str
         gate.release.set()
         for job in jobs.values():
             job.result(TIMEOUT_S)
-        assert [sorted(r) for r in gate.rounds] == [["warm"], ["soon", "sooner"], ["late"]]
+        assert [sorted(r) for r in gate.rounds.snapshot()] == [["warm"], ["soon", "sooner"], ["late"]]
 
 
 def test_chunks_that_queued_up_decode_as_one_row(codec, streams, offline):
@@ -307,7 +312,7 @@ def test_chunks_that_queued_up_decode_as_one_row(codec, streams, offline):
         close(audio, offline[0])
         assert [job.result(TIMEOUT_S).shape[1] for job in queued] == [4 * SPF, 8 * SPF, 16 * SPF]
         # Round 2: 4 + 6 of the next 8 frames in one 10-frame row; then 2 + 8, then the last 8.
-        assert gate.rounds == [{1: 2}, {1: 10}, {1: 10}, {1: 8}]
+        assert gate.rounds.snapshot() == [{1: 2}, {1: 10}, {1: 10}, {1: 8}]
         assert end.result(TIMEOUT_S).shape == (2, 0) and 1 not in worker.sessions
 
 

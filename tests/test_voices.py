@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from client.voices import VoiceError, VoiceStore
+from shared_state import SharedList
 
 CODES = np.arange(5 * 12, dtype=np.int32).reshape(5, 12)
 
@@ -39,7 +40,7 @@ def test_bad_voices_are_refused_naming_the_problem(tmp_path, name, codes, status
 
 
 def test_a_name_is_taken_once_even_by_racing_processes(tmp_path):
-    results = []
+    results = SharedList()  # appended by 8 threads at once
 
     def create():
         try:
@@ -52,7 +53,7 @@ def test_a_name_is_taken_once_even_by_racing_processes(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(map(str, results)).count("409") == 7 and len(VoiceStore(tmp_path).list()) == 1
+    assert sorted(map(str, results.snapshot())).count("409") == 7 and len(VoiceStore(tmp_path).list()) == 1
 
 
 def test_a_crash_leaves_nothing_half_written(tmp_path):
