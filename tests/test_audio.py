@@ -10,6 +10,7 @@ import soundfile as sf
 import torch
 
 from moss_tts.audio import AudioError, load_reference, loudness_normalize, prepare_reference, resample
+from test_error_text import assert_no_object_repr
 
 
 def test_resample_keeps_a_tone_and_length():
@@ -35,8 +36,10 @@ def test_limits_and_bad_input():
         prepare_reference(np.zeros((1, 0), dtype=np.float32), 16000)
     with pytest.raises(AudioError, match="limit is 100 s"):
         prepare_reference(np.zeros((1, 8000 * 101), dtype=np.float32), 8000)
-    with pytest.raises(AudioError, match="could not be decoded"):
+    with pytest.raises(AudioError, match="could not be decoded") as info:
         load_reference(b"RIFF....garbage")
+    assert "(Format not recognised.)" in str(info.value)  # libsndfile's reason, kept
+    assert_no_object_repr(str(info.value))
     buf = io.BytesIO()
     sf.write(buf, np.zeros((4800, 3), dtype=np.float32), 48000, format="WAV")
     assert load_reference(buf.getvalue()).shape == (2, 4800)  # >2 channels: first two kept

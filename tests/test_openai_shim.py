@@ -23,6 +23,7 @@ from client.openai_shim.triton_stream import build_inputs as shim_inputs
 from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
 from http_endpoint import HttpEndpoint
 from shim_server import start_shim, stop_shim
+from test_error_text import assert_no_object_repr
 from triton_server import _free_port
 
 pytestmark = pytest.mark.triton
@@ -264,7 +265,7 @@ def _bad_cases():
          "outside the reference directory"),
         ("missing file", {**ok, "ref_audio": "nope.wav"}, 400, "ref_audio", "not a file"),
         ("undecodable reference", {**ok, "ref_audio": data_uri(b"RIFF this is not audio")}, 400, None,
-         "could not be decoded"),
+         "could not be decoded (Format not recognised.)"),
         ("bad token prefix", {**ok, "input": "${token:abc}Hello"}, 400, None, "positive integer"),
         ("continuation without audio", {**ok, "task_type": "continuation"}, 400, "task_type", "needs the audio"),
     ]
@@ -282,6 +283,7 @@ def test_bad_request_gets_documented_4xx(openai_shim, body, status, param, fragm
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["param"] == param and fragment in error["message"], error
+    assert_no_object_repr(error["message"])
     assert openai_shim.is_alive()
 
 

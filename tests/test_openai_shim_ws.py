@@ -5,15 +5,16 @@ The fixture's shim closes a WebSocket after 3 s without a client message (--ws-i
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
 
+import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from test_error_text import assert_no_object_repr
 from test_openai_shim import data_uri, tone_wav
 from test_text_session_triton import OPEN, STARTED, TEXT, all_free
 
@@ -228,16 +229,75 @@ def test_a_message_over_the_size_limit_closes_1009(openai_shim, triton):
 
 
 def test_a_server_error_is_an_error_event_then_a_close(openai_shim, triton):
-    """An undecodable reference passes the shim's checks; the server refuses it ([INVALID_ARGUMENT] -> 400)."""
-    bad = "data:audio/wav;base64," + base64.b64encode(b"RIFF this is not audio").decode()
+    """max_new_tokens passes the shim's checks (the schema's cap); the server refuses it for its
+    max_seq_len (2048 rows) at the first text ([INVALID_ARGUMENT] -> 400)."""
     with connect(ws_url(openai_shim)) as ws:
-        start(ws, ref_audio=bad, **OPTIONS)
+        start(ws, **{**OPTIONS, "max_new_tokens": 5000})
         send(ws, type="text", text="Hello there.")
         send(ws, type="end")
         _, events, _ = read_all(ws)
         assert ws.close_code == 1008, (ws.close_code, ws.close_reason, events)
     assert events[-1]["type"] == "error" and events[-1]["status"] == 400, events
+    assert "MAX_FRAMES 5000 does not fit" in events[-1]["error"]["message"], events
     all_free(triton)
+
+
+UNDECODABLE = data_uri(b"RIFF this is not audio")
+BAD_VOICES = [{"ref_audio": UNDECODABLE}, {"references": [{"audio": UNDECODABLE, "text": "Hi."}]},
+              {"voice": "vivian"}]
+
+
+def test_a_bad_voice_is_the_http_error_before_the_session_starts_and_the_connection_waits(openai_shim, triton):
+    """The voice is checked when the options come (a reference by encoding it): each bad one gets the
+    error POST /v1/audio/speech answers for it, as an event; options with a good reference then work."""
+    with connect(ws_url(openai_shim)) as ws:
+        for voice in BAD_VOICES:
+            http = httpx.post(f"{openai_shim.url}/v1/audio/speech", json={"input": "Hello there.", **voice},
+                              timeout=60)
+            send(ws, type="options", **voice, **OPTIONS)
+            error = event(ws)
+            assert error == {"type": "error", "status": http.status_code, **http.json()}, (voice, error)
+            assert 400 <= error["status"] < 500, error
+            assert_no_object_repr(error["error"]["message"])
+            if voice.get("ref_audio"):
+                assert "could not be decoded (Format not recognised.)" in error["error"]["message"], error
+        start(ws, ref_audio=data_uri(tone_wav(1.0, 220)), **OPTIONS)
+        send(ws, type="text", text="Hello there.")
+        send(ws, type="end")
+        audio, events, _ = read_all(ws)
+        assert ws.close_code == 1000, (ws.close_reason, events)
+    assert events[-1] == {"type": "done", "segments": 1, "frames": FRAMES}
+    assert len(audio) == FRAMES * FRAME_BYTES
+    all_free(triton)
+
+
+REF_LOOKUPS = ('moss_ref_cache_total{event="hits"}', 'moss_ref_cache_total{event="misses"}')
+
+
+def ref_lookups(metrics: dict) -> float:
+    """How often ref_encoder was asked for a reference's codes (cached or not)."""
+    return sum(metrics[name] for name in REF_LOOKUPS)
+
+
+def test_a_reference_is_encoded_once_before_the_session_starts_and_the_session_clones(openai_shim, triton):
+    """ref_encoder is asked once, before session.started (no text sent yet), and never again: the
+    first request carries the codes, not the audio. The voice is the reference's: the session's
+    audio is POST /v1/audio/speech's for the same reference, text and seed."""
+    reference = data_uri(tone_wav(1.0, 330))
+    before = triton.settled_metrics()
+    with connect(ws_url(openai_shim)) as ws:
+        start(ws, ref_audio=reference, **OPTIONS)
+        assert ref_lookups(triton.metrics()) - ref_lookups(before) == 1  # published before the answer
+        send(ws, type="text", text="Hello there.")
+        send(ws, type="end")
+        audio, events, _ = read_all(ws)
+        assert ws.close_code == 1000, (ws.close_reason, events)
+    all_free(triton)
+    assert ref_lookups(triton.settled_metrics()) - ref_lookups(before) == 1
+    http = httpx.post(f"{openai_shim.url}/v1/audio/speech", timeout=120, json={
+        "input": "Hello there.", "ref_audio": reference, "response_format": "pcm", **OPTIONS})
+    assert http.status_code == 200, http.text
+    assert len(audio) == FRAMES * FRAME_BYTES and audio == http.content
 
 
 def test_a_reference_voice_holds_across_segments(openai_shim, triton):

@@ -19,6 +19,7 @@ from moss_tts.reference import encode_references
 from moss_tts.serving.lru import TensorLRU
 from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder, encoder_hash
 from shared_state import SharedList
+from test_error_text import assert_no_object_repr
 
 WAIT_S = 30  # generous bound on any wait: a bug shows up as a failed wait, not a hung suite
 CODES_BYTES = 5 * 12 * 8  # 0.4 s -> 5 frames x 12 codes x int64
@@ -250,8 +251,9 @@ def test_misses_arriving_during_an_encode_join_the_next_batch(codec):
 def test_bad_item_fails_only_its_caller(codec):
     encoder, gated = make(codec)
     good = [wav_bytes(1), wav_bytes(2)]
-    with pytest.raises(AudioError, match="could not be decoded"):
+    with pytest.raises(AudioError, match="could not be decoded") as info:
         encoder.encode_many([good[0], b"not audio", good[1]])
+    assert_no_object_repr(str(info.value))
     assert gated.batch_sizes.snapshot() == [2]  # the good items were still encoded and cached
     encoder.encode_many(good)
     assert_stats(encoder, hits=2, misses=3, items_encoded=2, entries=2)

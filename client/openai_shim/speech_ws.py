@@ -18,12 +18,10 @@ import asyncio
 import json
 import logging
 import uuid
-from typing import Optional
 
 import grpc
 import numpy as np
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from pydantic import Field, ValidationError, field_validator
 
 from moss_tts import contract
 from moss_tts.session_requests import SessionRequests
@@ -32,33 +30,14 @@ from moss_tts.text_segments import TextSegmenter
 from . import audio_format, errors
 from .config import ShimConfig
 from .errors import ApiError
-from .references import load_reference
-from .schema import SpeechRequest, triton_options
+from .session_options import session_inputs
 from .triton_stream import build_inputs
-from .voice_api import saved_voice_inputs
 
 log = logging.getLogger("openai_shim")
 
 # Close codes (RFC 6455): 1000 done or cancelled, 1008 a protocol violation or a limit, 1003 a binary
 # frame from the client, 1011 the synthesis failed, 1013 the TTS server is unavailable.
 NORMAL, UNSUPPORTED_DATA, POLICY, SERVER_ERROR, TRY_LATER = 1000, 1003, 1008, 1011, 1013
-
-
-class SessionOptions(SpeechRequest):
-    """The first message: POST /v1/audio/speech's fields without `input` (the text comes later) and
-    always streaming; response_format pcm (default) or wav."""
-
-    type: str = Field("options", pattern="^options$")
-    input: str = ""
-    response_format: str = "pcm"
-    stream: Optional[bool] = True
-
-    @field_validator("input")
-    @classmethod
-    def _no_input(cls, text: str) -> str:
-        if text:
-            raise ValueError('the text comes in {"type": "text"} messages, not with the options')
-        return text
 
 
 class ProtocolViolation(Exception):
@@ -171,17 +150,21 @@ class WsSession:
         return data
 
     async def open(self) -> None:
-        """Options until valid ones come (each bad one gets an error event), then the gRPC stream."""
+        """Options until valid ones come (each bad one, a bad reference too, gets an error event:
+        session_options.py), then the gRPC stream."""
         while True:
             data = await self.receive()
             if data.get("type", "options") != "options":
                 raise ProtocolViolation(POLICY, f"the first message must be the session options, got type "
                                                 f"{data.get('type')!r}")
+            if self.app.state.heartbeat_problem is not None:
+                raise ProtocolViolation(TRY_LATER, "the TTS server is unhealthy")
             try:
-                self.plan = SessionRequests(await self.resolve(data))
+                self.speech, inputs = await session_inputs(data, self.app, self.config)
                 break
             except ApiError as exc:
                 await self.send_event(error_event(exc))
+        self.plan = SessionRequests(inputs)
         fmt = audio_format.FORMATS[self.speech.response_format]
         self.encoder = audio_format.StreamEncoder(fmt)
         await self.send_event({"type": "session.started", "session_id": self.session_id,
@@ -196,22 +179,6 @@ class WsSession:
             # half-closing early would end the stream before the responses: stay open until done
 
         self.call = self.app.state.triton.stream(requests())
-
-    async def resolve(self, data: dict) -> dict:
-        if self.app.state.heartbeat_problem is not None:
-            raise ProtocolViolation(TRY_LATER, "the TTS server is unhealthy")
-        try:
-            speech = SessionOptions.model_validate_json(json.dumps(data))
-        except ValidationError as exc:
-            raise errors.from_validation(exc) from None
-        if speech.model is not None and speech.model not in self.config.model_names:
-            raise ApiError(404, f"model {speech.model!r} is not served here; use one of "
-                           f"{list(self.config.model_names)}", param="model", code="model_not_found")
-        values = {**triton_options(speech), **await saved_voice_inputs(self.app, speech)}
-        if speech.reference is not None:
-            values["REFERENCE_AUDIO"] = await load_reference(*speech.reference, self.config)
-        self.speech = speech
-        return values
 
     def send_segments(self, texts: list[str], is_end: bool = False) -> None:
         for i, text in enumerate(texts):

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .contract import MAX_REFERENCE_SECONDS, SAMPLE_RATE
+from .error_text import error_text
 
 TARGET_DBFS = -20.0
 MAX_GAIN_DB = 3.0
@@ -28,11 +29,14 @@ def read_audio(data: bytes | str) -> tuple[np.ndarray, int]:
     """Bytes of a WAV/FLAC/OGG/... file, or a path -> (float32 [channels, samples], rate)."""
     import soundfile as sf
 
+    is_bytes = isinstance(data, (bytes, bytearray, memoryview))
     try:
-        source = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
-        samples, rate = sf.read(source, dtype="float32", always_2d=True)
+        samples, rate = sf.read(io.BytesIO(data) if is_bytes else data, dtype="float32", always_2d=True)
     except Exception as exc:  # soundfile raises several types for undecodable input
-        raise AudioError(f"reference audio could not be decoded ({exc}); send WAV, FLAC or OGG") from None
+        # For bytes its message names the source by repr ("Error opening <_io.BytesIO object at
+        # 0x...>: "), which tells the client nothing: keep libsndfile's reason ("Format not recognised.").
+        reason = (getattr(exc, "error_string", None) if is_bytes else None) or error_text(exc)
+        raise AudioError(f"reference audio could not be decoded ({reason}); send WAV, FLAC or OGG") from None
     return np.ascontiguousarray(samples.T), int(rate)
 
 

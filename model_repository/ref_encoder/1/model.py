@@ -13,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 from moss_tts.audio import AudioError
 from moss_tts.contract import N_VQ
 from moss_tts.codec.checkpoint import load_codec
+from moss_tts.error_text import error_text
 from moss_tts.serving import triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, use_device
 from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder
@@ -53,7 +54,7 @@ class TritonPythonModel:
             bad = [(k, r) for k, r in enumerate(results) if isinstance(r, Exception)]
             if bad:
                 where = f"item {bad[0][0]} of {len(audios)}: " if len(audios) > 1 else ""
-                responses.append(io.error_response(f"{where}{bad[0][1]}"))
+                responses.append(io.error_response(f"{where}{error_text(bad[0][1])}"))
             else:
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("REFERENCE_CODES", _stack(results))]))
         self._publish()

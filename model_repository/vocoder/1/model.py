@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 from moss_tts.codec.checkpoint import load_codec
 from moss_tts.contract import N_VQ, ErrorKind
 from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, Histogram
+from moss_tts.error_text import error_text
 from moss_tts.serving import internal_key, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.stall_watch import StallWatch
@@ -97,7 +98,7 @@ class TritonPythonModel:
             except NoFreeSlot as exc:
                 responses[i] = io.error_response(str(exc), ErrorKind.UNAVAILABLE)
             except (KeyError, ValueError) as exc:
-                responses[i] = io.error_response(str(exc).strip("'\""))
+                responses[i] = io.error_response(error_text(exc))
             if bool(get("END").reshape(-1)[0]):
                 ends.append(seq)
         self._decode(chunks, responses)
@@ -116,8 +117,8 @@ class TritonPythonModel:
             # can get here that way).
             kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
             for seq, (i, _) in chunks.items():
-                responses[i] = io.error_response(
-                    f"vocoder decode failed: {exc}; the sequence was ended: start it again with START", kind)
+                responses[i] = io.error_response(f"vocoder decode failed: {error_text(exc)}; the sequence was ended: "
+                                                 f"start it again with START", kind)
                 if seq in self.sessions:
                     self.sessions.cancel(seq)
             return

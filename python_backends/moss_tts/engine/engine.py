@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from ..error_text import error_text
 from ..model import MossTTSLocalModel
 from .config import EngineConfig
 from .events import EngineEvent, Finished, FinishReason
@@ -147,7 +148,7 @@ class Engine:
             except Exception as exc:  # a bug outside the runner: fail what runs, keep serving
                 log.exception("engine step failed")
                 self._in_flight = None
-                self._fail(self._unfinished_running(), f"engine step failed: {exc!r}")
+                self._fail(self._unfinished_running(), f"engine step failed: {error_text(exc, with_type=True)}")
             finally:
                 self._step_started = None
         self._in_flight = None  # its requests are cancelled below; nobody reads its rows
@@ -186,7 +187,7 @@ class Engine:
             self._runner.stage_prompt(state.slot, state.request.prompt_rows, state.request.params, state.prefix)
         except Exception as exc:
             log.exception("prefill failed for request %s", state.request_id)
-            self._fail([state], f"prefill failed: {exc!r}")
+            self._fail([state], f"prefill failed: {error_text(exc, with_type=True)}")
             return False
         state.num_issued = 1  # the prefill samples frame 0
         return True
@@ -205,7 +206,7 @@ class Engine:
             log.exception("decode step failed for %d requests", len(decoding))
             with self._cond:
                 self._scheduler.cache.abandon(plan)
-            self._fail(list(dict.fromkeys(staged + decoding)), f"decode step failed: {exc!r}")
+            self._fail(list(dict.fromkeys(staged + decoding)), f"decode step failed: {error_text(exc, with_type=True)}")
             return None
         for state in decoding:
             state.num_issued += 1
@@ -223,7 +224,7 @@ class Engine:
             rows = launch.out.wait()
         except Exception as exc:
             log.exception("step failed on the device")
-            self._fail(launch.states, f"decode step failed: {exc!r}")
+            self._fail(launch.states, f"decode step failed: {error_text(exc, with_type=True)}")
             return time.perf_counter() - start
         waited = time.perf_counter() - start
         # Two numpy conversions for the whole step, then per request only a list index and a

@@ -21,6 +21,7 @@ from ..engine.engine import EngineClosed
 from ..engine.events import Finished
 from ..engine.request import EngineRequest
 from ..engine.scheduler import QueueFull
+from ..error_text import error_text
 from ..processor import PromptBuilder, PromptError
 from .engine_streams import EngineStreams
 from .speech_pipeline import AUDIO_READY, NO_CODES, SHUTTING_DOWN, ChildError, CodesChunk
@@ -89,7 +90,7 @@ class EngineCodes:
         except EngineClosed:
             raise ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE) from None
         except (PromptError, ValueError) as exc:
-            raise ChildError(str(exc), ErrorKind.INVALID_ARGUMENT) from None
+            raise ChildError(error_text(exc), ErrorKind.INVALID_ARGUMENT) from None
 
     def _check(self, event: Finished) -> None:
         if event.reason == "error":

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..contract import ErrorKind
+from ..error_text import error_text
 from .session_claims import private_directory
 from .speech_pipeline import SHUTTING_DOWN
 
@@ -186,7 +187,7 @@ class RelayServer:
             self.accept(message, client)
         except Exception as exc:  # a malformed message: answered, never the relay's end
             log.exception("relayed request failed")
-            client.send_error(f"internal error: relayed request: {exc}", ErrorKind.INTERNAL)
+            client.send_error(f"internal error: relayed request: {error_text(exc)}", ErrorKind.INTERNAL)
 
     def stop(self) -> None:
         self._stop.set()
@@ -209,7 +210,7 @@ def relay(path: Path, message: dict, client, is_cancelled: Callable[[], bool],
         write_message(sock, message)
     except OSError as exc:
         sock.close()
-        client.send_error(f"the instance holding this text session cannot be reached ({exc}); start a new "
+        client.send_error(f"the instance holding this text session cannot be reached ({error_text(exc)}); start a new "
                           f"session", ErrorKind.UNAVAILABLE)
         return
     sock.settimeout(READ_TIMEOUT_S)  # within a message; between messages select() waits
@@ -241,10 +242,11 @@ def relay(path: Path, message: dict, client, is_cancelled: Callable[[], bool],
             if final:
                 return
     except (OSError, ValueError) as exc:
-        client.send_error(f"relay to the instance holding this text session failed: {exc}", ErrorKind.UNAVAILABLE)
+        client.send_error(f"relay to the instance holding this text session failed: {error_text(exc)}",
+                          ErrorKind.UNAVAILABLE)
     except Exception as exc:  # never leave the client without its final response
         log.exception("session relay failed")
-        client.send_error(f"internal error: session relay: {exc}", ErrorKind.INTERNAL)
+        client.send_error(f"internal error: session relay: {error_text(exc)}", ErrorKind.INTERNAL)
     finally:
         sock.close()
 

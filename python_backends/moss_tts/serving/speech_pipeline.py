@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Optional, Protocol
 import numpy as np
 
 from ..contract import N_VQ, SAMPLE_RATE, SAMPLES_PER_FRAME, ErrorKind, ServingError, classify, is_shutting_down
+from ..error_text import error_text
 
 log = logging.getLogger(__name__)
 NO_CODES = np.zeros((0, N_VQ), np.int32)
@@ -151,7 +152,7 @@ class SpeechStream:
             self.client.send_error(str(exc), exc.kind)
         except Exception as exc:  # never leave the client without its final response
             log.exception("speech stream failed")
-            self.client.send_error(f"internal error: {exc}", ErrorKind.INTERNAL)
+            self.client.send_error(f"internal error: {error_text(exc)}", ErrorKind.INTERNAL)
         finally:
             self._close_vocoder()
 

@@ -40,6 +40,7 @@ import torch
 
 from ..contract import ErrorKind
 from ..engine.stats import BATCH_SIZE_BUCKETS, Histogram
+from ..error_text import error_text
 from ..parameters import config_fields
 from .speech_pipeline import SHUTTING_DOWN, ChildError
 from .vocoder_sessions import NoFreeSlot, PendingAudio, VocoderSessions
@@ -200,7 +201,7 @@ class VocoderWorker:
         try:
             codes = self.sessions.check(seq, np.asarray(codes))  # numpy only: no GIL hand-off
         except (TypeError, ValueError) as exc:  # np.asarray raises either for what is no array
-            raise ChildError(f"vocoder codes refused: {exc}", ErrorKind.INVALID_ARGUMENT) from None
+            raise ChildError(f"vocoder codes refused: {error_text(exc)}", ErrorKind.INVALID_ARGUMENT) from None
         job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done,
                         time.monotonic() if deadline is None else deadline)
         with self._cond:
@@ -273,7 +274,8 @@ class VocoderWorker:
         except Exception as exc:  # a defect here: fail the round, keep serving
             log.exception("vocoder round failed")
             heads = [spans[0][0] for spans in work] if isinstance(work, list) else work.heads
-            self._fail(heads, ChildError(f"vocoder round failed: {exc!r}", ErrorKind.INTERNAL))
+            failure = ChildError(f"vocoder round failed: {error_text(exc, with_type=True)}", ErrorKind.INTERNAL)
+            self._fail(heads, failure)
             return None
         finally:
             self._round_started = None
@@ -362,7 +364,7 @@ class VocoderWorker:
             kind = ErrorKind.UNAVAILABLE if isinstance(exc, torch.cuda.OutOfMemoryError) else ErrorKind.INTERNAL
             log.exception("vocoder decode failed for %d sequences", len(pieces))
             self._fail([spans[0][0] for spans in plan.values()],
-                       ChildError(f"vocoder decode failed: {exc}; the stream was ended", kind))
+                       ChildError(f"vocoder decode failed: {error_text(exc)}; the stream was ended", kind))
             return None
         for spans in plan.values():
             for job, take in spans:
@@ -378,7 +380,7 @@ class VocoderWorker:
             log.exception("vocoder decode failed for %d sequences", len(round_.plan))
             for job in round_.heads:
                 job.position = job.launched  # no longer in flight: _fail may drop it
-            self._fail(round_.heads, ChildError(f"vocoder decode failed: {exc}; the stream was ended",
+            self._fail(round_.heads, ChildError(f"vocoder decode failed: {error_text(exc)}; the stream was ended",
                                                 ErrorKind.INTERNAL))
             return
         for seq, spans in round_.plan.items():

@@ -1,0 +1,58 @@
+"""The WebSocket's options message (docs/websocket.md) -> SessionOptions + the session's moss_tts inputs.
+
+Everything the options name is checked here, before the connection answers session.started, so
+that a bad message is an `error` event the client can follow with other options: the schema and
+the model as POST /v1/audio/speech checks them, a saved voice, and a reference. A reference is
+encoded once, by the server's `ref_encoder` (undecodable or too long audio: the same 4xx as the
+HTTP endpoint), and its codes go with the session's first request as REFERENCE_CODES instead of
+the audio; sent as audio, a bad reference would only fail the session at the first text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from fastapi import FastAPI
+from pydantic import Field, ValidationError, field_validator
+
+from . import errors
+from .config import ShimConfig
+from .errors import ApiError
+from .references import load_reference
+from .schema import SpeechRequest, triton_options
+from .voice_api import saved_voice_inputs
+
+
+class SessionOptions(SpeechRequest):
+    """The first message: POST /v1/audio/speech's fields without `input` (the text comes later) and
+    always streaming; response_format pcm (default) or wav."""
+
+    type: str = Field("options", pattern="^options$")
+    input: str = ""
+    response_format: str = "pcm"
+    stream: Optional[bool] = True
+
+    @field_validator("input")
+    @classmethod
+    def _no_input(cls, text: str) -> str:
+        if text:
+            raise ValueError('the text comes in {"type": "text"} messages, not with the options')
+        return text
+
+
+async def session_inputs(data: dict, app: FastAPI, config: ShimConfig) -> tuple[SessionOptions, dict]:
+    """The options and the moss_tts inputs of every request (the voice ones go with the first
+    only: SessionRequests); ApiError, as the HTTP endpoint would answer, for bad options."""
+    try:
+        speech = SessionOptions.model_validate_json(json.dumps(data))
+    except ValidationError as exc:
+        raise errors.from_validation(exc) from None
+    if speech.model is not None and speech.model not in config.model_names:
+        raise ApiError(404, f"model {speech.model!r} is not served here; use one of "
+                       f"{list(config.model_names)}", param="model", code="model_not_found")
+    values = {**triton_options(speech), **await saved_voice_inputs(app, speech)}
+    if speech.reference is not None:
+        audio = await load_reference(*speech.reference, config)
+        values["REFERENCE_CODES"] = await app.state.triton.encode_reference(audio)
+    return speech, values
