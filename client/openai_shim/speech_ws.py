@@ -21,7 +21,6 @@ import uuid
 from typing import Optional
 
 import grpc
-import numpy as np
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from pydantic import Field, ValidationError, field_validator
 
@@ -29,7 +28,8 @@ from moss_tts import contract
 from moss_tts.session_requests import SessionRequests
 from moss_tts.text_segments import TextSegmenter
 
-from . import audio_format, errors
+from . import errors
+from .audio_output import NO_AUDIO, AudioOutput
 from .config import ShimConfig
 from .errors import ApiError
 from .references import load_reference
@@ -46,12 +46,20 @@ NORMAL, UNSUPPORTED_DATA, POLICY, SERVER_ERROR, TRY_LATER = 1000, 1003, 1008, 10
 
 class SessionOptions(SpeechRequest):
     """The first message: POST /v1/audio/speech's fields without `input` (the text comes later) and
-    always streaming; response_format pcm (default) or wav."""
+    always streaming; response_format pcm (default) or wav, at OpenAI's 24 kHz mono unless
+    `sample_rate` / `channels` say otherwise, as over HTTP."""
 
     type: str = Field("options", pattern="^options$")
     input: str = ""
     response_format: str = "pcm"
     stream: Optional[bool] = True
+
+    @field_validator("response_format")
+    @classmethod
+    def _raw_format(cls, name: str) -> str:
+        if name not in ("pcm", "wav"):
+            raise ValueError(f"the WebSocket sends pcm or wav, not {name!r}")
+        return name
 
     @field_validator("input")
     @classmethod
@@ -182,13 +190,13 @@ class WsSession:
                 break
             except ApiError as exc:
                 await self.send_event(error_event(exc))
-        fmt = audio_format.FORMATS[self.speech.response_format]
-        self.encoder = audio_format.StreamEncoder(fmt)
+        spec = self.speech.output
+        self.output = AudioOutput(spec)  # one stream for the session: its segments join without a seam
         await self.send_event({"type": "session.started", "session_id": self.session_id,
-                               "response_format": fmt.name, "sample_rate": contract.SAMPLE_RATE,
-                               "channels": audio_format.CHANNELS, "sample_format": "s16le"})
-        if fmt.name == "wav":  # the header (of unknown length) first, as the HTTP stream sends it
-            await self.ws.send_bytes(self.encoder.encode(np.zeros((audio_format.CHANNELS, 0), np.float32)))
+                               "response_format": spec.format.name, "sample_rate": spec.sample_rate,
+                               "channels": spec.channels, "sample_format": "s16le"})
+        if spec.format.name == "wav":  # the header (of unknown length) first, as the HTTP stream sends it
+            await self.ws.send_bytes(self.output.push(NO_AUDIO))
 
         async def requests():
             while (request := await self.requests.get()) is not None:
@@ -204,9 +212,8 @@ class WsSession:
             speech = SessionOptions.model_validate_json(json.dumps(data))
         except ValidationError as exc:
             raise errors.from_validation(exc) from None
-        if speech.model is not None and speech.model not in self.config.model_names:
-            raise ApiError(404, f"model {speech.model!r} is not served here; use one of "
-                           f"{list(self.config.model_names)}", param="model", code="model_not_found")
+        if speech.model is not None and not self.config.serves(speech.model):
+            raise errors.model_not_found(speech.model, self.config.served_names)
         values = {**triton_options(speech), **await saved_voice_inputs(self.app, speech)}
         if speech.reference is not None:
             values["REFERENCE_AUDIO"] = await load_reference(*speech.reference, self.config)
@@ -297,7 +304,8 @@ class WsSession:
             audio = result.as_numpy("AUDIO")
             if audio is not None and audio.size:
                 frames += audio.shape[1] // contract.SAMPLES_PER_FRAME
-                await self.ws.send_bytes(self.encoder.encode(audio))
+                if data := self.output.push(audio):
+                    await self.ws.send_bytes(data)
             if not response.parameters["triton_final_response"].bool_param:
                 continue
             index = self.plan.segment_of(response.id)
@@ -308,6 +316,8 @@ class WsSession:
             if response.id == self.plan.end_id:
                 self.is_done = True
                 self.requests.put_nowait(None)
+                if tail := self.output.finish():  # the resampler's last milliseconds
+                    await self.ws.send_bytes(tail)
                 await self.send_event({"type": "done", "segments": len(self.segments), "frames": total})
                 await self.ws.close(NORMAL, "done")
                 return
