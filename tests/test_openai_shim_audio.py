@@ -216,3 +216,32 @@ def test_close_never_frees_the_encoder_under_a_running_push(monkeypatch):
     worker.join(10)
     assert encoder.closed  # the push closed it on its way out
     output.close()  # twice is fine
+
+
+# --- the app: first bytes after one chunk, with no second chunk in sight ----------------------------
+
+@pytest.mark.parametrize("name", ["pcm", "wav", "flac", "mp3", "opus", "aac"])
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_the_first_chunk_leaves_before_a_second_exists(name, stream_format):
+    """The fake server sends one 2-frame chunk and then nothing (it hangs): the client already has
+    that chunk's audio, decodable, in every format, over chunked audio and over SSE."""
+    import base64
+    import json
+
+    import httpx
+
+    from test_openai_shim_units import FakeStream, fake_shim
+
+    triton, shim = fake_shim(FakeStream([noise(2)], then="hang"))
+    with shim as url, httpx.stream("POST", f"{url}/v1/audio/speech", timeout=30, json={
+            "input": "Hi.", "response_format": name, "stream_format": stream_format}) as response:
+        assert response.status_code == 200
+        received = b""
+        # kept referenced: a dropped generator closes the response
+        pieces = response.iter_bytes() if stream_format == "audio" else (
+            base64.b64decode(json.loads(line[6:])["audio"]) for line in response.iter_lines() if line.startswith("data: "))
+        for data in pieces:
+            received += data
+            if (len(received) // 2 if name == "pcm" else decoded(received, name)[0]) > 0:
+                break
+        assert not triton.stream.closed.is_set()  # still waiting for the server's second chunk
