@@ -31,7 +31,8 @@ from aiohttp import web
 
 FRAME_S = 0.08  # one codec frame
 TEXTS = ("Hello there. This is a check of the speech path.", "Voice agents speak through OpenAI compatible services.",
-         "The quick brown fox jumps over the lazy dog.", "One more sentence, to be sure.")
+         "The quick brown fox jumps over the lazy dog.", "One more sentence, to be sure.",
+         "Numbers too: one, two, three.", "And the last one ends here.")
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "host", "keep-alive"}
 FRAMES_SERIES = re.compile(r'^moss_engine\{[^}]*stat="frames_generated"[^}]*\} (\S+)$', re.M)
 IN_FLIGHT_SERIES = re.compile(r'^moss_tts_requests\{[^}]*stat="in_flight"[^}]*\} (\S+)$', re.M)
