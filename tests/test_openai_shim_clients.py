@@ -156,3 +156,20 @@ def test_a_whole_response_has_completed_headers(openai_shim):
             "input": TEXT, "response_format": name, "stream": False, **fixed(8, native=False)})
         assert int(response.headers["content-length"]) == len(response.content)
         assert decoded(response.content, name) == (8 * SPF_24K, 24000, 1)
+
+
+def test_the_websocket_sends_the_same_pcm_openais_by_default(openai_shim):
+    """One session, two segments: 24 kHz mono, as session.started says, exactly frames x 1920 samples
+    (the resampler runs across the segments and its tail comes before `done`)."""
+    from websockets.sync.client import connect
+
+    from test_openai_shim_ws import read_all, send, start, ws_url
+
+    with connect(ws_url(openai_shim)) as ws:
+        started = start(ws, seed=5, max_new_tokens=4, ignore_stop=True)
+        assert (started["response_format"], started["sample_rate"], started["channels"]) == ("pcm", 24000, 1)
+        send(ws, type="text", text="First sentence here. And a second one.")
+        send(ws, type="end")
+        audio, events, _ = read_all(ws)
+    assert events[-1] == {"type": "done", "segments": 2, "frames": 8}
+    assert len(audio) == 8 * SPF_24K * 2

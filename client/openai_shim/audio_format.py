@@ -2,7 +2,7 @@
 
 The server makes 48 kHz stereo float32 (`SAMPLE_RATE`, `CHANNELS`). Every format carries OpenAI's
 audio unless the request says otherwise: 24 kHz mono (`OPENAI_SAMPLE_RATE`, `OPENAI_CHANNELS`).
-Why every format, not only `pcm` (docs/openai_clients.md has the measurements):
+Why every format, not only `pcm` (README, "Voice agents", has the measurements):
 - `pcm` has no header: Pipecat and LiveKit frame its bytes as 24 kHz mono s16le, as OpenAI defines it.
 - `wav`: LiveKit's WAV decoder resamples the header's rate to 24 kHz but keeps its channel count,
   while the plugin declares one channel; 48 kHz stereo reached its listeners as 2-channel frames.
