@@ -14,7 +14,7 @@ server's own stream, sent without any conversion.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import av
@@ -51,8 +51,7 @@ def _with_encoder_rates(fmt: AudioFormat) -> Optional[AudioFormat]:
     if fmt.codec not in av.codecs_available:
         return None
     rates = av.codec.Codec(fmt.codec, "w").audio_rates  # None: any rate
-    allowed = tuple(rate for rate in fmt.sample_rates if rates is None or rate in rates)
-    return AudioFormat(fmt.name, fmt.media_type, fmt.muxer, fmt.codec, fmt.sample_format, allowed)
+    return replace(fmt, sample_rates=tuple(rate for rate in fmt.sample_rates if rates is None or rate in rates))
 
 
 _CANDIDATES = (
