@@ -231,8 +231,8 @@ async def collect(stream: AudioStream) -> list[np.ndarray]:
 
 async def encoded(first: np.ndarray, stream: AudioStream, output: AudioOutput) -> AsyncIterator[bytes]:
     """The response's bytes as each chunk completes them (empty pieces left out), then the rest.
-    Encoding runs on a worker thread (FFmpeg releases the GIL): an mp3 costs 2% (24 kHz mono) to 8%
-    (48 kHz stereo) of one core per second of audio, which would otherwise stall every other stream
+    Encoding runs on a worker thread (FFmpeg releases the GIL): an mp3 costs 3% (24 kHz mono) to 9%
+    (48 kHz stereo) of one core per second of audio (README, "Audio"), which would otherwise stall every other stream
     of this event loop."""
     try:
         chunk = first
