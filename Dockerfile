@@ -37,7 +37,7 @@ FROM python:3.11-slim-bookworm AS shim
 WORKDIR /opt/moss-tts-triton
 COPY requirements.txt ./
 COPY scripts/pins.py scripts/
-RUN python3 scripts/pins.py numpy soundfile "tritonclient[grpc]" fastapi python-multipart uvicorn websockets \
+RUN python3 scripts/pins.py numpy soundfile soxr av "tritonclient[grpc]" fastapi python-multipart uvicorn websockets \
       pydantic httpx \
       > /tmp/shim-requirements.txt \
  && pip install --no-cache-dir -r /tmp/shim-requirements.txt && rm /tmp/shim-requirements.txt

@@ -151,6 +151,19 @@ def test_the_device_pack_takes_its_versions_from_the_pin_list():
     assert 'export MOSS_STACK="$(python3 scripts/pins.py --stack)' in pack and "$_pack/PINS" in pack
 
 
+def test_the_agent_frameworks_stay_out_of_the_servers_venv():
+    """Pipecat and LiveKit pull numpy 2 (the 24.10 stub needs 1.x): scripts/check_agents.sh installs
+    their own exact pins into .agents-venv, never into .venv."""
+    agents = pins_module.read_pins((ROOT / "requirements-agents.txt").read_text())
+    lines = [line for line in (ROOT / "requirements-agents.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert len(agents) == len(lines) >= 3, "pin every framework exactly (name==version)"
+    assert not agents.keys() & PINS.keys(), "a framework in requirements.txt would reach the server's .venv"
+    check = code(ROOT / "scripts" / "check_agents.sh")
+    assert "venv=.agents-venv" in check and '"$venv/bin/pip" install' in check and "-r requirements-agents.txt" in check
+    assert ".venv/bin/pip" not in check and "/.agents-venv/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
 def test_the_stack_line_shows_a_mismatch_in_bold():
     versions = {"torch": f"{PINS['torch']}+cu130", "triton": PINS["triton"]}
     assert pins_module.stack_line(PIN_TEXT, versions.get) == (

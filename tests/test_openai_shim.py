@@ -18,7 +18,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from client.openai_shim import audio_format
+from client.openai_shim.audio_encode import to_pcm16
 from client.openai_shim.triton_stream import build_inputs as shim_inputs
 from client.tts_client import InferenceServerException, TTSClient, build_inputs, error_code
 from http_endpoint import HttpEndpoint
@@ -38,9 +38,13 @@ def sdk(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def fixed(frames: int, **extra) -> dict:
-    """extra_body for an exact length: seeded, max_new_tokens frames, never stopping early."""
-    return {"seed": 7, "max_new_tokens": frames, "ignore_stop": True, **extra}
+NATIVE = {"sample_rate": 48000, "channels": 2}  # the server's own stream (the default is OpenAI's 24 kHz mono)
+
+
+def fixed(frames: int, native: bool = True, **extra) -> dict:
+    """extra_body for an exact length: seeded, max_new_tokens frames, never stopping early; by default
+    in the native 48 kHz stereo, whose bytes equal the gRPC client's."""
+    return {"seed": 7, "max_new_tokens": frames, "ignore_stop": True, **(NATIVE if native else {}), **extra}
 
 
 def tone_wav(seconds: float, freq: float, rate: int = 24000) -> bytes:
@@ -57,7 +61,7 @@ def data_uri(wav: bytes) -> str:
 def grpc_pcm(triton, frames: int) -> bytes:
     """The same utterance straight from tritonserver, as s16le."""
     audio = TTSClient(triton.grpc_url).synthesize(build_inputs(TEXT, seed=7, max_frames=frames, ignore_stop=True))
-    return audio_format.to_pcm16(audio.audio)
+    return to_pcm16(audio.audio.T)
 
 
 def assert_same_pcm(a: bytes, b: bytes) -> None:
@@ -80,12 +84,13 @@ def pcm_40(triton) -> bytes:
 
 # --- the official SDK ------------------------------------------------------------------------------
 
-def test_sdk_create_wav_is_48k_stereo_of_exact_length(openai_shim):
-    response = sdk(openai_shim.url).audio.speech.create(model=MODEL, voice="alloy", input=TEXT,
-                                                        response_format="wav", extra_body=fixed(8))
-    audio, rate = sf.read(io.BytesIO(response.content), dtype="float32")
-    assert rate == 48000 and audio.shape == (8 * SPF, 2)
-    assert np.abs(audio).max() > 0
+def test_sdk_create_wav_is_openai_audio_or_native_of_exact_length(openai_shim):
+    for extra, rate, shape in ((fixed(8, native=False), 24000, (8 * SPF // 2,)), (fixed(8), 48000, (8 * SPF, 2))):
+        response = sdk(openai_shim.url).audio.speech.create(model=MODEL, voice="alloy", input=TEXT,
+                                                            response_format="wav", extra_body=extra)
+        audio, read_rate = sf.read(io.BytesIO(response.content), dtype="float32")  # a streamed wav reads to its end
+        assert read_rate == rate and audio.shape == shape
+        assert np.abs(audio).max() > 0
 
 
 def test_pcm_equals_the_grpc_client_and_documents_itself(openai_shim, triton):
@@ -97,13 +102,15 @@ def test_pcm_equals_the_grpc_client_and_documents_itself(openai_shim, triton):
     assert_same_pcm(raw.content, grpc_pcm(triton, 8))
 
 
-@pytest.mark.parametrize("name", [name for name in ("flac", "mp3", "opus") if name in audio_format.FORMATS])
-def test_compressed_formats_parse_at_48k_stereo(openai_shim, name):
+@pytest.mark.parametrize("name", ["flac", "mp3", "opus", "aac"])
+def test_compressed_formats_decode_at_48k_stereo_when_asked(openai_shim, name):
+    from test_openai_shim_audio import decoded
+
     response = sdk(openai_shim.url).audio.speech.create(model=MODEL, voice="default", input=TEXT,
                                                         response_format=name, extra_body=fixed(8))
-    audio, rate = sf.read(io.BytesIO(response.content), dtype="float32")
-    assert rate == 48000 and audio.shape[1] == 2
-    assert audio.shape[0] == 8 * SPF if name == "flac" else abs(audio.shape[0] - 8 * SPF) < SPF  # codec padding
+    samples, rate, channels = decoded(response.content, name)
+    assert (rate, channels) == (48000, 2)
+    assert samples == 8 * SPF if name == "flac" else 8 * SPF <= samples < 9 * SPF  # codec padding: under a frame
 
 
 def test_streamed_raw_wav_arrives_in_several_reads_and_equals_the_whole(openai_shim, pcm_40):
@@ -174,7 +181,7 @@ def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, 
 def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
     """A non-streamed request whose client leaves while the server is still generating."""
     before = triton.wait_for_metrics(triton.is_idle)
-    body = json.dumps({"input": TEXT, **fixed(1900)}).encode()
+    body = json.dumps({"input": TEXT, "stream": False, **fixed(1900)}).encode()
     port = int(openai_shim.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -189,7 +196,7 @@ def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
 
 def test_models_and_health(openai_shim):
     ids = [model.id for model in sdk(openai_shim.url).models.list()]
-    assert ids == ["moss-tts", "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5"]
+    assert ids == ["moss-tts", "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
     health = httpx.get(f"{openai_shim.url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
@@ -253,9 +260,11 @@ def _bad_cases():
         ("int32 overflow", {**ok, "top_k": 2**32 + 5}, 400, "top_k", "less than or equal to 2147483647"),
         ("speed", {**ok, "speed": 1.5}, 400, "speed", "not supported"),
         ("preset voice", {**ok, "voice": "vivian"}, 400, "voice", "no preset voices"),
-        ("aac", {**ok, "response_format": "aac"}, 400, "response_format", "no encoder"),
-        ("stream flac", {**ok, "response_format": "flac", "stream": True}, 400, "response_format", "streaming"),
-        ("unknown model", {**ok, "model": "tts-1"}, 404, "model", "not served here"),
+        ("unknown format", {**ok, "response_format": "ogg"}, 400, "response_format", "'ogg' is unknown"),
+        ("opus at 22050 Hz", {**ok, "response_format": "opus", "sample_rate": 22050}, 400, "sample_rate",
+         "opus carries 8000, 12000, 16000, 24000 or 48000 Hz, not 22050"),
+        ("three channels", {**ok, "channels": 3}, 400, "channels", "channels must be 1 (mono, OpenAI's) or 2"),
+        ("unknown model", {**ok, "model": "whisper-1"}, 404, "model", "not served here"),
         ("invalid JSON", b'{"input": "Hello', 400, None, "Invalid JSON"),
         ("body too large", {**ok, "input": "x" * 1_000_001}, 413, None, "--max-body-bytes"),
         ("reference too large", {**ok, "ref_audio": data_uri(b"x" * 200_001)}, 413, "ref_audio", "larger than"),
@@ -316,7 +325,7 @@ def test_sdk_raises_the_openai_error_types(openai_shim):
         client.audio.speech.create(model=MODEL, voice="default", input=TEXT, speed=2.0)
     assert info.value.status_code == 400 and info.value.body["param"] == "speed"
     with pytest.raises(openai.NotFoundError):
-        client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+        client.audio.speech.create(model="whisper-1", voice="alloy", input=TEXT)
 
 
 def test_shim_and_server_keep_serving_after_bad_requests(openai_shim, triton):

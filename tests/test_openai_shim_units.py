@@ -1,4 +1,5 @@
-"""The OpenAI-compatible shim without tritonserver: schema, mapping, references, formats, errors."""
+"""The OpenAI-compatible shim without tritonserver: schema, mapping, references, errors, the app
+around a fake stream (the audio conversion and encoders: test_openai_shim_audio.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import soundfile as sf
 from pydantic import ValidationError
 
-from client.openai_shim import audio_format, errors
+from client.openai_shim import errors
 from client.openai_shim.config import ConfigError, ShimConfig
 from client.openai_shim.errors import ApiError
 from client.openai_shim.references import load_reference
@@ -44,7 +45,8 @@ def sent(request: SpeechRequest) -> dict:
 def test_minimal_request_sends_only_stream():
     request = parse()
     assert sent(request) == {"STREAM": True}
-    assert request.response_format == "wav" and request.voice == "default" and not request.is_streaming
+    assert request.response_format == "wav" and request.voice == "default" and request.is_streaming  # as OpenAI
+    assert (request.output.sample_rate, request.output.channels) == (24000, 1)  # OpenAI's audio
 
 
 def test_every_moss_field_maps_to_its_triton_input():
@@ -74,8 +76,16 @@ def test_aliases_and_defaults_that_send_nothing():
 
 
 def test_streaming_switches():
-    assert parse(stream=True).is_streaming and parse(stream_format="sse").is_streaming
-    assert parse(stream=True, response_format="pcm").is_streaming and not parse(stream=False).is_streaming
+    assert parse().is_streaming and parse(stream=True).is_streaming and parse(stream_format="sse").is_streaming
+    assert not parse(stream=False).is_streaming and not parse(stream=False, response_format="mp3").is_streaming
+
+
+@pytest.mark.parametrize("name", ["pcm", "wav", "flac", "mp3", "opus", "aac"])
+def test_every_format_streams_and_the_native_stream_is_an_extension_away(name):
+    assert parse(response_format=name, stream=True).is_streaming
+    assert parse(response_format=name, stream_format="sse").is_streaming
+    native = parse(response_format=name, sample_rate=48000, channels=2).output
+    assert (native.format.name, native.sample_rate, native.channels, native.is_native) == (name, 48000, 2, True)
 
 
 @pytest.mark.parametrize("body, param, fragment", [
@@ -93,11 +103,14 @@ def test_streaming_switches():
     (dict(speed=1.25), "speed", "no speed control"),
     (dict(voice={"name": "x"}), "voice", 'or {"id": "voice_..."}'),
     (dict(voice="vivian", ref_audio="data:,x"), "voice", "a saved voice is a reference already"),
-    (dict(response_format="aac"), "response_format", "no encoder here"),
     (dict(response_format="ogg"), "response_format", "is unknown"),
+    (dict(response_format="opus", sample_rate=22050), "sample_rate",
+     "opus carries 8000, 12000, 16000, 24000 or 48000 Hz, not 22050"),
+    (dict(sample_rate=96000), "sample_rate", "not 96000; leave sample_rate out for 24000"),
+    (dict(channels=6), "channels", "channels must be 1 (mono, OpenAI's) or 2"),
+    (dict(sample_rate="48000"), "sample_rate", "valid integer"),
     (dict(stream_format="websocket"), "stream_format", "'audio' or 'sse'"),
     (dict(task_type="Base"), "task_type", "must be one of"),
-    (dict(stream=True, response_format="flac"), "response_format", "streaming sends pcm or wav"),
     (dict(stream=False, stream_format="sse"), "stream", "always streams"),
     (dict(task_type="continuation"), "task_type", "needs the audio to continue"),
     (dict(ref_text="words"), "ref_text", "give ref_audio too"),
@@ -242,52 +255,6 @@ def test_url_references_with_limits(file_server):
     assert "within 0.5 s" in load_error(f"{file_server}/slow.wav", config).message
 
 
-# --- audio formats --------------------------------------------------------------------------------
-
-def noise(frames: int) -> np.ndarray:
-    return (np.random.default_rng(0).standard_normal((2, frames * SPF)) * 0.1).astype(np.float32)
-
-
-def test_pcm16_is_interleaved_clipped_and_rounded():
-    audio = np.array([[0.5, -2.0, 1.0], [-0.5, 2.0, 0.0]], np.float32)
-    pcm = np.frombuffer(audio_format.to_pcm16(audio), "<i2")
-    assert pcm.tolist() == [16384, -16384, -32767, 32767, 32767, 0]
-
-
-@pytest.mark.parametrize("name", sorted(audio_format.FORMATS))
-def test_whole_formats_are_48k_stereo(name):
-    fmt = audio_format.FORMATS[name]
-    audio = noise(4)
-    data = audio_format.encode(audio, fmt)
-    if name == "pcm":
-        assert len(data) == 4 * SPF * 2 * 2
-        return
-    decoded, rate = sf.read(io.BytesIO(data), dtype="float32")
-    assert rate == 48000 and decoded.shape[1] == 2
-    if name in ("wav", "flac"):  # lossless: exact length, 16-bit error only
-        assert decoded.shape[0] == 4 * SPF and np.abs(decoded.T - audio).max() < 1e-4
-    assert fmt.headers()["X-Sample-Rate"] == "48000" and fmt.headers()["X-Channels"] == "2"
-
-
-def test_formats_available_here():
-    assert {"wav", "pcm", "flac"} <= set(audio_format.FORMATS)
-    assert "aac" not in audio_format.FORMATS
-
-
-def test_streamed_wav_parses_and_counts_frames():
-    encoder = audio_format.StreamEncoder(audio_format.FORMATS["wav"])
-    chunks = [noise(1), noise(3)]
-    data = b"".join(encoder.encode(chunk) for chunk in chunks)
-    decoded, rate = sf.read(io.BytesIO(data), dtype="int16")
-    assert rate == 48000 and decoded.shape == (4 * SPF, 2) and encoder.num_frames == 4
-    assert data[44:] == audio_format.to_pcm16(np.concatenate(chunks, axis=1))
-
-
-def test_streamed_pcm_has_no_header():
-    encoder = audio_format.StreamEncoder(audio_format.FORMATS["pcm"])
-    assert encoder.encode(noise(1)) == audio_format.to_pcm16(noise(1))
-
-
 # --- errors and config ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("message, status, code", [
@@ -311,10 +278,32 @@ def test_triton_errors_map_to_openai_statuses(message, status, code):
     assert set(error.body()["error"]) == {"message", "type", "param", "code"}
 
 
+def noise(frames: int) -> np.ndarray:
+    return (np.random.default_rng(0).standard_normal((2, frames * SPF)) * 0.1).astype(np.float32)
+
+
+def test_openai_model_names_are_aliases_unless_turned_off():
+    config = ShimConfig()
+    assert config.served_names == ("moss-tts", "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5", "tts-1", "tts-1-hd",
+                                   "gpt-4o-mini-tts")
+    assert all(config.serves(name) for name in ("moss-tts", "tts-1", "gpt-4o-mini-tts")) and not config.serves("x")
+    assert ShimConfig(model_aliases=()).served_names == ShimConfig().model_names
+    assert ShimConfig(model_names=("a",), model_aliases=("a", "b")).served_names == ("a", "b")
+
+
+def test_alias_flags():
+    from client.openai_shim.__main__ import model_aliases, parse_args
+
+    assert model_aliases(parse_args([])) == ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+    assert model_aliases(parse_args(["--model-alias", "my-tts"])) == ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "my-tts")
+    assert model_aliases(parse_args(["--no-openai-model-names", "--model-alias", "a", "--model-alias", "b"])) == ("a", "b")
+    assert model_aliases(parse_args(["--no-openai-model-names"])) == ()
+
+
 def test_config_is_validated_once(tmp_path):
     assert ShimConfig(reference_dir=tmp_path / ".").reference_dir == tmp_path.resolve()
     for bad in (dict(port=70000), dict(max_body_bytes=0), dict(response_timeout_s=float("nan")),
-                dict(model_names=()), dict(reference_dir=tmp_path / "missing")):
+                dict(model_names=()), dict(model_aliases=(" ",)), dict(reference_dir=tmp_path / "missing")):
         with pytest.raises(ConfigError):
             ShimConfig(**bad)
 
@@ -388,7 +377,7 @@ def test_the_app_sends_the_mapped_inputs_and_the_reference_bytes():
     with shim as url:
         response = httpx.post(f"{url}/v1/audio/speech", json={"input": "Hi.", "ref_audio": data_uri(WAV), "seed": 5,
                                                               "response_format": "pcm"})
-    assert response.status_code == 200 and len(response.content) == 2 * SPF * 4
+    assert response.status_code == 200 and len(response.content) == 2 * 1920 * 2  # 2 frames, 24 kHz mono s16le
     assert triton.values["TEXT"] == "Hi." and triton.values["REFERENCE_AUDIO"] == WAV and triton.values["SEED"] == 5
     assert triton.stream.closed.is_set()
 
@@ -407,8 +396,8 @@ def test_error_mid_stream_cuts_a_raw_stream():
     triton, shim = fake_shim(FakeStream([noise(1)], then="error"))
     received = b""
     with shim as url, pytest.raises(httpx.RemoteProtocolError):
-        with httpx.stream("POST", f"{url}/v1/audio/speech", json={"input": "Hi.", "stream": True,
-                                                                  "response_format": "pcm"}) as response:
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json={"input": "Hi.", "stream": True, "sample_rate": 48000,
+                                                                  "channels": 2, "response_format": "pcm"}) as response:
             for data in response.iter_bytes():
                 received += data
     assert len(received) == SPF * 4  # the chunk before the failure arrived; then no clean end

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.triton
 SPF = 3840  # samples per frame per channel
 FRAME_BYTES = SPF * 2 * 2  # s16le stereo
 FRAMES = 6
-OPTIONS = {"seed": 5, "max_new_tokens": FRAMES, "ignore_stop": True, "initial_codec_chunk_frames": 2}
-LONG = {"seed": 1, "max_new_tokens": 1900, "ignore_stop": True, "initial_codec_chunk_frames": 1}
+NATIVE = {"sample_rate": 48000, "channels": 2}  # the server's own stream: FRAME_BYTES per frame, exactly
+OPTIONS = {"seed": 5, "max_new_tokens": FRAMES, "ignore_stop": True, "initial_codec_chunk_frames": 2, **NATIVE}
+LONG = {"seed": 1, "max_new_tokens": 1900, "ignore_stop": True, "initial_codec_chunk_frames": 1, **NATIVE}
 CANCELLED = 'moss_tts_sessions{stat="cancelled"}'
 
 

@@ -77,7 +77,7 @@ def test_saved_voices_through_the_sdk_survive_a_restart(triton, tmp_path):
     import openai
     import soundfile as sf
 
-    from client.openai_shim import audio_format
+    from client.openai_shim.audio_encode import to_pcm16
     from client.tts_client import TTSClient, build_inputs
     from shim_server import start_shim, stop_shim
 
@@ -86,7 +86,7 @@ def test_saved_voices_through_the_sdk_survive_a_restart(triton, tmp_path):
     sf.write(buffer, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 24000, format="WAV")
     wav = buffer.getvalue()
     voices_dir = tmp_path / "voices"
-    fixed = {"seed": 7, "max_new_tokens": 6, "ignore_stop": True}
+    fixed = {"seed": 7, "max_new_tokens": 6, "ignore_stop": True, "sample_rate": 48000, "channels": 2}
 
     def speak(client, voice, **extra):
         return client.audio.speech.create(model="moss-tts", voice=voice, input="Hello there.", response_format="pcm",
@@ -119,7 +119,7 @@ def test_saved_voices_through_the_sdk_survive_a_restart(triton, tmp_path):
         codes = VoiceStore(voices_dir).codes(VoiceStore(voices_dir).get("narrator"))
         grpc_audio = TTSClient(triton.grpc_url).synthesize(
             build_inputs("Hello there.", reference_codes=codes, seed=7, max_frames=6, ignore_stop=True)).audio
-        assert audio_format.to_pcm16(grpc_audio) == cloned
+        assert to_pcm16(grpc_audio.T) == cloned
         client.audio.voices.delete(voice.id)
         with pytest.raises(openai.NotFoundError):
             client.audio.voices.delete(voice.id)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .config import DEFAULT_MODEL_NAMES, ConfigError, ShimConfig
+from .config import DEFAULT_MODEL_NAMES, OPENAI_MODEL_NAMES, ConfigError, ShimConfig
 from .triton_stream import RESOLVER_SCHEMES
 
 GRACEFUL_SHUTDOWN_S = 10  # open streams get this long on SIGTERM, then they are cut (and cancelled)
@@ -27,6 +27,11 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--triton-model", default=defaults.triton_model)
     p.add_argument("--served-model-name", action="append", dest="model_names",
                    help=f"a model id clients may send (repeatable; default: {', '.join(DEFAULT_MODEL_NAMES)})")
+    p.add_argument("--model-alias", action="append", dest="model_aliases", default=[],
+                   help=f"one more id for the model, listed by /v1/models (repeatable; OpenAI's "
+                        f"{', '.join(OPENAI_MODEL_NAMES)} are aliases already)")
+    p.add_argument("--no-openai-model-names", action="store_true",
+                   help=f"do not serve OpenAI's model names ({', '.join(OPENAI_MODEL_NAMES)}) as aliases")
     p.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
     p.add_argument("--max-input-chars", type=int, default=defaults.max_input_chars)
     p.add_argument("--max-reference-bytes", type=int, default=defaults.max_reference_bytes)
@@ -53,6 +58,11 @@ def parse_args(argv) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:
+    """OpenAI's model names (unless --no-openai-model-names), then every --model-alias."""
+    return (() if args.no_openai_model_names else OPENAI_MODEL_NAMES) + tuple(args.model_aliases)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.metrics_url is None and args.triton_url.startswith(RESOLVER_SCHEMES):
@@ -63,6 +73,7 @@ def main(argv=None) -> int:
         config = ShimConfig(
             triton_url=args.triton_url, triton_model=args.triton_model,
             model_names=tuple(args.model_names or DEFAULT_MODEL_NAMES), host=args.host, port=args.port,
+            model_aliases=model_aliases(args),
             max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
             max_reference_bytes=args.max_reference_bytes, reference_dir=args.reference_dir, voices_dir=args.voices_dir,
             allow_url_references=args.allow_url_references, allow_private_url_hosts=args.allow_private_url_hosts,

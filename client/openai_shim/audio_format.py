@@ -1,112 +1,114 @@
-"""float32 audio [2, samples] at 48 kHz -> the bytes of a response format.
+"""What a response carries: its format, sample rate and channel count (`OutputSpec`).
 
-Whole responses: pcm (raw s16le, interleaved stereo), wav (16-bit PCM), flac (16-bit), mp3, opus
-(Ogg Opus) through soundfile, when the local libsndfile can write them (`FORMATS`).
-Streams (pcm, wav): each Triton chunk becomes its s16le bytes at once; a streamed wav starts with
-a 44-byte header whose sizes are 0xFFFFFFFF ("unknown length"), which soundfile, ffmpeg and
-browsers read to the end of the data.
+The server makes 48 kHz stereo float32 (`SAMPLE_RATE`, `CHANNELS`). Every format carries OpenAI's
+audio unless the request says otherwise: 24 kHz mono (`OPENAI_SAMPLE_RATE`, `OPENAI_CHANNELS`).
+Why every format, not only `pcm` (README, "Voice agents", has the measurements):
+- `pcm` has no header: Pipecat and LiveKit frame its bytes as 24 kHz mono s16le, as OpenAI defines it.
+- `wav`: LiveKit's WAV decoder resamples the header's rate to 24 kHz but keeps its channel count,
+  while the plugin declares one channel; 48 kHz stereo reached its listeners as 2-channel frames.
+- `mp3`, `opus`, `aac`, `flac`: LiveKit decodes them with PyAV and converts to 24 kHz mono itself,
+  so any rate works there; OpenAI's rate and layout keep a client's bytes and CPU at OpenAI's cost.
+The extension fields `sample_rate` and `channels` ask for another rate or layout; 48000 + 2 is the
+server's own stream, sent without any conversion.
 """
 
 from __future__ import annotations
 
-import io
-import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
-import numpy as np
-import soundfile as sf
+import av
 
 SAMPLE_RATE = 48000  # Hz, the MOSS-Audio-Tokenizer-v2 output rate
 CHANNELS = 2
-SAMPLES_PER_FRAME = 3840  # per channel: one 80 ms codec frame
-BYTES_PER_SAMPLE = 2  # s16le
-UNKNOWN_SIZE = 0xFFFFFFFF
+SAMPLES_PER_FRAME = 3840  # per channel at SAMPLE_RATE: one 80 ms codec frame
+OPENAI_SAMPLE_RATE = 24000  # Hz: OpenAI's pcm (24 kHz, 16-bit, mono)
+OPENAI_CHANNELS = 1
+# The rates a response may have: each holds a whole number of samples per 80 ms frame, so a frame
+# count is an exact length at every rate.
+SAMPLE_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+CHANNEL_COUNTS = (1, 2)
 
 
 @dataclass(frozen=True)
 class AudioFormat:
     name: str
     media_type: str
-    sf_format: Optional[str]  # None: raw pcm, written by hand
-    sf_subtype: Optional[str]
+    muxer: Optional[str]  # FFmpeg's container; None: written here (raw pcm, wav)
+    codec: Optional[str]  # FFmpeg's encoder
     sample_format: Optional[str]  # X-Sample-Format; None for lossy codecs
+    sample_rates: tuple[int, ...] = SAMPLE_RATES  # of SAMPLE_RATES, the ones its encoder takes
 
     @property
-    def can_stream(self) -> bool:
-        return self.name in ("pcm", "wav")
+    def is_lossless(self) -> bool:
+        return self.sample_format is not None
 
-    def headers(self) -> dict[str, str]:
-        headers = {"X-Sample-Rate": str(SAMPLE_RATE), "X-Channels": str(CHANNELS)}
-        if self.sample_format:
-            headers["X-Sample-Format"] = self.sample_format
-        return headers
+
+def _with_encoder_rates(fmt: AudioFormat) -> Optional[AudioFormat]:
+    """`fmt` limited to the rates its encoder takes; None when this FFmpeg build lacks the encoder."""
+    if fmt.codec is None:
+        return fmt
+    if fmt.codec not in av.codecs_available:
+        return None
+    rates = av.codec.Codec(fmt.codec, "w").audio_rates  # None: any rate
+    return replace(fmt, sample_rates=tuple(rate for rate in fmt.sample_rates if rates is None or rate in rates))
 
 
 _CANDIDATES = (
-    AudioFormat("wav", "audio/wav", "WAV", "PCM_16", "s16le"),
+    AudioFormat("wav", "audio/wav", None, None, "s16le"),
     AudioFormat("pcm", "audio/pcm", None, None, "s16le"),
-    AudioFormat("flac", "audio/flac", "FLAC", "PCM_16", "s16"),
-    AudioFormat("mp3", "audio/mpeg", "MP3", "MPEG_LAYER_III", None),
-    AudioFormat("opus", "audio/ogg", "OGG", "OPUS", None),
+    AudioFormat("flac", "audio/flac", "flac", "flac", "s16"),
+    AudioFormat("mp3", "audio/mpeg", "mp3", "libmp3lame", None),
+    AudioFormat("opus", "audio/ogg", "ogg", "libopus", None),  # Ogg Opus, as OpenAI's
+    AudioFormat("aac", "audio/aac", "adts", "aac", None),  # ADTS frames: playable from any byte on
 )
-# OpenAI names this server cannot produce (libsndfile has no AAC encoder).
-UNSUPPORTED = ("aac",)
+FORMATS: dict[str, AudioFormat] = {fmt.name: fmt for fmt in map(_with_encoder_rates, _CANDIDATES) if fmt}
+UNSUPPORTED = tuple(fmt.name for fmt in _CANDIDATES if fmt.name not in FORMATS)  # no encoder in this build
 
 
-def _writable(fmt: AudioFormat) -> bool:
-    if fmt.sf_format is None:
-        return True
-    try:
-        return fmt.sf_subtype in sf.available_subtypes(fmt.sf_format)
-    except Exception:  # libsndfile without this container
-        return False
+class SpecError(ValueError):
+    """A sample rate or channel count this format cannot carry; `param` names the request field."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
-FORMATS: dict[str, AudioFormat] = {fmt.name: fmt for fmt in _CANDIDATES if _writable(fmt)}
+@dataclass(frozen=True)
+class OutputSpec:
+    format: AudioFormat
+    sample_rate: int = OPENAI_SAMPLE_RATE
+    channels: int = OPENAI_CHANNELS
 
-
-def to_pcm16(audio: np.ndarray) -> bytes:
-    """[2, n] float32 in [-1, 1] -> interleaved s16le bytes (clipped, rounded)."""
-    assert audio.ndim == 2 and audio.shape[0] == CHANNELS, audio.shape
-    scaled = np.rint(np.clip(audio.T, -1.0, 1.0) * 32767.0)
-    return scaled.astype("<i2").tobytes()
-
-
-def wav_stream_header() -> bytes:
-    block_align = CHANNELS * BYTES_PER_SAMPLE
-    return (b"RIFF" + struct.pack("<I", UNKNOWN_SIZE) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, CHANNELS, SAMPLE_RATE, SAMPLE_RATE * block_align,
-                                    block_align, 8 * BYTES_PER_SAMPLE)
-            + b"data" + struct.pack("<I", UNKNOWN_SIZE))
-
-
-def encode(audio: np.ndarray, fmt: AudioFormat) -> bytes:
-    """A whole utterance in one response."""
-    if fmt.sf_format is None:
-        return to_pcm16(audio)
-    buffer = io.BytesIO()
-    sf.write(buffer, np.ascontiguousarray(audio.T), SAMPLE_RATE, format=fmt.sf_format, subtype=fmt.sf_subtype)
-    return buffer.getvalue()
-
-
-class StreamEncoder:
-    """Chunks of one streamed utterance -> bytes; the first call also carries the wav header."""
-
-    def __init__(self, fmt: AudioFormat):
-        assert fmt.can_stream, fmt.name
-        self.fmt = fmt
-        self.num_samples = 0  # per channel, so far
-        self._started = False
-
-    def encode(self, audio: np.ndarray) -> bytes:
-        header = b""
-        if not self._started:
-            self._started = True
-            header = wav_stream_header() if self.fmt.name == "wav" else b""
-        self.num_samples += audio.shape[1]
-        return header + to_pcm16(audio)
+    @classmethod
+    def of(cls, name: str, sample_rate: Optional[int] = None, channels: Optional[int] = None) -> "OutputSpec":
+        """The spec a request asks for (None = OpenAI's default); SpecError names what to fix."""
+        fmt = FORMATS[name]
+        rate = OPENAI_SAMPLE_RATE if sample_rate is None else sample_rate
+        if rate not in fmt.sample_rates:
+            raise SpecError("sample_rate", f"{fmt.name} carries {_listed(fmt.sample_rates)} Hz, not {rate}; leave "
+                            f"sample_rate out for {OPENAI_SAMPLE_RATE} (OpenAI's), or 48000 for the server's own rate")
+        count = OPENAI_CHANNELS if channels is None else channels
+        if count not in CHANNEL_COUNTS:
+            raise SpecError("channels", f"channels must be 1 (mono, OpenAI's) or 2 (the server's stereo), not {count}")
+        return cls(fmt, rate, count)
 
     @property
-    def num_frames(self) -> int:
-        return self.num_samples // SAMPLES_PER_FRAME
+    def is_native(self) -> bool:
+        """The server's own stream: nothing to resample or downmix."""
+        return (self.sample_rate, self.channels) == (SAMPLE_RATE, CHANNELS)
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Samples per channel of one 80 ms frame at this rate (a whole number for SAMPLE_RATES)."""
+        return SAMPLES_PER_FRAME * self.sample_rate // SAMPLE_RATE
+
+    def headers(self) -> dict[str, str]:
+        headers = {"X-Sample-Rate": str(self.sample_rate), "X-Channels": str(self.channels)}
+        if self.format.sample_format:
+            headers["X-Sample-Format"] = self.format.sample_format
+        return headers
+
+
+def _listed(values: tuple[int, ...]) -> str:
+    return ", ".join(map(str, values[:-1])) + f" or {values[-1]}" if len(values) > 1 else str(values[0])

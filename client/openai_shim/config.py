@@ -9,6 +9,9 @@ from typing import Optional
 
 MIB = 1 << 20
 DEFAULT_MODEL_NAMES = ("moss-tts", "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5")
+# OpenAI's speech models, the names Pipecat (gpt-4o-mini-tts) and LiveKit (gpt-4o-mini-tts; tts-1 for
+# its raw-audio path) send unless told otherwise: served by default as aliases of the one model.
+OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
 class ConfigError(ValueError):
@@ -20,6 +23,7 @@ class ShimConfig:
     triton_url: str = "localhost:8001"  # tritonserver gRPC address
     triton_model: str = "moss_tts"
     model_names: tuple[str, ...] = DEFAULT_MODEL_NAMES  # ids accepted in `model` and listed by /v1/models
+    model_aliases: tuple[str, ...] = OPENAI_MODEL_NAMES  # more ids for the same model, listed after them
     host: str = "0.0.0.0"
     port: int = 8080
     max_body_bytes: int = 48 * MIB  # a 100 s 48 kHz stereo 16-bit WAV as a data URI is ~26 MiB
@@ -44,6 +48,8 @@ class ShimConfig:
     def __post_init__(self) -> None:
         if not self.model_names or any(not name.strip() for name in self.model_names):
             raise ConfigError("--served-model-name: give at least one non-empty name")
+        if any(not name.strip() for name in self.model_aliases):
+            raise ConfigError("--model-alias: a name must not be empty")
         if not (0 <= self.port < 65536):
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
         for flag, value in (("--max-body-bytes", self.max_body_bytes), ("--max-input-chars", self.max_input_chars),
@@ -71,6 +77,14 @@ class ShimConfig:
     @property
     def default_model(self) -> str:
         return self.model_names[0]
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every id a request may name: the model's names, then its aliases (no repeats)."""
+        return tuple(dict.fromkeys(self.model_names + self.model_aliases))
+
+    def serves(self, model: str) -> bool:
+        return model in self.served_names
 
     @property
     def heartbeat_url(self) -> Optional[str]:

@@ -3,7 +3,7 @@
 Sources of errors and their statuses:
   request body over the limit                      413 request_too_large
   JSON / schema / limits / references / formats    400 invalid_request_error (reference too big: 413)
-  unknown `model`                                  404 model_not_found
+  unknown `model` (not a served name or alias)     404 model_not_found
   tritonserver "[INVALID_ARGUMENT] ..."            400
   tritonserver "[UNAVAILABLE] server busy ..."     429 rate_limit_exceeded (retry later)
   tritonserver "[UNAVAILABLE] ..." / unreachable   503 service_unavailable
@@ -45,6 +45,11 @@ def bad_request(message: str, param: Optional[str] = None, code: str = "invalid_
 
 def too_large(message: str, param: Optional[str] = None, code: str = "request_too_large") -> ApiError:
     return ApiError(413, message, param=param, code=code)
+
+
+def model_not_found(model: str, served: tuple[str, ...]) -> ApiError:
+    return ApiError(404, f"model {model!r} is not served here; use one of {list(served)} (GET /v1/models)",
+                    param="model", code="model_not_found")
 
 
 def unavailable(message: str) -> ApiError:

@@ -3,19 +3,24 @@
 Unknown fields are errors (`extra="forbid"`), and so are known fields this server cannot honour
 (`speed` other than 1.0, preset voices it does not have). Ranges mirror the server's own checks
 so that the error names the JSON field; the server still validates everything again.
-`triton_options()` is the whole mapping of fields to `moss_tts` inputs.
+`triton_options()` is the whole mapping of fields to `moss_tts` inputs; `output` is what the
+response carries (format, rate, channels: audio_format.OutputSpec).
+
+Streaming, as OpenAI: a response streams unless the body says `"stream": false` (SGLang-Omni's
+field; then one whole body with a Content-Length and completed headers). Pipecat and LiveKit send
+no `stream` and read the body as it arrives.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from moss_tts import contract
 
-from .audio_format import FORMATS, UNSUPPORTED
+from .audio_format import FORMATS, UNSUPPORTED, OutputSpec, SpecError
 
 # The model has no preset voices: "default" and OpenAI's built-in names all mean "no reference"
 # (the model picks a voice from the text); cloning takes `ref_audio` or `references`.
@@ -79,6 +84,10 @@ class SpeechRequest(BaseModel):
     speed: float = 1.0
     instructions: Optional[str] = None
     stream_format: Literal["audio", "sse"] = "audio"
+    # Extension: the response's rate and channels (default OpenAI's 24000 and 1; 48000 and 2 are the
+    # server's own stream, unconverted)
+    sample_rate: Optional[int] = None
+    channels: Optional[int] = None
     # SGLang-Omni (spec section 4.2)
     stream: Optional[bool] = None
     task_type: Optional[str] = None
@@ -105,6 +114,7 @@ class SpeechRequest(BaseModel):
     initial_codec_chunk_frames: Optional[int] = Field(None, ge=0, le=contract.MAX_CHUNK_FRAMES)
     # Extension: keep generating to max_new_tokens even when the model would stop (benchmarks, tests).
     ignore_stop: bool = False
+    _output: Optional[OutputSpec] = PrivateAttr(None)
 
     @field_validator("voice", mode="wrap")
     @classmethod
@@ -159,9 +169,10 @@ class SpeechRequest(BaseModel):
         if self.stream is False and self.stream_format == "sse":
             raise _conflict("stream", "stream_format 'sse' always streams: drop stream=false or use "
                             "stream_format 'audio'")
-        if self.is_streaming and not FORMATS[self.response_format].can_stream:
-            raise _conflict("response_format", f"streaming sends pcm or wav, not {self.response_format!r}; "
-                            f"use stream=false for {self.response_format}")
+        try:
+            self._output = OutputSpec.of(self.response_format, self.sample_rate, self.channels)
+        except SpecError as exc:
+            raise _conflict(exc.param, str(exc)) from None
         if self.mode == "continuation" and self.reference is None and self.saved_voice is None:
             raise _conflict("task_type", "task_type 'continuation' needs the audio to continue: ref_audio "
                             "(+ ref_text, its transcript) or references[0]")
@@ -169,7 +180,12 @@ class SpeechRequest(BaseModel):
 
     @property
     def is_streaming(self) -> bool:
-        return self.stream is True or self.stream_format == "sse"
+        return self.stream is not False
+
+    @property
+    def output(self) -> OutputSpec:
+        """The response's format, sample rate and channels."""
+        return self._output
 
     @property
     def mode(self) -> str:

@@ -18,7 +18,6 @@ from pydantic import Field, ValidationError, field_validator
 
 from . import errors
 from .config import ShimConfig
-from .errors import ApiError
 from .references import load_reference
 from .schema import SpeechRequest, triton_options
 from .voice_api import saved_voice_inputs
@@ -26,12 +25,20 @@ from .voice_api import saved_voice_inputs
 
 class SessionOptions(SpeechRequest):
     """The first message: POST /v1/audio/speech's fields without `input` (the text comes later) and
-    always streaming; response_format pcm (default) or wav."""
+    always streaming; response_format pcm (default) or wav, at OpenAI's 24 kHz mono unless
+    `sample_rate` / `channels` say otherwise, as over HTTP."""
 
     type: str = Field("options", pattern="^options$")
     input: str = ""
     response_format: str = "pcm"
     stream: Optional[bool] = True
+
+    @field_validator("response_format")
+    @classmethod
+    def _raw_format(cls, name: str) -> str:
+        if name not in ("pcm", "wav"):
+            raise ValueError(f"the WebSocket sends pcm or wav, not {name!r}")
+        return name
 
     @field_validator("input")
     @classmethod
@@ -48,9 +55,8 @@ async def session_inputs(data: dict, app: FastAPI, config: ShimConfig) -> tuple[
         speech = SessionOptions.model_validate_json(json.dumps(data))
     except ValidationError as exc:
         raise errors.from_validation(exc) from None
-    if speech.model is not None and speech.model not in config.model_names:
-        raise ApiError(404, f"model {speech.model!r} is not served here; use one of "
-                       f"{list(config.model_names)}", param="model", code="model_not_found")
+    if speech.model is not None and not config.serves(speech.model):
+        raise errors.model_not_found(speech.model, config.served_names)
     values = {**triton_options(speech), **await saved_voice_inputs(app, speech)}
     if speech.reference is not None:
         audio = await load_reference(*speech.reference, config)

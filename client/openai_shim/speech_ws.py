@@ -20,14 +20,14 @@ import logging
 import uuid
 
 import grpc
-import numpy as np
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from moss_tts import contract
 from moss_tts.session_requests import SessionRequests
 from moss_tts.text_segments import TextSegmenter
 
-from . import audio_format, errors
+from . import errors
+from .audio_output import NO_AUDIO, AudioOutput
 from .config import ShimConfig
 from .errors import ApiError
 from .session_options import session_inputs
@@ -165,13 +165,13 @@ class WsSession:
             except ApiError as exc:
                 await self.send_event(error_event(exc))
         self.plan = SessionRequests(inputs)
-        fmt = audio_format.FORMATS[self.speech.response_format]
-        self.encoder = audio_format.StreamEncoder(fmt)
+        spec = self.speech.output
+        self.output = AudioOutput(spec)  # one stream for the session: its segments join without a seam
         await self.send_event({"type": "session.started", "session_id": self.session_id,
-                               "response_format": fmt.name, "sample_rate": contract.SAMPLE_RATE,
-                               "channels": audio_format.CHANNELS, "sample_format": "s16le"})
-        if fmt.name == "wav":  # the header (of unknown length) first, as the HTTP stream sends it
-            await self.ws.send_bytes(self.encoder.encode(np.zeros((audio_format.CHANNELS, 0), np.float32)))
+                               "response_format": spec.format.name, "sample_rate": spec.sample_rate,
+                               "channels": spec.channels, "sample_format": "s16le"})
+        if spec.format.name == "wav":  # the header (of unknown length) first, as the HTTP stream sends it
+            await self.ws.send_bytes(self.output.push(NO_AUDIO))
 
         async def requests():
             while (request := await self.requests.get()) is not None:
@@ -264,7 +264,8 @@ class WsSession:
             audio = result.as_numpy("AUDIO")
             if audio is not None and audio.size:
                 frames += audio.shape[1] // contract.SAMPLES_PER_FRAME
-                await self.ws.send_bytes(self.encoder.encode(audio))
+                if data := self.output.push(audio):
+                    await self.ws.send_bytes(data)
             if not response.parameters["triton_final_response"].bool_param:
                 continue
             index = self.plan.segment_of(response.id)
@@ -275,6 +276,8 @@ class WsSession:
             if response.id == self.plan.end_id:
                 self.is_done = True
                 self.requests.put_nowait(None)
+                if tail := self.output.finish():  # the resampler's last milliseconds
+                    await self.ws.send_bytes(tail)
                 await self.send_event({"type": "done", "segments": len(self.segments), "frames": total})
                 await self.ws.close(NORMAL, "done")
                 return
