@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,7 +12,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import numpy as np
 import pytest
-import soundfile as sf
 from pydantic import ValidationError
 
 from client.openai_shim import errors
