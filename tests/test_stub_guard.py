@@ -24,6 +24,17 @@ guard = guard_stub()
 print(guard.pid, flush=True)
 time.sleep({life})
 """
+# A stub with no guard process, only the thread that exits with its server (and one that keeps
+# the GIL busy, as the engine's threads do): it must end by itself.
+EXITING_STUB = """
+import sys, threading, time
+sys.path.insert(0, {backends!r})
+from moss_tts.serving.stub_guard import exit_with_server
+exit_with_server()
+threading.Thread(target=lambda: sum(i for i in iter(int, 1)), daemon=True).start()
+print(0, flush=True)
+time.sleep({life})
+"""
 SERVER = """
 import subprocess, sys, time
 stub = subprocess.Popen([sys.executable, "-c", {stub!r}], stdout=subprocess.PIPE, text=True)
@@ -51,8 +62,8 @@ def _wait_gone(pid: int, seconds: float) -> bool:
     return True
 
 
-def _start(stub_life: float = 120):
-    stub = STUB.format(backends=str(ROOT / "python_backends"), life=stub_life)
+def _start(stub_life: float = 120, stub_code: str = STUB):
+    stub = stub_code.format(backends=str(ROOT / "python_backends"), life=stub_life)
     server = subprocess.Popen([sys.executable, "-c", SERVER.format(stub=stub)], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)
     stub_pid, guard_pid = (int(x) for x in server.stdout.readline().split())
@@ -91,3 +102,17 @@ def test_the_guard_ends_with_its_stub_and_spares_a_live_one():
         assert server.poll() is None  # nothing killed the server
     finally:
         _cleanup(server, stub, guard)
+
+
+def test_a_running_stub_exits_by_itself_with_its_server():
+    """exit_with_server: the stub ends itself (os._exit, no destructor) the moment its server is
+    gone, before r24.10's own 300 ms check would tear its C++ state down under its threads."""
+    server, stub, _ = _start(stub_code=EXITING_STUB)
+    try:
+        time.sleep(0.5)
+        assert _alive(stub)  # the server lives
+        server.kill()
+        server.wait()
+        assert _wait_gone(stub, 1.0), "the stub outlived its server by 1 s with no guard to kill it"
+    finally:
+        _cleanup(server, stub)

@@ -5,19 +5,31 @@ stub: a bash process that SIGKILLs the stub within 0.2 s of tritonserver being g
 exited at its exit timeout with this model still loaded). An orphaned stub holds its GPU memory,
 so the next server on that GPU could not start. stub_guard.sh says why a process and not a thread
 of the stub (it would need the stub's GIL) nor PR_SET_PDEATHSIG (it follows the forking thread).
+
+`exit_with_server()` (also once per stub) is the fast path for a stub that can still run Python: a
+thread that ends the stub with os._exit the moment tritonserver is gone (a pidfd of the parent,
+readable once it exits; polling where pidfds are missing). The stub's own check (r24.10, every
+300 ms: "Non-graceful termination detected") would instead destroy the stub's C++ state under the
+Python threads still running (a gauge mid-IPC, a metric destructor) and crash with SIGSEGV;
+os._exit runs no destructor. The guard process stays for the stub that cannot run Python.
 No Triton import: tested without a server (tests/test_stub_guard.py) and with one.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Optional
 
 GUARD_SCRIPT = Path(__file__).with_name("stub_guard.sh")
+PARENT_POLL_S = 0.02  # where no pidfd can be had: how often the parent is looked at
 
 _guard: Optional[subprocess.Popen] = None
+_exit_thread: Optional[threading.Thread] = None
 
 
 def guard_stub() -> Optional[subprocess.Popen]:
@@ -30,3 +42,26 @@ def guard_stub() -> Optional[subprocess.Popen]:
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True,
                                   start_new_session=True)
     return _guard
+
+
+def exit_with_server() -> threading.Thread:
+    """Start (once) the thread that ends this process with os._exit(0) as soon as its parent, the
+    tritonserver that started it, is gone; returns it."""
+    global _exit_thread
+    if _exit_thread is None:
+        _exit_thread = threading.Thread(target=_wait_for_parent_then_exit, args=(os.getppid(),),
+                                        name="moss-exit-with-server", daemon=True)
+        _exit_thread.start()
+    return _exit_thread
+
+
+def _wait_for_parent_then_exit(parent: int) -> None:
+    try:
+        fd = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # an older kernel or a sandbox without pidfds
+        fd = None
+    if fd is not None and os.getppid() == parent:  # the pidfd is of our parent, not of a reused pid
+        select.select([fd], [], [])  # no GIL held while waiting; readable once the parent has exited
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)

@@ -15,7 +15,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..contract import ErrorKind
-from .stub_guard import guard_stub
+from .stub_guard import exit_with_server, guard_stub
 
 # TritonError's code for each kind; the stub binds TritonError only after model.py is imported,
 # so the codes are looked up when an error is made, never at import time.
@@ -94,12 +94,15 @@ class MetricHolder:
 
 _registry_lock = threading.Lock()
 _holders: list[MetricHolder] = []
-_made: list[tuple[str, weakref.ref]] = []  # every family and metric made, to check that none survives
+# Every family and metric made, held here until release_metrics() lets go of them: when the stub
+# ends without finalize() (tritonserver killed; r24.10's "Non-graceful termination"), ~Stub drops
+# the model object and a metric it freed would crash the stub, but these references outlive it.
+_made: list[tuple[str, object]] = []
 
 
 def _tracked(name: str, obj):
     with _registry_lock:
-        _made.append((name, weakref.ref(obj)))
+        _made.append((name, obj))
     return obj
 
 
@@ -114,21 +117,24 @@ def release_metrics() -> list[str]:
     for holder in holders:
         holder.released = True
         holder.drop()
-    gc.collect()
     with _registry_lock:
-        alive = [name for name, ref in _made if ref() is not None]
-        _made[:] = [(name, ref) for name, ref in _made if ref() is not None]
+        refs = [(name, weakref.ref(obj)) for name, obj in _made]
+        _made.clear()
+    gc.collect()
+    alive = [name for name, ref in refs if ref() is not None]
     if alive:
         log.error("custom metrics still referenced after finalize; this stub will crash at unload: %s", alive)
     return alive
 
 
 def prepare_stub() -> None:
-    """Once per stub: its guard (no stub outlives tritonserver), and Python's faulthandler, so that a
+    """Once per stub: its guard and its exit with the server (stub_guard.py: no stub outlives
+    tritonserver, and none crashes when it is killed), and Python's faulthandler, so that a
     crash of the stub (SIGSEGV, SIGABRT...) writes "Fatal Python error" and every thread's Python
     stack into the server log instead of vanishing into the kernel log (the tests read it)."""
     faulthandler.enable()
     guard_stub()
+    exit_with_server()
 
 
 class Heartbeat(MetricHolder):
