@@ -96,3 +96,5 @@ class ShimThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        # The tests read the fake server's state after this: the server thread must be done with it.
+        assert not self.thread.is_alive(), "the in-process shim did not stop within 30 s"

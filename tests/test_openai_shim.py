@@ -386,8 +386,21 @@ class LateProxy:
         while True:
             client, _ = listener.accept()
             upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._connection, args=(client, upstream), daemon=True).start()
+
+    @classmethod
+    def _connection(cls, client, upstream) -> None:
+        """Both directions, then both sockets closed: one direction's end only half-closes the other
+        (a socket closed under the other pipe's recv would not wake it, and its number could be
+        reused by the next connection)."""
+        pipes = [threading.Thread(target=cls._pipe, args=(a, b), daemon=True)
+                 for a, b in ((client, upstream), (upstream, client))]
+        for pipe in pipes:
+            pipe.start()
+        for pipe in pipes:
+            pipe.join()
+        client.close()
+        upstream.close()
 
     @staticmethod
     def _pipe(src, dst) -> None:
@@ -397,7 +410,10 @@ class LateProxy:
         except OSError:
             pass
         finally:
-            dst.close()
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
 
 
 def test_a_shim_started_before_tritonserver_is_healthy_soon_after_it(triton, tmp_path):
