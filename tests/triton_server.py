@@ -184,8 +184,9 @@ def kernel_log() -> str | None:
         reason = result.stderr.strip() or f"exit status {result.returncode}"
     if result is not None and result.returncode == 0:
         return result.stdout
-    if not kernel_log_problem:
-        kernel_log_problem.append(f"dmesg: {reason}")
+    with _started_lock:
+        if not kernel_log_problem:
+            kernel_log_problem.append(f"dmesg: {reason}")
     return None
 
 
