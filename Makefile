@@ -5,7 +5,7 @@ setup:
 	@scripts/setup_env.sh
 
 test: setup
-	PYTHONPATH=python_backends .venv/bin/python -m pytest tests -q --durations=20
+	PYTHONPATH=python_backends .venv/bin/python -m pytest tests -q --durations=20 -n $${TEST_WORKERS:-2} --dist loadfile
 
 serve: setup
 	@scripts/serve.sh
