@@ -8,6 +8,8 @@
 # soundfile, tritonclient + python-rapidjson, fastapi/uvicorn/websockets/pydantic/httpx/python-multipart,
 # tritonserver; and its transformers 5.17 cannot import AutoTokenizer next to numpy<2 (its scipy/sklearn
 # need numpy 2), so the pack brings the project's transformers 5.24 + tokenizers, which import neither.
+# The shim's soxr comes too (its pcm is resampled to 24 kHz); PyAV does not: its 36 MB wheel would take the
+# call past its 64 MiB, so the shim there serves pcm and wav only (client/openai_shim/audio_format.py).
 # Versions: the pack's packages and tritonserver come from the project's one pin list, requirements.txt
 # (scripts/pins.py; tritonserver is .venv's nvidia-pytriton). Python, torch and Triton are the box's own
 # (3.12, torch 2.11 + Triton 3.6; none can be replaced there), and the list pins that same torch and
@@ -32,7 +34,7 @@ cp "$site/nvidia/cuda_runtime/lib/libcudart.so.12" "$p/lib/"
 # at the pin list's versions. With dependencies, so the closure is complete whatever the box has;
 # numpy<2 for the stub (the list's numpy).
 .venv/bin/python scripts/pins.py numpy soundfile "tritonclient[grpc]" python-rapidjson xxhash safetensors \
-  fastapi uvicorn websockets pydantic httpx python-multipart transformers tokenizers > "$p/PINS"
+  fastapi uvicorn websockets pydantic httpx python-multipart soxr transformers tokenizers > "$p/PINS"
 .venv/bin/pip download -q --only-binary=:all: --python-version "$box_python" --platform manylinux1_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   --implementation cp -d "$work/whl" -r "$p/PINS" 2>&1 | grep -v "^WARNING: Location" || true

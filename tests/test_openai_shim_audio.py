@@ -256,3 +256,31 @@ def test_the_first_chunk_leaves_before_a_second_exists(name, stream_format):
                 break
         assert decodable(received, name) > 0
         assert not triton.stream.closed.is_set()  # still waiting for the server's second chunk
+
+
+def test_without_pyav_the_shim_serves_pcm_and_wav_and_says_why_not_the_rest():
+    """A shim whose Python lacks PyAV (the H200 device pack cannot carry its 36 MB wheel) still
+    imports, serves pcm and wav, and answers an FFmpeg format with a 400 that says why."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = """
+import sys
+sys.modules["av"] = None  # `import av` raises ImportError, as where PyAV is not installed
+from client.openai_shim import audio_format, app
+from client.openai_shim.schema import SpeechRequest
+from pydantic import ValidationError
+print(sorted(audio_format.FORMATS), sorted(audio_format.UNSUPPORTED))
+try:
+    SpeechRequest(input="hi", response_format="mp3")
+except ValidationError as exc:
+    print(exc.errors()[0]["msg"])
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": f"{ROOT}:{ROOT / 'python_backends'}", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    formats, refusal = out.stdout.splitlines()[0], out.stdout.splitlines()[1]
+    assert formats == "['pcm', 'wav'] ['aac', 'flac', 'mp3', 'opus']"
+    assert "'mp3' has no encoder here; supported: wav, pcm" in refusal

@@ -24,10 +24,9 @@ import struct
 from fractions import Fraction
 from typing import Optional, Protocol
 
-import av
 import numpy as np
 
-from .audio_format import OutputSpec
+from .audio_format import OutputSpec, av  # av is None without PyAV: then no FFmpeg format is offered
 
 BYTES_PER_SAMPLE = 2  # s16le
 UNKNOWN_SIZE = 0xFFFFFFFF

@@ -17,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-import av
+try:
+    import av
+except ImportError:  # a shim without PyAV (FFmpeg's encoders): pcm and wav only, the rest UNSUPPORTED
+    av = None  # (the H200 device pack: PyAV's 36 MB wheel does not fit its 64 MiB)
 
 SAMPLE_RATE = 48000  # Hz, the MOSS-Audio-Tokenizer-v2 output rate
 CHANNELS = 2
@@ -48,7 +51,7 @@ def _with_encoder_rates(fmt: AudioFormat) -> Optional[AudioFormat]:
     """`fmt` limited to the rates its encoder takes; None when this FFmpeg build lacks the encoder."""
     if fmt.codec is None:
         return fmt
-    if fmt.codec not in av.codecs_available:
+    if av is None or fmt.codec not in av.codecs_available:
         return None
     rates = av.codec.Codec(fmt.codec, "w").audio_rates  # None: any rate
     return replace(fmt, sample_rates=tuple(rate for rate in fmt.sample_rates if rates is None or rate in rates))
