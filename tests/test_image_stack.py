@@ -132,7 +132,7 @@ def test_the_dockerfile_builds_both_images_from_the_pin_list():
 def test_make_setup_installs_the_pin_list_with_its_python():
     setup = code(ROOT / "scripts" / "setup_env.sh")
     assert not version_literals(setup), version_literals(setup)
-    assert "pip install -q --disable-pip-version-check -r requirements.txt" in setup
+    assert "pip install -q --disable-pip-version-check --no-compile -r requirements.txt" in setup
     assert 'python_minor="$(python3 scripts/pins.py --fact python)"' in setup
     assert 'PY=${PYTHON:-$(command -v "python$python_minor" || echo python3)}' in setup
     assert re.search(r"^setup:\n\t@scripts/setup_env.sh$", (ROOT / "Makefile").read_text(), re.M)

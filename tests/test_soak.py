@@ -1,8 +1,8 @@
 """Stress on the real server: concurrent streams, random cancels at random points and bad input
-for a few minutes (perf/soak.py), then every engine row and vocoder slot free, every model
+for a minute (perf/soak.py; the H200 soaks run minutes: perf/h200_scaling.sh soak), then every engine row and vocoder slot free, every model
 instance's heartbeat moving, no crash in the log, moss_tts's request ledger in agreement with
 Triton's own counters, and a shutdown in which every model, moss_tts included, unloads within
-25 s of SIGTERM and no stub is left behind. MOSS_SOAK_SECONDS sets the length (90); from 600 s
+25 s of SIGTERM and no stub is left behind. MOSS_SOAK_SECONDS sets the length (60); from 600 s
 on, the RSS of tritonserver and of every stub must stay within 5% from a quarter of the run to
 its end (MOSS_SOAK_REPORT=path writes the soak's report and the RSS samples as JSON).
 
@@ -30,7 +30,7 @@ from perf.soak_load import SoakConfig
 from triton_server import MODELS, live_stubs, start_server, stub_pids
 
 pytestmark = pytest.mark.triton
-SECONDS = float(os.environ.get("MOSS_SOAK_SECONDS", "90"))
+SECONDS = float(os.environ.get("MOSS_SOAK_SECONDS", "60"))
 REPORT = Path(os.environ["MOSS_SOAK_REPORT"]) if os.environ.get("MOSS_SOAK_REPORT") else None
 SHUTDOWN_S = 25.0  # every model unloaded and tritonserver gone by then: under its 30 s exit timeout
 HOLD_CHECK_S = 8.0  # a model still loaded this long after SIGTERM (an idle server: ~1-3 s): take evidence
