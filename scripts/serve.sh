@@ -6,6 +6,8 @@
 #   MOSS_TTS_CODEC_DIR  MOSS-Audio-Tokenizer-v2 directory (default: from the model config)
 #   HTTP_PORT / GRPC_PORT / METRICS_PORT (default 8000 / 8001 / 8002)
 #   SHIM_PORT           OpenAI-compatible API port (default 8080; 0 = tritonserver only)
+#   SHIM_WORKERS        the API's worker processes on that port (default: one per usable core, at
+#                       most 8: client/openai_shim/workers.py; 1 = one process)
 #   VOICES_DIR          the shim's saved voices (default: voices/ in the checkout)
 #   SHIM_ARGS           extra shim flags, e.g. "--reference-dir /data/refs --allow-url-references"
 #   MODEL_REPOSITORY    another model repository (default: model_repository/), e.g. a copy with
@@ -30,7 +32,8 @@ if [ -z "${MOSS_TTS_MODEL_DIR:-}" ]; then
   echo "!!!                  MOSS_TTS_MODEL_DIR=M MOSS_TTS_CODEC_DIR=C make serve"
 fi
 shim=("$py" -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.0.0.1:${GRPC_PORT:-8001}"
-  --metrics-url "http://127.0.0.1:${METRICS_PORT:-8002}/metrics" --voices-dir "${VOICES_DIR:-$PWD/voices}")
+  --metrics-url "http://127.0.0.1:${METRICS_PORT:-8002}/metrics" --voices-dir "${VOICES_DIR:-$PWD/voices}"
+  ${SHIM_WORKERS:+--workers "$SHIM_WORKERS"})
 [ -n "${TRITONSERVER:-}" ] && [ -n "${TRITON_BACKENDS:-}" ] || source scripts/triton_env.sh
 # The pipeline's own requests carry this key (python_backends/moss_tts/serving/internal_key.py);
 # a new one per start, shared by every model of this server through the environment.
@@ -49,7 +52,7 @@ fi
 triton_pid=$!
 env -u LD_LIBRARY_PATH -u MOSS_TTS_INTERNAL_KEY "${shim[@]}" ${SHIM_ARGS:-} &
 shim_pid=$!
-echo "OpenAI-compatible speech API on http://localhost:${SHIM_PORT:-8080}/v1/audio/speech (pid $shim_pid)"
+echo "OpenAI-compatible speech API on http://localhost:${SHIM_PORT:-8080}/v1/audio/speech (pid $shim_pid; its workers under it)"
 stop_both() { kill -TERM "$triton_pid" "$shim_pid" 2>/dev/null || true; }
 trap stop_both INT TERM
 status=0

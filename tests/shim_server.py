@@ -42,13 +42,17 @@ def health_status(url: str) -> Optional[int]:
 
 
 def start_shim(grpc_url: str, log_path: Path, reference_dir: Path, *flags: str, timeout: float = 60.0,
-               health: int = 200) -> ShimProcess:
-    """The CLI on a free port; returns once GET /health answers `health` (503: no tritonserver)."""
+               health: int = 200, workers: int = 1) -> ShimProcess:
+    """The CLI on a free port with `workers` worker processes; returns once GET /health answers
+    `health` (503: no tritonserver)."""
     port = _free_port()
     command = [sys.executable, "-m", "client.openai_shim", "--host", "127.0.0.1", "--port", str(port),
-               "--triton-url", grpc_url, "--reference-dir", str(reference_dir), "--log-level", "warning", *flags]
+               "--triton-url", grpc_url, "--reference-dir", str(reference_dir), "--log-level", "warning",
+               "--workers", str(workers), *flags]
     log = open(log_path, "w")
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    # A session of its own: a shim that does not stop is killed with its workers (stop_shim).
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ),
+                               start_new_session=True)
     shim = ShimProcess(process, f"http://127.0.0.1:{port}", log_path, reference_dir)
     deadline = time.monotonic() + timeout
     while health_status(shim.url) != health:
@@ -60,12 +64,14 @@ def start_shim(grpc_url: str, log_path: Path, reference_dir: Path, *flags: str, 
 
 
 def stop_shim(shim: ShimProcess) -> None:
+    """SIGTERM to the shim (its parent process passes it to every worker); SIGKILL to all of them
+    after 30 s."""
     if shim.is_alive():
         shim.process.send_signal(signal.SIGTERM)
         try:
             shim.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            shim.process.kill()
+            os.killpg(shim.process.pid, signal.SIGKILL)
             shim.process.wait()
 
 
@@ -76,13 +82,16 @@ class ShimThread:
     client disconnects (grpc.aio keeps process-wide state)."""
 
     def __init__(self, config, triton):
+        from dataclasses import replace
+
         import uvicorn
 
         from client.openai_shim.app import create_app
+        from client.openai_shim.workers import server_options
 
         self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config, triton), host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
+        config = replace(config, host="127.0.0.1", port=self.port)
+        self.server = uvicorn.Server(uvicorn.Config(create_app(config, triton), **server_options(config, "warning")))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> str:

@@ -197,7 +197,7 @@ def test_probes_name_real_paths_modules_and_flags(monkeypatch):
 def test_grace_periods_cover_the_drain_and_the_exit_timeout():
     from client.drain import parse_args as parse_drain_args
     from client.openai_shim import triton_stream
-    from client.openai_shim.__main__ import GRACEFUL_SHUTDOWN_S
+    from client.openai_shim.workers import GRACEFUL_SHUTDOWN_S
 
     drain = parse_drain_args(drain_argv())
     exit_timeout_s = int(triton_flags()["exit-timeout-secs"])
@@ -245,6 +245,27 @@ def test_the_shim_image_pins_requirements_and_needs_no_model_stack():
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={"PYTHONPATH": str(ROOT / "python_backends"), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cgroup", ["v1", "v2"])
+def test_the_shims_workers_follow_its_cpu_limit(cgroup, tmp_path, monkeypatch):
+    """No --workers in the manifest: the shim reads the quota that limits.cpu becomes in its cgroup."""
+    from client.openai_shim.__main__ import parse_args
+    from client.openai_shim.workers import default_workers
+
+    shim = container("moss-tts-shim", "shim")
+    assert parse_args(shim["args"]).workers is None
+    limit = int(shim["resources"]["limits"]["cpu"])
+    assert 1 < limit <= int(shim["resources"]["requests"]["cpu"]) * 2
+    period = 100_000  # what the kubelet writes: quota = cores x period
+    if cgroup == "v2":
+        (tmp_path / "cpu.max").write_text(f"{limit * period} {period}\n")
+    else:
+        (tmp_path / "cpu").mkdir()
+        (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text(f"{limit * period}\n")
+        (tmp_path / "cpu" / "cpu.cfs_period_us").write_text(f"{period}\n")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))  # the node's cores
+    assert default_workers(tmp_path) == limit
 
 
 # ---------------------------------------------------------------------------------------------

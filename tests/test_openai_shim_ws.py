@@ -107,6 +107,19 @@ def test_words_with_delays_stream_audio_as_they_come(openai_shim, triton):
     assert after[STARTED] - before[STARTED] == 1  # one vocoder sequence for the whole session
 
 
+def test_audio_frames_are_never_deflated(openai_shim):
+    """The client offers permessage-deflate (websockets does by default, as browsers do); the shim
+    declines it: PCM barely compresses, and compressing each frame held the event loop (issue 31)."""
+    with connect(ws_url(openai_shim)) as ws:
+        assert "permessage-deflate" in ws.request.headers.get("Sec-WebSocket-Extensions", "")
+        assert "Sec-WebSocket-Extensions" not in ws.response.headers and ws.protocol.extensions == []
+        start(ws, **OPTIONS)
+        send(ws, type="text", text="Hello there.")
+        send(ws, type="end")
+        audio, events, _ = read_all(ws)
+    assert events[-1]["type"] == "done" and len(audio) == events[-1]["frames"] * FRAME_BYTES > 0
+
+
 def test_flush_speaks_what_is_buffered_and_wav_has_a_header(openai_shim, triton):
     with connect(ws_url(openai_shim)) as ws:
         start(ws, response_format="wav", **OPTIONS)

@@ -1,7 +1,7 @@
 """The OpenAI speech API (POST /v1/audio/speech, WS /v1/audio/speech/stream, GET /v1/models, GET /health)
 in front of a running tritonserver; `make serve` starts it next to tritonserver (scripts/serve.sh).
 
-  python -m client.openai_shim [--port 8080] [--triton-url localhost:8001] [...]
+  python -m client.openai_shim [--port 8080] [--triton-url localhost:8001] [--workers N] [...]
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from pathlib import Path
 
 from .config import DEFAULT_MODEL_NAMES, OPENAI_MODEL_NAMES, ConfigError, ShimConfig
 from .triton_stream import RESOLVER_SCHEMES
-
-GRACEFUL_SHUTDOWN_S = 10  # open streams get this long on SIGTERM, then they are cut (and cancelled)
+from .workers import MAX_DEFAULT_WORKERS, default_workers, serve
 
 
 def parse_args(argv) -> argparse.Namespace:
@@ -21,6 +20,9 @@ def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m client.openai_shim", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default=defaults.host)
     p.add_argument("--port", type=int, default=defaults.port)
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"worker processes on the one port (default: one per usable core, a CPU limit counted, "
+                        f"at most {MAX_DEFAULT_WORKERS}; 1 = a single process)")
     p.add_argument("--triton-url", default=defaults.triton_url,
                    help="tritonserver gRPC address; dns:///NAME:PORT balances streams over every address of NAME "
                         "(e.g. a Kubernetes headless Service), one pick per stream")
@@ -83,13 +85,11 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    import uvicorn
-
-    from .app import create_app
-
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                ws_max_size=config.max_body_bytes)  # the options may carry a reference
+    workers = default_workers() if args.workers is None else args.workers
+    if workers < 1:
+        print(f"error: --workers must be at least 1, got {workers}", file=sys.stderr)
+        return 2
+    serve(config, workers, args.log_level)
     return 0
 
 

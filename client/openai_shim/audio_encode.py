@@ -47,7 +47,11 @@ class Encoder(Protocol):
 def to_pcm16(samples: np.ndarray) -> bytes:
     """[n, channels] float32 in [-1, 1] -> interleaved s16le bytes (clipped, rounded)."""
     assert samples.ndim == 2, samples.shape
-    return np.rint(np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    scaled = np.clip(samples, -1.0, 1.0)
+    scaled *= 32767.0
+    pcm = np.empty(samples.shape, "<i2")
+    np.rint(scaled, out=pcm, casting="unsafe")  # rounded and cast in one pass (the values fit int16)
+    return pcm.tobytes()
 
 
 def wav_header(sample_rate: int, channels: int, data_bytes: int = UNKNOWN_SIZE) -> bytes:

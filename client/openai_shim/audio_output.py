@@ -63,6 +63,13 @@ class AudioOutput:
                 self._busy.release()
 
     @property
+    def is_light(self) -> bool:
+        """pcm and wav: ~0.5 ms of numpy per second of audio, less than a worker thread's round trip
+        costs the event loop (two hand-offs of the GIL); the FFmpeg formats (3-9% of a core per
+        second of audio, README "Audio") go to a worker thread."""
+        return self.spec.format.codec is None
+
+    @property
     def num_frames(self) -> int:
         """The server's 80 ms frames received so far."""
         return self.num_samples // SAMPLES_PER_FRAME

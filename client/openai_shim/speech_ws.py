@@ -31,7 +31,7 @@ from .audio_output import NO_AUDIO, AudioOutput
 from .config import ShimConfig
 from .errors import ApiError
 from .session_options import session_inputs
-from .triton_stream import build_inputs
+from .triton_stream import AUDIO_ONLY, build_inputs
 
 log = logging.getLogger("openai_shim")
 
@@ -133,8 +133,9 @@ class WsSession:
         """The next client message as a JSON object; ProtocolViolation for anything else."""
         idle_timeout_s = None if self.is_ended else self.config.ws_idle_timeout_s  # after `end`: the audio's turn
         try:
-            message = await asyncio.wait_for(self.ws.receive(), idle_timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):
+            async with asyncio.timeout(idle_timeout_s):  # no task per message (wait_for's)
+                message = await self.ws.receive()
+        except TimeoutError:
             raise ProtocolViolation(POLICY, f"no message for {self.config.ws_idle_timeout_s:g} s "
                                             f"(--ws-idle-timeout)") from None
         if message["type"] == "websocket.disconnect":
@@ -195,7 +196,7 @@ class WsSession:
         request_id, options = self.plan.next(text, is_end)
         values = {"TEXT": text, **options, "SESSION_ID": self.session_id, "SESSION_END": True if is_end else None}
         self.requests.put_nowait({"model_name": self.app.state.triton.model, "inputs": build_inputs(values),
-                                  "request_id": request_id,
+                                  "request_id": request_id, "outputs": AUDIO_ONLY,
                                   "parameters": {"triton_enable_empty_final_response": True}})
 
     async def read_messages(self) -> None:
@@ -244,8 +245,9 @@ class WsSession:
         frames, total = 0, 0
         while True:
             try:
-                result = await asyncio.wait_for(self.call.__anext__(), self.config.response_timeout_s)
-            except (TimeoutError, asyncio.TimeoutError):
+                async with asyncio.timeout(self.config.response_timeout_s):  # no task per chunk (wait_for's)
+                    result = await self.call.__anext__()
+            except TimeoutError:
                 raise errors.timeout(f"tritonserver sent nothing for {self.config.response_timeout_s:g} s "
                                      f"(--response-timeout); the session was cancelled") from None
             except grpc.aio.AioRpcError as exc:

@@ -47,6 +47,8 @@ def channel_args(url: str) -> list[tuple[str, object]]:
 
 
 END_TIMEOUT_S = 10.0  # a server that does not end a finished stream by then gets it cancelled
+# The shim sends AUDIO only: without a list the server would make and send CODES with every chunk.
+AUDIO_ONLY = [grpcclient.InferRequestedOutput("AUDIO")]
 
 
 async def read_to_end(call, closed: asyncio.Event, timeout_s: float = END_TIMEOUT_S) -> None:
@@ -91,7 +93,7 @@ class AudioStream:
         self._finished = False
 
         async def requests():
-            yield {"model_name": model, "inputs": inputs,
+            yield {"model_name": model, "inputs": inputs, "outputs": AUDIO_ONLY,
                    "parameters": {"triton_enable_empty_final_response": True}}
             await self._closed.wait()  # half-closing early would end the stream before the responses
 
@@ -116,8 +118,9 @@ class AudioStream:
 
     async def _next_response(self):
         try:
-            return await asyncio.wait_for(self._call.__anext__(), self._timeout)
-        except (TimeoutError, asyncio.TimeoutError):
+            async with asyncio.timeout(self._timeout):  # wait_for would make a task per chunk
+                return await self._call.__anext__()
+        except TimeoutError:
             await self.aclose()
             raise errors.timeout(f"tritonserver sent nothing for {self._timeout:g} s (--response-timeout); "
                                  f"the request was cancelled") from None
