@@ -49,6 +49,24 @@ def test_the_default_is_one_worker_per_core_up_to_a_cap(tmp_path, monkeypatch):
     assert default_workers(tmp_path) == MAX_DEFAULT_WORKERS
 
 
+def test_the_workers_connections_get_tcp_nodelay():
+    """uvicorn's workers' socket says protocol 0, so asyncio leaves Nagle on for its connections:
+    the socket carries TCP_NODELAY itself, and so does every connection accepted on it."""
+    import socket
+
+    import uvicorn
+
+    from client.openai_shim.workers import listening_socket
+
+    listener = listening_socket(uvicorn.Config(app=None, host="127.0.0.1", port=0))
+    listener.listen()
+    with listener, socket.create_connection(listener.getsockname()):
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.proto == 0  # what asyncio looks at: it would not set TCP_NODELAY here
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
 def test_zero_workers_is_refused(capsys):
     from client.openai_shim.__main__ import main
 
@@ -128,6 +146,29 @@ def test_a_voice_saved_through_one_worker_speaks_through_the_other(two_workers):
     deleted = through(shim.url, pid_a, lambda client: client.delete(f"/v1/audio/voices/{voice['id']}"))
     assert deleted.status_code == 200
     assert through(shim.url, pid_b, speak(voice["name"])).status_code == 400  # gone for every worker
+
+
+@pytest.mark.triton
+def test_first_audio_follows_the_headers_at_once_back_to_back(two_workers):
+    """Without TCP_NODELAY, a response's first chunk (written right after its headers) waited for the
+    client's delayed ACK, 40 ms, in every request sent right after the previous one ended."""
+    import time
+
+    shim, pid_a, _ = two_workers
+    client, _ = client_on(shim.url, pid_a)
+    gaps = []
+    try:
+        for _ in range(6):
+            with client.stream("POST", "/v1/audio/speech", json={"input": "Hi.", "max_new_tokens": 2,
+                                                                 **FIXED}) as response:
+                headers_at = time.perf_counter()
+                body = response.iter_raw()
+                next(body)
+                gaps.append(time.perf_counter() - headers_at)
+                b"".join(body)
+    finally:
+        client.close()
+    assert sorted(gaps)[len(gaps) // 2] < 0.02, f"headers -> first audio: {[round(g * 1000) for g in gaps]} ms"
 
 
 @pytest.mark.triton
