@@ -15,6 +15,9 @@
 #                                              # 10 s; host_series_NAME.txt: memory, /dev/shm, RSS
 #   BENCH=1 perf/h200_scaling.sh soak SECONDS  # the single layout's bench levels first, then the
 #                                              # soak, against one server (one device call)
+#   perf/h200_scaling.sh shim                  # single layout with the OpenAI shim: perf/shim_load.py,
+#                                              # gRPC bench + shim HTTP pcm + text sessions over gRPC
+#                                              # and the shim's WebSocket (shim_K.json, REPEAT runs)
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
 # PARAMS="key=value,..." (any layout): moss_tts config.pbtxt parameters changed for the run.
 # VOCODER=bls (single): moss_tts calls the vocoder model over BLS (288 slots) instead of decoding
@@ -335,6 +338,47 @@ soak() {
   python3 -c "import json; r = json.load(open('$R/$n.json')); print({k: r.get(k) for k in ('ok', 'requests', 'outcomes', 'num_failures', 'first_audio_ms_p50', 'first_audio_ms_p95', 'audio_seconds', 'wall_seconds', 'end_problems')})" \
     | tee -a "$R/scaling.log"
   stop_server
+}
+
+# The OpenAI shim beside the gRPC bench (issue 31): serve on one GPU with the shim on 8080
+# (SHIM_WORKERS: serve.sh's default, one per usable core, at most 8), then perf/shim_load.py REPEAT
+# times against that one server: the gRPC bench's stream (bench_triton.one_stream, FRAMES frames)
+# and the same utterance as the shim's streamed pcm, then text sessions fed at 20 words/s straight
+# over gRPC and over the shim's WebSocket, at SHIM_LEVELS (1,64,128); shim_K.json each, with the
+# shim's CPU seconds (the parent and its workers, from /proc).
+shim() {
+  env_pack
+  prepare_repo
+  local t0=$SECONDS n=shim pid ready=0
+  CUDA_VISIBLE_DEVICES=0 MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
+    MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=8080 VOICES_DIR="$W/voices" setsid scripts/serve.sh \
+    > "$W/server_$n.log" 2>&1 < /dev/null &
+  echo $! > "$W/server.pid"
+  for _ in $(seq 480); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2); urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)" \
+      2>/dev/null && { ready=1; break; }
+    kill -0 "$(cat "$W/server.pid")" 2>/dev/null || break
+    sleep 1
+  done
+  cp "$W/server_$n.log" "$R/"
+  if [ $ready = 0 ]; then log "$n: server or shim not ready"; tail -40 "$W/server_$n.log"; stop_server; return 1; fi
+  pid=$(pgrep -of "client.openai_shim")
+  log "$n: ready after $((SECONDS - t0)) s; shim pid $pid, workers: $(pgrep -c -P "$pid")"
+  sample_metrics "$n" & local sampler=$!
+  for k in $(seq "${REPEAT:-1}"); do
+    log "$n: run $k"
+    PYTHONUNBUFFERED=1 python3 -m perf.shim_load --shim-url http://127.0.0.1:8080 --grpc-url 127.0.0.1:8001 \
+      --transports "${SHIM_TRANSPORTS:-grpc,http,grpc_session,ws}" --concurrency "${SHIM_LEVELS:-1,64,128}" \
+      --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" --shim-pid "$pid" \
+      --timeout 120 --out "$R/shim_$k.json" 2>&1 | tee -a "$R/scaling.log"
+    cp "$R/shim_$k.json" "$OUT/" 2>/dev/null
+  done
+  kill "$sampler" 2>/dev/null
+  kill -TERM "$(cat "$W/server.pid")" 2>/dev/null  # serve.sh passes it to tritonserver and the shim
+  for _ in $(seq 60); do pgrep -f "client.openai_shim|tritonserver" > /dev/null || break; sleep 0.5; done
+  log "$n: stopped after $((SECONDS - t0)) s; left: $(pgrep -fc 'client.openai_shim|tritonserver|triton_python_backend_stub')"
+  cp "$W/server_$n.log" "$R/"
+  pkill -9 -f client.openai_shim; stop_server
 }
 
 all() {
