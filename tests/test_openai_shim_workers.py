@@ -49,22 +49,41 @@ def test_the_default_is_one_worker_per_core_up_to_a_cap(tmp_path, monkeypatch):
     assert default_workers(tmp_path) == MAX_DEFAULT_WORKERS
 
 
-def test_the_workers_connections_get_tcp_nodelay():
-    """uvicorn's workers' socket says protocol 0, so asyncio leaves Nagle on for its connections:
-    the socket carries TCP_NODELAY itself, and so does every connection accepted on it."""
+def test_each_workers_socket_joins_the_port_and_its_connections_get_tcp_nodelay():
+    """Every worker binds the one port (SO_REUSEPORT); the sockets carry TCP_NODELAY (asyncio would
+    leave Nagle on), and so does every connection accepted on them."""
     import socket
 
     import uvicorn
 
-    from client.openai_shim.workers import listening_socket
+    from client.openai_shim.workers import worker_socket
 
-    listener = listening_socket(uvicorn.Config(app=None, host="127.0.0.1", port=0))
-    listener.listen()
-    with listener, socket.create_connection(listener.getsockname()):
-        accepted, _ = listener.accept()
+    first = worker_socket(uvicorn.Config(app=None, host="127.0.0.1", port=0))
+    second = worker_socket(uvicorn.Config(app=None, host="127.0.0.1", port=first.getsockname()[1]))
+    with first, second, socket.create_connection(first.getsockname()):
+        assert second.getsockname() == first.getsockname()
+        ready, _, _ = __import__("select").select([first, second], [], [], 5)
+        accepted, _ = ready[0].accept()
         with accepted:
-            assert accepted.proto == 0  # what asyncio looks at: it would not set TCP_NODELAY here
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+def listening_pids(port: int) -> list[int]:
+    """The pid of every open file that is a listening TCP socket on `port` (one per socket per process)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                inodes.add(fields[9])
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        pids += [int(pid) for link in links if link.startswith("socket:[") and link[8:-1] in inodes]
+    return pids
 
 
 def test_zero_workers_is_refused(capsys):
@@ -122,6 +141,35 @@ def two_workers(triton, tmp_path):
     first.close(), second.close()
     yield shim, pid_a, pid_b
     stop_shim(shim)
+
+
+@pytest.mark.triton
+def test_connections_opened_at_once_spread_over_every_worker(triton, tmp_path):
+    """One shared socket gave a burst of connections to whichever worker woke first (128 at once:
+    109 / 10 / 7 / 2 over 4 workers); a socket per worker lets the kernel spread them by address.
+    Only workers listen: a socket left in the parent would be given connections nobody accepts."""
+    import json
+    import socket
+    from collections import Counter
+    from urllib.parse import urlsplit
+
+    shim = start_shim(triton.grpc_url, tmp_path / "shim.log", tmp_path, "--metrics-url", triton.metrics_url,
+                      workers=4)
+    try:
+        port = urlsplit(shim.url).port
+        workers = {int(pid) for pid in os.popen(f"ps -o pid= --ppid {shim.process.pid}").read().split()}
+        listeners = listening_pids(port)
+        assert sorted(listeners) == sorted(set(listeners)) and set(listeners) <= workers and len(listeners) == 4
+        connections = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]  # all, then ask
+        served_by = Counter()
+        for connection in connections:
+            with connection:
+                connection.sendall(b"GET /health HTTP/1.1\r\nHost: shim\r\nConnection: close\r\n\r\n")
+                answer = b"".join(iter(lambda: connection.recv(65536), b""))
+                served_by[json.loads(answer.split(b"\r\n\r\n", 1)[1])["pid"]] += 1
+        assert set(served_by) == set(listeners) and max(served_by.values()) <= 32, served_by  # 16 each on average
+    finally:
+        stop_shim(shim)
 
 
 @pytest.mark.triton

@@ -82,8 +82,10 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
         # process: out of the collector's sight, a full collection under load takes ~1 ms instead
         # of 20-90 ms of a stalled event loop (issue 31).
         gc.freeze()
+        warming = asyncio.create_task(warm_up(app.state.triton))
         watcher = asyncio.create_task(watch_heartbeats(app, config)) if config.heartbeat_url else None
         yield
+        warming.cancel()
         if watcher is not None:
             watcher.cancel()
         await app.state.triton.close()
@@ -140,6 +142,22 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
                 await stream.aclose()
 
     return app
+
+
+async def warm_up(triton: TritonSpeech) -> None:
+    """A worker's first streamed response paid ~60-130 ms more than the next (issue 31; on the H200
+    one of two requests at one stream took 162 ms instead of 29): run the speech path's code once
+    (parse, options, the pcm conversion, anyio's first task group) and connect the gRPC channel
+    before any client waits on them. In the background: tritonserver may not be up yet
+    (scripts/serve.sh starts both)."""
+    speech = parse_speech(b'{"input": "warm up", "response_format": "pcm"}')
+    triton_options(speech)
+    output = AudioOutput(speech.output)
+    output.push(np.zeros((2, 3840), np.float32))
+    output.finish()
+    async with anyio.create_task_group() as group:  # CancellingStreamingResponse's: anyio imports
+        group.start_soon(asyncio.sleep, 0)           # its asyncio backend at the first one, ~50 ms
+    await triton.problem(timeout_s=5.0)
 
 
 async def watch_heartbeats(app: FastAPI, config: ShimConfig) -> None:

@@ -1,9 +1,9 @@
 """The shim's processes: one event loop per worker process, all accepting on one port.
 
 One Python process tops out at one core (the event loop and its GIL); `--workers N` runs N
-uvicorn workers under uvicorn's own supervisor (uvicorn.supervisors.Multiprocess): the parent
-binds the port once and hands the socket to N spawned workers; the kernel gives each new
-connection to one of them. Each worker builds its own app from the picklable factory
+uvicorn workers under uvicorn's own supervisor (uvicorn.supervisors.Multiprocess), each on its
+own listening socket of the one port (SO_REUSEPORT: the kernel spreads new connections evenly;
+spread_workers says why not one shared socket). Each worker builds its own app from the picklable factory
 `partial(create_app, config)` (no import string and no settings passed through the environment)
 and so has its own gRPC channel to tritonserver and its own heartbeat watcher. Saved voices are
 files under --voices-dir, written atomically (client/voices.py), so a voice created through one
@@ -66,7 +66,6 @@ def server_options(config: ShimConfig, log_level: str = "info") -> dict:
 def serve(config: ShimConfig, workers: int, log_level: str) -> None:
     """Run the shim until SIGTERM / SIGINT: in this process (workers == 1) or in `workers` processes."""
     import uvicorn
-    from uvicorn.supervisors import Multiprocess
 
     from .app import create_app
 
@@ -77,16 +76,53 @@ def serve(config: ShimConfig, workers: int, log_level: str) -> None:
         return
     # uvicorn.run() takes only an import string with workers; its supervisor itself takes any
     # picklable app: the factory travels to each spawned worker with the validated config.
-    server_config = uvicorn.Config(factory, workers=workers, **options)
-    Multiprocess(server_config, sockets=[listening_socket(server_config)]).run()
+    spread_workers()(uvicorn.Config(factory, workers=workers, **options), sockets=[]).run()
 
 
-def listening_socket(server_config) -> socket.socket:
-    """uvicorn's socket for its workers, with TCP_NODELAY, which Linux copies to every connection it
-    accepts. uvicorn makes it with protocol 0, and asyncio sets TCP_NODELAY only on connections of
-    a socket that says IPPROTO_TCP (base_events._set_nodelay): without it, back-to-back responses'
-    first audio waited for the client's delayed ACK of their headers, +40 ms (issue 31)."""
-    sock = server_config.bind_socket()
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
+def spread_workers():
+    """uvicorn's supervisor, each worker listening on a socket of its own (SO_REUSEPORT), so that
+    the kernel spreads new connections over the workers by their addresses' hash.
+
+    Why not uvicorn's one shared socket: every worker's event loop woke at each new connection and
+    the first to run accepted the whole burst (asyncio accepts up to `backlog` connections per
+    wake-up). 128 WebSocket sessions opened at once went 109 / 10 / 7 / 2 to 4 workers; on the H200
+    the one loop that served most of them added 75 ms to first audio at 128 sessions (issue 31)."""
+    from uvicorn.supervisors import Multiprocess
+
+    class SpreadWorkers(Multiprocess):
+        @property
+        def sockets(self) -> list[socket.socket]:
+            # Multiprocess reads self.sockets each time it starts a worker (at start, when it replaces
+            # a dead one, at SIGTTIN): each gets a new socket. The parent keeps none: multiprocessing
+            # drops a worker's start arguments once it is spawned, so the parent's copy closes and
+            # no connection is ever given to a socket nobody accepts on (tests/test_openai_shim_workers.py).
+            sock = worker_socket(self.config)
+            self.config.port = sock.getsockname()[1]  # port 0: every later worker joins the first's
+            return [sock]
+
+        @sockets.setter
+        def sockets(self, _given) -> None:
+            pass  # Multiprocess.__init__ stores one list for all workers; each makes its own instead
+
+    return SpreadWorkers
+
+
+def worker_socket(config) -> socket.socket:
+    """One worker's listening socket on the shim's port. SO_REUSEPORT puts it in the port's group
+    beside the other workers'. TCP_NODELAY, which Linux copies to every connection it accepts:
+    without it, back-to-back responses' first audio, written right after their headers, waited for
+    the client's delayed ACK, +40 ms (issue 31); asyncio would not set it, since uvicorn's sockets
+    said protocol 0 (base_events._set_nodelay)."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((config.host, config.port))
+        sock.listen(config.backlog)
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()
+        raise
     return sock
