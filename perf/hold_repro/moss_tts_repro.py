@@ -21,7 +21,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "tests"), str(ROOT / "python_backends")]
 
 from perf.soak_load import make_inputs  # noqa: E402
-from moss_tts.contract import SAMPLES_PER_FRAME  # noqa: E402
+from moss_tts.contract.tensors import SAMPLES_PER_FRAME  # noqa: E402
 from repro import unload_report  # noqa: E402
 
 FRAMES = 6

@@ -9,7 +9,7 @@ and ends with one final response. The vocoder runs in this process too (`vocoder
 "in_process", vocoder_worker.VocoderWorker: chunks in flight per stream, batched across streams,
 on a CUDA stream of its own), or in the `vocoder` model over BLS ("bls", for placements that put
 the codec on another GPU). Requests naming a SESSION_ID form a text session
-(serving/text_sessions.py, session_stream.py): run in order, one voice, one vocoder sequence.
+(sessions/registry.py, session_stream.py): run in order, one voice, one vocoder sequence.
 BLS calls here are never decoupled: in 24.10 those corrupt the stub's
 heap and deadlock it under concurrency (see docs/structure.md).
 """
@@ -24,33 +24,34 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.contract import (MOSS_TTS_INPUTS, MOSS_TTS_OUTPUTS, N_VQ, SESSION_VOICE_INPUTS, ErrorKind,
-                               InvalidRequest, ServingError)
+from moss_tts.contract.errors import ChildError, ErrorKind, InvalidRequest, ServingError
+from moss_tts.contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS
+from moss_tts.contract.parameters import switch_interval_s
+from moss_tts.contract.tensors import MOSS_TTS_INPUTS, MOSS_TTS_OUTPUTS, N_VQ, SESSION_VOICE_INPUTS
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
-from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS
-from moss_tts.loading import load_model, load_tokenizer
-from moss_tts.parameters import switch_interval_s
-from moss_tts.processor import PromptBuilder
-from moss_tts.serving import internal_key, triton_io as io
-from moss_tts.serving.engine_codes import EngineCodes
-from moss_tts.serving.engine_streams import EngineStreams
+from moss_tts.model.loading import load_model, load_tokenizer
+from moss_tts.model.processor import PromptBuilder
+from moss_tts.pipeline.engine_codes import EngineCodes
+from moss_tts.pipeline.engine_streams import EngineStreams
+from moss_tts.pipeline.segmented_codes import SegmentedCodes, codes_for
+from moss_tts.pipeline.speech_stream import END_WAIT_S, NO_CODES, Ready, SpeechStream, new_sequence_id
+from moss_tts.pipeline.synthesis_request import parse_session_inputs, parse_synthesis_request
+from moss_tts.serving import triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
 from moss_tts.serving.request_record import RecordingClient
-from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
-from moss_tts.serving.session_claims import SessionClaims, SessionHeldElsewhere, server_directory
-from moss_tts.serving.session_relay import RelayedStream, RelayServer, message_getter, request_message, socket_path
-from moss_tts.serving.session_stream import (NO_AUDIO, SessionChildren, SessionClient, SessionCodes,
-                                            SessionRequest, first_reference)
-from moss_tts.serving.speech_pipeline import END_WAIT_S, NO_CODES, ChildError, Ready, SpeechStream, new_sequence_id
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stop_watch import ServerStopWatch
 from moss_tts.serving.stream_pool import StreamPool
-from moss_tts.serving.synthesis_request import parse_session_inputs, parse_synthesis_request
-from moss_tts.serving.text_sessions import SESSION_STATS, SessionConfig, SessionRegistry
-from moss_tts.serving.vocoder_sessions import VocoderConfig, VocoderSessions
-from moss_tts.serving.vocoder_worker import VocoderPlacement, VocoderWorker
+from moss_tts.sessions.claims import SessionClaims, SessionHeldElsewhere, server_directory
+from moss_tts.sessions.registry import SESSION_STATS, SessionConfig, SessionRegistry
+from moss_tts.sessions.relay import RelayedStream, RelayServer, message_getter, request_message, socket_path
+from moss_tts.sessions.session_request import (NO_AUDIO, SessionChildren, SessionClient, SessionCodes, SessionRequest,
+                                               first_reference)
+from moss_tts.vocoder import internal_key
+from moss_tts.vocoder.sessions import VocoderConfig, VocoderSessions
+from moss_tts.vocoder.worker import VocoderPlacement, VocoderWorker
 
 log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -192,7 +193,7 @@ class TritonPythonModel:
                                         claims=SessionClaims(server_directory(), args["model_instance_name"]))
         self.sessions.start_reaper()
         # Session requests that reached another instance of this server come here to be spoken
-        # (several instances: serving/session_relay.py).
+        # (several instances: sessions/relay.py).
         self.relay_server = RelayServer(socket_path(server_directory(), args["model_instance_name"]),
                                         self._accept_relayed)
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds(),
@@ -299,7 +300,7 @@ class TritonPythonModel:
         return synthesis.with_request_id(f"{synthesis.request_id or request_id or 'req'}-{new_sequence_id():x}")
 
     def _prepare_session(self, get, inputs, started, requested, request_id, client, on_admit, may_relay):
-        """One request of a text session (serving/text_sessions.py): checked here, run in order.
+        """One request of a text session (sessions/registry.py): checked here, run in order.
         `client`: the request's (TritonClient, or a RelayClient when it came from another instance);
         a request for a session another instance holds is relayed there if `may_relay`."""
         synthesis = self._synthesis(request_id, get) if inputs.has_text else None

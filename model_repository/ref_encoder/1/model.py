@@ -10,13 +10,13 @@ several references gets one row each, the shorter ones padded with -1 (PAD_CODE)
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from moss_tts.audio import AudioError
-from moss_tts.contract import N_VQ
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.error_text import error_text
+from moss_tts.contract.errors import error_text
+from moss_tts.contract.tensors import N_VQ
+from moss_tts.reference.audio import AudioError
+from moss_tts.reference.encoder import ReferenceCacheConfig, ReferenceEncoder
 from moss_tts.serving import triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, use_device
-from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder
 from moss_tts.serving.stall_watch import StallWatch
 
 # Rows past a shorter item's length in a multi-reference request (no codebook has code -1).

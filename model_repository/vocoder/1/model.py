@@ -15,13 +15,14 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.contract import N_VQ, ErrorKind
-from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, Histogram
-from moss_tts.error_text import error_text
-from moss_tts.serving import internal_key, triton_io as io
+from moss_tts.contract.errors import ErrorKind, error_text
+from moss_tts.contract.metrics import BATCH_SIZE_BUCKETS, Histogram
+from moss_tts.contract.tensors import N_VQ
+from moss_tts.serving import triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.stall_watch import StallWatch
-from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
+from moss_tts.vocoder import internal_key
+from moss_tts.vocoder.sessions import NoFreeSlot, VocoderConfig, VocoderSessions
 
 
 WORK_STATS = ("executes", "requests", "execute_ms", "decode_calls", "frames_decoded", "sessions_started",

@@ -19,15 +19,16 @@ import numpy as np
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from ..model import MossTTSLocalModel
-from ..sampling_params import SamplingParams
-from ..uploads import to_device, upload_index
-from . import backbone, decode_attention, sample_kernel, step
+from ..contract.sampling_params import SamplingParams
+from ..kernels import decode_attention, sample_kernel
+from ..kernels.fused import Fusions
+from ..kernels.uploads import to_device, upload_index
+from ..model.tts_model import MossTTSLocalModel
+from . import backbone, step
 from .buckets import Buckets
 from .cache_manager import PrefixStore, StepPlan
 from .config import EngineConfig
 from .frame import LocalRope
-from .fused import Fusions
 from .graph_runner import REMEDIES, GraphCaptureError, GraphRunner
 from .kv_cache import StaticKVCache
 from .memory import check_memory_budget

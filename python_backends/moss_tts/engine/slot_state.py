@@ -12,9 +12,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..config import MossTTSConfig
-from ..sampler import ChannelTensors, FrameSampling
-from ..sampling_params import SamplingParams
+from ..contract.sampling_params import SamplingParams
+from ..model.config import MossTTSConfig
+from ..model.sampler import ChannelTensors, FrameSampling
 
 # Column order of PrefillInputs.floats / .ints (one row per admitted request).
 FLOAT_PARAMS = ("stop.temperature", "stop.top_p", "stop.repetition_penalty",

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
-import itertools
-
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS, Histogram
 from .prefix_cache import PrefixStats
 
 
@@ -59,34 +57,6 @@ class GraphUse:
     def count_prefill(self, is_graphed: bool, graphs_on: bool) -> None:
         self.prefill_hits += is_graphed
         self.prefill_fallbacks += graphs_on and not is_graphed
-
-
-# Bucket upper bounds of the engine's histograms (README, Metrics; deploy/grafana).
-BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-STEP_MS_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 50, 100, 200, 500, 1000)
-
-
-@dataclass
-class Histogram:
-    """Counts per bucket (upper bounds `bounds`, then +Inf), their sum and number: a Prometheus
-    histogram kept in process (a list increment per step) and published by the gauge thread."""
-
-    bounds: tuple
-    counts: list = field(default_factory=list)
-    total: float = 0.0
-    num: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.num += 1
-
-    def cumulative(self) -> tuple[list[int], float, int]:
-        """(count of values <= each bound, then all), sum, count: Prometheus' _bucket/_sum/_count."""
-        return list(itertools.accumulate(self.counts)), self.total, self.num
 
 
 @dataclass

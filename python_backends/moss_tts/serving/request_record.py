@@ -1,7 +1,7 @@
 """What one `moss_tts` request did, for the operator's metrics: outcome, time to first audio,
 duration, audio seconds. No Triton import.
 
-`RecordingClient` wraps the stream's `speech_pipeline.Client`: it sees every response on its
+`RecordingClient` wraps the stream's `pipeline/speech_stream.Client`: it sees every response on its
 way out (the chunk's code rows give the audio length), and on the final one hands a
 `RequestRecord` to `on_end` (the adapter observes its Prometheus histograms there, once per
 request, off the engine's path).
@@ -16,7 +16,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..contract import FRAME_RATE, ErrorKind
+from ..contract.errors import ErrorKind
+from ..contract.tensors import FRAME_RATE
 
 log = logging.getLogger(__name__)
 # Histogram buckets (seconds / ratio), also written in README and the Grafana dashboard.

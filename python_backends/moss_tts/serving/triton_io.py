@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..contract import ErrorKind
+from ..contract.errors import ErrorKind
 from .stub_guard import exit_with_server, guard_stub
 
 # TritonError's code for each kind; the stub binds TritonError only after model.py is imported,
