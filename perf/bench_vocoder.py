@@ -41,7 +41,8 @@ import torch
 
 from moss_tts.codec import CodecConfig, build_codec, build_real_size_codec, init_random_
 from moss_tts.codec.config import tiny_codec_config_dict
-from moss_tts.vocoder.graphs import VocoderGraphs, to_host
+from moss_tts.vocoder.graphs import VocoderGraphs
+from moss_tts.vocoder.step_buffers import to_host
 
 FRAME_RATE = 12.5  # codec frames per second of audio
 N_VQ = 12  # codebooks the pipeline sends

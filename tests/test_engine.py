@@ -121,7 +121,7 @@ def test_one_step_admits_prompts_of_every_length_and_each_gets_its_own_frames(ti
 
 
 def test_prefill_plan_pads_few_rows_in_few_bounded_launches():
-    from moss_tts.engine.runner import StagedPrompt, _prefill_plan
+    from moss_tts.engine.prefill_batch import StagedPrompt, prefill_plan as _prefill_plan
 
     def staged(slot, rows):
         return StagedPrompt(slot, torch.zeros(rows, 13, dtype=torch.long), SamplingParams(seed=0))

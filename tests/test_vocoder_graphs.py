@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from moss_tts.codec import load_codec
+from moss_tts.vocoder.config import NoFreeSlot, VocoderConfig
 from moss_tts.vocoder.graphs import VocoderGraphs, row_buckets
-from moss_tts.vocoder.sessions import NoFreeSlot, VocoderConfig, VocoderSessions
+from moss_tts.vocoder.sessions import VocoderSessions
 
 SPF = 3840  # samples per channel per codec frame
 SCHEDULE = [2, 10, 10, 8]  # the pipeline's chunking: 2 frames, then 10, then the rest

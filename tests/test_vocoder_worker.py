@@ -13,8 +13,9 @@ import torch
 
 from moss_tts.codec import load_codec
 from moss_tts.contract.errors import ChildError, ErrorKind
-from moss_tts.vocoder.sessions import VocoderConfig, VocoderSessions
-from moss_tts.vocoder.worker import VocoderPlacement, VocoderWorker
+from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement
+from moss_tts.vocoder.sessions import VocoderSessions
+from moss_tts.vocoder.worker import VocoderWorker
 from shared_state import SharedList
 
 SPF = 3840

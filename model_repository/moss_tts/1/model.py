@@ -37,7 +37,7 @@ from moss_tts.pipeline.engine_streams import EngineStreams
 from moss_tts.pipeline.segmented_codes import SegmentedCodes, codes_for
 from moss_tts.pipeline.speech_stream import END_WAIT_S, NO_CODES, Ready, SpeechStream, new_sequence_id
 from moss_tts.pipeline.synthesis_request import parse_session_inputs, parse_synthesis_request
-from moss_tts.serving import triton_io as io
+from moss_tts.serving import metrics, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
 from moss_tts.serving.request_record import RecordingClient
@@ -50,8 +50,9 @@ from moss_tts.sessions.relay import RelayedStream, RelayServer, message_getter, 
 from moss_tts.sessions.session_request import (NO_AUDIO, SessionChildren, SessionClient, SessionCodes, SessionRequest,
                                                first_reference)
 from moss_tts.vocoder import internal_key
-from moss_tts.vocoder.sessions import VocoderConfig, VocoderSessions
-from moss_tts.vocoder.worker import VocoderPlacement, VocoderWorker
+from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement
+from moss_tts.vocoder.sessions import VocoderSessions
+from moss_tts.vocoder.worker import VocoderWorker
 
 log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -199,30 +200,30 @@ class TritonPythonModel:
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds(),
                                                         self.worker.stalled_seconds() if self.worker else 0.0))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
-        self.metrics = io.RequestMetrics()
+        self.metrics = metrics.RequestMetrics()
         instance = args["model_instance_name"]
         # Requests in, final flags out: the model's view of what is in flight, beside Triton's.
         self.ledger = RequestLedger(FINAL)
-        self.ledger_gauges = io.Gauges("moss_tts_requests", "moss_tts requests entered, final flags sent, in flight",
+        self.ledger_gauges = metrics.Gauges("moss_tts_requests", "moss_tts requests entered, final flags sent, in flight",
                                        LEDGER_STATS, lambda: vars(self.ledger.stats()), interval_s=0.5,
                                        instance=instance)
-        self.session_gauges = io.Gauges("moss_tts_sessions", "moss_tts text sessions (open now, and counters)",
+        self.session_gauges = metrics.Gauges("moss_tts_sessions", "moss_tts text sessions (open now, and counters)",
                                         SESSION_STATS, lambda: vars(self.sessions.stats()), interval_s=0.5,
                                         instance=instance)
-        self.histograms = {name: io.HistogramGauges(f"moss_engine_{name}", description, bounds, instance)
+        self.histograms = {name: metrics.HistogramGauges(f"moss_engine_{name}", description, bounds, instance)
                            for name, description, bounds
                            in (("batch_size", "rows per engine step", BATCH_SIZE_BUCKETS),
                                ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
-        self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
+        self.gauges = metrics.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
                                 after=self._flush_metrics, instance=instance)
         # The server's shutdown reaches the streams: over BLS a refused call said so, in process
         # nothing does (streams would run on until Triton's exit timeout).
         self.stop_watch = ServerStopWatch(io.ask_missing_model, self._server_stopping)
         self.vocoder_gauges = None
         if self.worker is not None:
-            rows = io.HistogramGauges("moss_tts_vocoder_round_rows", "streams decoded per in-process vocoder round",
+            rows = metrics.HistogramGauges("moss_tts_vocoder_round_rows", "streams decoded per in-process vocoder round",
                                       BATCH_SIZE_BUCKETS, instance)
-            self.vocoder_gauges = io.Gauges(
+            self.vocoder_gauges = metrics.Gauges(
                 "moss_tts_vocoder", "moss_tts in-process vocoder counters", VOCODER_STATS,
                 lambda: vars(self.worker.stats()), interval_s=0.5, instance=instance,
                 after=lambda: rows.set(self.worker.round_rows_histogram.cumulative()))
@@ -412,5 +413,5 @@ class TritonPythonModel:
         if self.worker is not None:
             self.worker.stop(STOP_TIMEOUT_S)
         # Last: the heartbeat, every gauge and request metric (a metric alive after finalize
-        # crashes the stub at unload: triton_io.MetricHolder).
-        io.release_metrics()
+        # crashes the stub at unload: serving/metrics.MetricHolder).
+        metrics.release_metrics()

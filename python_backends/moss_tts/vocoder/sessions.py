@@ -32,73 +32,19 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, Optional
+from typing import Callable, Hashable
 
 import numpy as np
 import torch
 
-from ..contract.parameters import config_fields
 from ..kernels.uploads import to_device
-from .graphs import GIB, StepInputs, VocoderGraphs, step_input, to_host
+from .config import NoFreeSlot, VocoderConfig
+from .graphs import GIB, VocoderGraphs
+from .step_buffers import PendingAudio, StepInputs, check_codes, step_input, to_host
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
-HOST_INTEGER_DTYPES = tuple(np.dtype(d) for d in (np.int64, np.int32, np.int16, np.uint8))  # the same, in numpy
-
 Codes = np.ndarray | torch.Tensor  # a chunk [T, n_vq] of integer codes
-
-
-class NoFreeSlot(RuntimeError):
-    """Every vocoder slot (or every public one) holds an active sequence."""
-
-
-@dataclass(frozen=True)
-class VocoderConfig:
-    max_slots: int = 16
-    n_vq: int = 12
-    device: str = "cpu"
-    dtype: str = "float32"  # a key of DTYPES (a torch.dtype is accepted and stored by name)
-    max_public_sessions: int = 16  # slots open to callers other than the moss_tts entry
-    cuda_graphs: bool = False  # replay CUDA graphs for chunks of up to max_graph_frames (GPU only)
-    # Codec frames per graphed step; the pipeline's chunks are 2, 10, then the rest, and longer
-    # chunks are decoded in pieces of this many.
-    max_graph_frames: int = 10
-    # Rows per codec call: a larger group is decoded in pieces of this many. The state is read in
-    # place, so a bigger step costs only activations (the pool: ~2 GiB at 256 x 10 on the real
-    # codec) and gains throughput up to ~256 rows on the H200 (perf/bench_vocoder.py).
-    max_step_rows: int = 256
-
-    def __post_init__(self):
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"VocoderConfig.cuda_graphs must be a bool, got {self.cuda_graphs!r}")
-        for name in ("max_slots", "n_vq", "max_public_sessions", "max_graph_frames", "max_step_rows"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"VocoderConfig.{name} must be a positive integer, got {value!r}")
-        if isinstance(self.dtype, torch.dtype):
-            object.__setattr__(self, "dtype", str(self.dtype).removeprefix("torch."))
-        if self.dtype not in DTYPES:
-            raise ValueError(f"VocoderConfig.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"VocoderConfig.device {self.device!r} is not a torch device ({exc})") from None
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str], **adapter) -> "VocoderConfig":
-        """Triton pbtxt `parameters` (all strings) -> config. `adapter` holds what the model sets
-        itself (max_slots from max_batch_size, device, dtype) and defaults a parameter overrides."""
-        return cls(**{**adapter, **config_fields(cls, parameters, skip=("max_slots", "n_vq", "device", "dtype"))})
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def torch_device(self) -> torch.device:
-        return torch.device(self.device)
 
 
 @dataclass(frozen=True)
@@ -113,22 +59,6 @@ class VocoderStats:
     decode_calls: int  # decode_step calls (primes included)
     frames_decoded: int
     graph_calls: int  # of decode_calls, those run by VocoderGraphs (the rest ran eagerly)
-
-
-@dataclass
-class PendingAudio:
-    """The audio of one decode call on its way to host memory: wait() -> {seq_id: [2, S] fp32
-    numpy}, each a view of (or joined from) its steps' fresh host tensors, which no later call
-    writes. Not to be read before wait(): the copies may still be on their way."""
-
-    parts: dict[Hashable, list[np.ndarray]]  # per sequence, its steps' audio in order
-    ready: Optional["torch.cuda.Event"] = None  # recorded after the last copy; None: copied already
-
-    def wait(self) -> dict[Hashable, np.ndarray]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return {sid: p[0] if len(p) == 1 else np.concatenate(p, axis=-1) if p else np.zeros((2, 0), np.float32)
-                for sid, p in self.parts.items()}
 
 
 @dataclass
@@ -286,20 +216,8 @@ class VocoderSessions:
 
     def check(self, seq_id: Hashable, codes: Codes) -> np.ndarray:
         """`codes` (numpy, or a torch tensor converted once) as a numpy array if they are one
-        chunk this vocoder can decode, else ValueError naming `seq_id`. Numpy alone for an
-        array: the worker's stream threads call this per chunk (no GIL hand-off)."""
-        n_vq, size = self.config.n_vq, self.codec.codebook_size
-        if isinstance(codes, torch.Tensor) and codes.dtype in INTEGER_DTYPES:
-            codes = codes.cpu().numpy()
-        if not isinstance(codes, np.ndarray) or codes.dtype not in HOST_INTEGER_DTYPES:
-            raise ValueError(f"sequence {seq_id!r}: codes must be an integer tensor [T, {n_vq}]")
-        if codes.ndim != 2 or codes.shape[1] != n_vq:
-            raise ValueError(f"sequence {seq_id!r}: codes must have shape [T, {n_vq}], got {tuple(codes.shape)}")
-        # Checked here because decode_step cannot: an out-of-range code on CUDA is a device-side
-        # assert that poisons the whole context, not just this request.
-        if codes.size and (codes.min() < 0 or codes.max() >= size):
-            raise ValueError(f"sequence {seq_id!r}: codes must lie in [0, {size})")
-        return codes
+        chunk this vocoder can decode, else ValueError naming `seq_id` (step_buffers.check_codes)."""
+        return check_codes(seq_id, codes, self.config.n_vq, self.codec.codebook_size)
 
     def _host_codes(self, chunks: dict[Hashable, Codes], checked: bool) -> dict[Hashable, np.ndarray]:
         """The chunks as numpy arrays (a torch tensor converted once), checked unless the caller did."""

@@ -9,13 +9,7 @@ shared-memory copies, a sequence-batcher queue and Python on both sides per chun
 processes on one GPU only time-slice; here a chunk crosses no process, and the decode runs on a
 CUDA stream of its own that overlaps the engine's (docs/scaling.md has the numbers).
 
-A round takes the sequences whose audio is due first (each job carries a deadline: when its
-stream's listener would run out of audio without it), at most `round_rows` of them, and decodes
-up to `piece_frames` frames of each (the graphs' largest shape), drawn from as many of the
-sequence's queued jobs as that takes. So a short round serves the most urgent chunks (a new
-stream's first ones) soon, and a stream whose chunks queued up decodes them as one wide row. A
-long job (`STREAM=false`, a primed reference) advances one piece per round, so it never holds
-the streams' chunks back for more than one step.
+A round's work is picked by `jobs.pick_round` (the most urgent sequences, a piece of each).
 Jobs of one sequence complete in submission order. START resets the sequence's row and END frees
 it, both on this thread (the state is only touched here, in stream order). A cancelled job is
 dropped unread. A decode failure fails every job of its round (their sequences are ended by
@@ -40,99 +34,11 @@ import torch
 
 from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
 from ..contract.metrics import BATCH_SIZE_BUCKETS, Histogram
-from ..contract.parameters import config_fields
-from .sessions import NoFreeSlot, PendingAudio, VocoderSessions
+from .config import NoFreeSlot
+from .jobs import Round, VocodeJob, pick_round
+from .sessions import VocoderSessions
 
 log = logging.getLogger(__name__)
-
-
-PLACEMENTS = ("in_process", "bls")
-
-
-@dataclass(frozen=True)
-class VocoderPlacement:
-    """Where `moss_tts` decodes its audio (its pbtxt parameters of these names)."""
-    vocoder: str = "in_process"  # or "bls": the `vocoder` model, over BLS (split placements)
-    vocoder_device: str = "auto"  # in_process: "auto" = the engine's device, or "cuda:N" / "cpu"
-    vocoder_slots: int = 0  # in_process: sequences at once; 0 = the model's max_streams
-    vocoder_step_rows: int = 256  # in_process: rows per codec step (graph buckets up to this)
-    vocoder_idle_s: float = 60.0  # in_process: a sequence without a call this long is ended
-    # in_process: sequences per round, the most urgent first (0 = vocoder_step_rows). Shorter
-    # rounds let a new stream's chunks in sooner; each round is still one wide step.
-    vocoder_round_rows: int = 128
-
-    def __post_init__(self):
-        if self.vocoder not in PLACEMENTS:
-            raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
-        if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0 \
-                or self.vocoder_round_rows < 0:
-            raise ValueError(f"vocoder_slots must be >= 0 (0 = max_streams), vocoder_step_rows >= 1, "
-                             f"vocoder_idle_s > 0 and vocoder_round_rows >= 0; got {self.vocoder_slots}, "
-                             f"{self.vocoder_step_rows}, {self.vocoder_idle_s}, {self.vocoder_round_rows}")
-
-    @classmethod
-    def from_parameters(cls, parameters) -> "VocoderPlacement":
-        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device") if k in parameters}
-        return cls(**{**config_fields(cls, parameters, skip=tuple(strings)), **strings})
-
-    @property
-    def is_in_process(self) -> bool:
-        return self.vocoder == "in_process"
-
-
-class VocodeJob:
-    """One chunk of one sequence in the worker: `result()` waits for its audio [2, S] float32."""
-
-    def __init__(self, seq: Hashable, codes: np.ndarray, start: bool, end: bool,
-                 on_done: Callable[[], None], deadline: float) -> None:
-        self.seq, self.codes, self.start, self.end = seq, codes, start, end
-        self.deadline = deadline  # time.monotonic() by which its audio is due
-        self.on_done = on_done  # called once, on the worker thread, when the job completes: keep it cheap
-        self.launched = 0  # frames handed to the GPU so far
-        self.position = 0  # frames decoded and back on the host so far
-        self.parts: list[np.ndarray] = []
-        self.is_cancelled = False
-        self._done = threading.Event()
-        self._audio: Optional[np.ndarray] = None
-        self._error: Optional[ChildError] = None
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        return self._done.wait(timeout)
-
-    def result(self, timeout: Optional[float] = None) -> np.ndarray:
-        if not self._done.wait(timeout):
-            raise ChildError(f"the vocoder did not answer within {timeout} s", ErrorKind.UNAVAILABLE)
-        if self._error is not None:
-            raise self._error
-        return self._audio
-
-    def cancel(self) -> None:
-        """The stream no longer wants this audio (cancelled, failed): the worker skips the job."""
-        self.is_cancelled = True
-
-    @property
-    def frames_left(self) -> int:
-        """Frames not yet handed to the GPU."""
-        return self.codes.shape[0] - self.launched
-
-    @property
-    def is_in_flight(self) -> bool:
-        """Some of its frames are in a round that has not landed yet."""
-        return self.launched > self.position
-
-    def _finish(self, audio: Optional[np.ndarray], error: Optional[ChildError]) -> None:
-        if self._done.is_set():
-            return
-        self._audio, self._error = audio, error
-        self.parts = []
-        self._done.set()
-        try:
-            self.on_done()
-        except Exception:  # a waker must never stop the worker
-            log.exception("vocoder job callback failed")
 
 
 @dataclass(frozen=True)
@@ -149,18 +55,6 @@ class WorkerStats:
     sessions_failed: int
     graph_calls: int
     decode_calls: int
-
-
-@dataclass
-class _Round:
-    """A launched round: per sequence, the (job, frames) it decodes, and its audio on the way."""
-
-    plan: dict[Hashable, list[tuple[VocodeJob, int]]]
-    pending: PendingAudio
-
-    @property
-    def heads(self) -> list[VocodeJob]:
-        return [spans[0][0] for spans in self.plan.values()]
 
 
 class VocoderWorker:
@@ -243,7 +137,7 @@ class VocoderWorker:
         # Two rounds overlap: round k+1 is launched before round k's audio is read back and
         # handed to its streams, so the GPU decodes while this thread does a round's host work
         # (splitting audio, completing jobs, waking streams), as the engine overlaps its steps.
-        in_flight: Optional[_Round] = None
+        in_flight: Optional[Round] = None
         with torch.inference_mode():
             while True:
                 with self._cond:
@@ -263,8 +157,8 @@ class VocoderWorker:
                 in_flight = launched
                 self.sessions.expire(self.idle_seconds)
 
-    def _timed(self, step: Callable, work) -> Optional["_Round"]:
-        """Run one half of a round (_launch of picks, or _land of a _Round), its wall time counted
+    def _timed(self, step: Callable, work) -> Optional["Round"]:
+        """Run one half of a round (_launch of picks, or _land of a Round), its wall time counted
         as round time; a defect fails the jobs it holds, not the worker."""
         started = self._round_started = time.monotonic()
         try:
@@ -281,56 +175,18 @@ class VocoderWorker:
                 self._round_s += time.monotonic() - started
 
     def _heads(self) -> list[list[tuple[VocodeJob, int]]]:
-        """This round's work, under the lock: per sequence, the jobs and how many of their frames
-        to decode ([(job, frames), ...]). Cancelled jobs at a queue's head are dropped first,
-        unless a round still in flight holds their frames (they go once it lands). Sequences with
-        frames to hand out are taken by deadline, at most round_rows; a START or END alone at
-        its queue's head costs no row and is always taken."""
-        picks, urgent = [], []
-        for seq in list(self._queues):
-            queue = self._queues[seq]
-            while queue and (queue[0].done() or queue[0].is_cancelled and not queue[0].is_in_flight):
-                job = queue.popleft()
-                if job.done():  # completed or failed behind a cancelled head that was in flight
-                    continue
-                if job.end:
-                    self._failed.pop(job.seq, None)
-                    if job.seq in self.sessions:
-                        self.sessions.end(job.seq)  # its END will not come again
-                job._finish(None, ChildError("cancelled", ErrorKind.CANCELLED))
-            if not queue:
-                del self._queues[seq]
-            elif not queue[0].codes.shape[0]:
-                picks.append([(queue[0], 0)])
-            else:
-                spans = self._spans(queue)
-                if spans:
-                    urgent.append(spans)
-        urgent.sort(key=lambda spans: spans[0][0].deadline)
-        return picks + urgent[:self.round_rows]
+        """This round's work, under the lock (jobs.pick_round)."""
+        return pick_round(self._queues, self.piece_frames, self.round_rows, self._end_dropped)
 
-    def _spans(self, queue: "deque[VocodeJob]") -> list[tuple[VocodeJob, int]]:
-        """Up to piece_frames frames of one sequence, from its first job with frames not yet
-        handed out: a stream whose chunks queued up decodes them as one row (one step, not one
-        per chunk). A START behind other jobs waits until they are done (it restarts the row)."""
-        spans, budget = [], self.piece_frames
-        for i, job in enumerate(queue):
-            if job.is_cancelled or (i and job.start):
-                break
-            if not job.frames_left:
-                if job.codes.shape[0] and not job.end:
-                    continue  # all its frames are in flight: the next job may follow them
-                break  # an END (its frames in flight) or a job without frames: nothing after it
-            take = min(budget, job.frames_left)
-            spans.append((job, take))
-            budget -= take
-            if budget == 0 or job.end or take < job.frames_left:
-                break
-        return spans
+    def _end_dropped(self, seq: Hashable) -> None:
+        """A cancelled END was dropped from its queue: it will not come again."""
+        self._failed.pop(seq, None)
+        if seq in self.sessions:
+            self.sessions.end(seq)
 
-    def _launch(self, picks: list[list[tuple[VocodeJob, int]]]) -> Optional["_Round"]:
+    def _launch(self, picks: list[list[tuple[VocodeJob, int]]]) -> Optional["Round"]:
         """Start the round's sequences, answer its START/END-only jobs, and enqueue one decode
-        of every other sequence's frames without waiting for it: the _Round to _land later."""
+        of every other sequence's frames without waiting for it: the Round to _land later."""
         with self._cond:
             self._rounds += 1
         heads = [spans[0][0] for spans in picks]
@@ -367,9 +223,9 @@ class VocoderWorker:
         for spans in plan.values():
             for job, take in spans:
                 job.launched += take
-        return _Round(plan, pending)
+        return Round(plan, pending)
 
-    def _land(self, round_: "_Round") -> None:
+    def _land(self, round_: "Round") -> None:
         """Wait for a launched round's audio and hand each job its part; complete the jobs
         whose every frame is back, in order (each is then its sequence's head)."""
         try:
