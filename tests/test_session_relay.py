@@ -67,7 +67,7 @@ def holder(tmp_path):
     seen = {}
 
     def accept(message, client):
-        message_getter(message)  # as moss_tts's _accept_relayed: in the relay's own thread
+        message_getter(message)  # as SessionAdmission.accept_relayed: in the relay's own thread
         seen["message"] = message
         threading.Thread(target=seen["behaviour"], args=(message, client), daemon=True).start()
 

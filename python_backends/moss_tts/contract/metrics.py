@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 # Bucket upper bounds of the engine's histograms (README, Metrics; deploy/grafana).
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -34,3 +34,9 @@ class Histogram:
     def cumulative(self) -> tuple[list[int], float, int]:
         """(count of values <= each bound, then all), sum, count: Prometheus' _bucket/_sum/_count."""
         return list(itertools.accumulate(self.counts)), self.total, self.num
+
+
+def stat_names(stats_class) -> tuple[str, ...]:
+    """The gauge names of a stats dataclass: its own fields, in order (a model publishes each
+    snapshot's fields under these names, so a new field is a new gauge with no list to edit)."""
+    return tuple(f.name for f in fields(stats_class))

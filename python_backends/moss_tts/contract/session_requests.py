@@ -1,7 +1,7 @@
 """SessionRequests: the requests of one text session, as a client sends them.
 
 Both clients of text sessions (client/tts_client.TextSession over gRPC, the shim's WebSocket)
-send them by these rules, which `moss_tts` holds a session to (model.py `_prepare_session`):
+send them by these rules, which `moss_tts` holds a session to (sessions/admission.py):
 every request names the SESSION_ID; the voice inputs (contract.SESSION_VOICE_INPUTS) go with the
 first request only, the other options with every request that carries text; the last request
 carries SESSION_END, and is an extra one with empty TEXT (and no options) when no text is left.

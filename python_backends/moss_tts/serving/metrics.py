@@ -179,7 +179,7 @@ class RequestMetrics(MetricHolder):
     ended together, so every metric update of this model leaves from one thread."""
 
     def __init__(self) -> None:
-        from .request_record import OUTCOMES, RTF_BUCKETS, TTFA_BUCKETS
+        from ..pipeline.request_record import OUTCOMES, RTF_BUCKETS, TTFA_BUCKETS
 
         super().__init__()
         # Families must outlive their metrics, so both are kept here.

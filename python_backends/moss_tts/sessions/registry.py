@@ -56,6 +56,14 @@ class SessionConfig:
     def from_parameters(cls, parameters) -> "SessionConfig":
         return cls(**config_fields(cls, parameters))
 
+    def vocoder_idle_problem(self, vocoder_idle_s: Optional[float]) -> Optional[str]:
+        """Why sessions cannot serve beside an in-process vocoder that ends a sequence idle for
+        `vocoder_idle_s` (None: no such vocoder here), or None: it would end a session's under it."""
+        if vocoder_idle_s is None or self.session_idle_timeout_s < vocoder_idle_s:
+            return None
+        return (f"session_idle_timeout_s ({self.session_idle_timeout_s:g}) must be below vocoder_idle_s "
+                f"({vocoder_idle_s:g}): the vocoder would end an idle session's sequence under it")
+
 
 class TextSession:
     """One session's state: its voice, its vocoder sequence, and whose turn it is."""
@@ -157,9 +165,6 @@ class SessionStats:
     failed: int
     refused: int  # new sessions refused at max_sessions
     relayed: int  # requests sent on to the instance holding their session (several instances)
-
-
-SESSION_STATS = tuple(SessionStats.__dataclass_fields__)
 
 
 class SessionRegistry:
