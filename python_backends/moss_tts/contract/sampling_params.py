@@ -1,13 +1,16 @@
-"""Per-request sampling parameters, validated once at the edge of the system."""
+"""Per-request sampling parameters, validated once at the edge of the system. The channel
+parameters' fields and checks follow from sampling_options.SAMPLING_OPTIONS."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
-from .tensors import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P, DEFAULT_MAX_FRAMES,  # noqa: F401
-                      MAX_FRAMES, MAX_REPETITION_PENALTY, MAX_TEMPERATURE, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P)
+from .sampling_options import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,  # noqa: F401
+                               MAX_REPETITION_PENALTY, MAX_TEMPERATURE, SAMPLING_OPTIONS, STOP_TEMPERATURE, STOP_TOP_K,
+                               STOP_TOP_P)
+from .tensors import DEFAULT_MAX_FRAMES, MAX_FRAMES
 
 
 class SamplingError(ValueError):
@@ -20,33 +23,32 @@ def derive_row_seed(seed: int) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-@dataclass(frozen=True)
-class ChannelParams:
-    temperature: float
-    top_p: float
-    top_k: int
-    repetition_penalty: float = 1.0
+def _validate(self, channel: str) -> None:
+    for option in SAMPLING_OPTIONS:
+        value = getattr(self, option.name)
+        problem = option.problem(value)
+        if problem:
+            raise SamplingError(f"{channel} {option.name} must be {problem}, got {value}")
 
-    def validate(self, channel: str) -> None:
-        if not (self.temperature >= 0.0) or self.temperature > MAX_TEMPERATURE:
-            raise SamplingError(f"{channel} temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise SamplingError(f"{channel} top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise SamplingError(f"{channel} top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
-        if not (0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY):
-            raise SamplingError(f"{channel} repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
-                                f"got {self.repetition_penalty}")
 
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+# One channel's parameters (temperature, top_p, top_k, repetition_penalty, ...): a frozen dataclass
+# whose fields are the declared options, in their order.
+ChannelParams = make_dataclass(
+    "ChannelParams",
+    [(o.name, o.kind) if o.required else (o.name, o.kind, field(default=o.audio)) for o in SAMPLING_OPTIONS],
+    frozen=True, namespace={"__module__": __name__, "validate": _validate,
+                            "is_greedy": property(lambda self: self.temperature == 0.0)})
+
+
+def channel_defaults(channel: str) -> ChannelParams:
+    """The parameters a request gets on `channel` ("audio" or "stop") when it names none."""
+    return ChannelParams(**{o.name: o.default(channel) for o in SAMPLING_OPTIONS})
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    audio: ChannelParams = ChannelParams(AUDIO_TEMPERATURE, AUDIO_TOP_P, AUDIO_TOP_K, AUDIO_REPETITION_PENALTY)
-    stop: ChannelParams = ChannelParams(STOP_TEMPERATURE, STOP_TOP_P, STOP_TOP_K)
+    audio: ChannelParams = channel_defaults("audio")
+    stop: ChannelParams = channel_defaults("stop")
     seed: int | None = None
     max_frames: int = DEFAULT_MAX_FRAMES
     ignore_stop: bool = False
@@ -56,8 +58,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.audio.validate("audio")
         self.stop.validate("stop")
-        if self.stop.repetition_penalty != 1.0:
-            raise SamplingError("the stop head has no repetition penalty; leave it at 1.0")
+        for option in SAMPLING_OPTIONS:
+            if not option.has_stop_input and getattr(self.stop, option.name) != option.stop:
+                raise SamplingError(f"the stop head has no {option.name.replace('_', ' ')}; leave it at {option.stop}")
         if self.seed is not None and not (0 <= int(self.seed) < 2**63):
             raise SamplingError(f"seed must be a non-negative 64-bit integer, got {self.seed}")
         if not (1 <= int(self.max_frames) <= MAX_FRAMES):

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The sampling options, their defaults and ranges: declared in sampling_options.py, named here too.
+from .sampling_options import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,  # noqa: F401
+                               MAX_REPETITION_PENALTY, MAX_TEMPERATURE, STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P,
+                               sampling_inputs)
+
 # The released model and codec (MossTTSConfig validates a checkpoint against these).
 N_VQ = 12  # RVQ codebooks per frame
 CODEBOOK_SIZE = 1024  # codes 0..1023 per codebook
@@ -30,17 +35,6 @@ MAX_REFERENCE_SECONDS = 100.0
 MAX_FRAMES = 22500  # 30 min: the most MAX_FRAMES / TOKENS may ask for on any engine size
 DEFAULT_MAX_FRAMES = 4096  # without MAX_FRAMES: what fits in max_seq_len, at most this
 MAX_CHUNK_FRAMES = 250  # 20 s of audio per response at most
-MAX_TEMPERATURE = 100.0
-MAX_REPETITION_PENALTY = 100.0
-
-# Sampling defaults (upstream README, SGLang-Omni): codebooks 1.7 / 0.8 / 25, stop head 1.0 / 1.0 / 50.
-AUDIO_TEMPERATURE = 1.7
-AUDIO_TOP_P = 0.8
-AUDIO_TOP_K = 25
-AUDIO_REPETITION_PENALTY = 1.0
-STOP_TEMPERATURE = 1.0
-STOP_TOP_P = 1.0
-STOP_TOP_K = 50
 
 MODES = {"clone": "clone", "voice_clone": "clone", "continuation": "continuation"}
 
@@ -67,6 +61,18 @@ def _option(name: str, dtype: str) -> Tensor:
     return Tensor(name, dtype, (1,), optional=True)
 
 
+# Text sessions (sessions/registry.py): consecutive requests with one SESSION_ID speak as
+# one stream, one voice; SESSION_END (TEXT may be empty) ends it after its earlier requests.
+# SESSION_INDEX (0, 1, 2, ...: the request's place in its session) orders them by index, not
+# by arrival: needed when the server has several moss_tts instances (a request that reaches
+# another instance than the session's is relayed to it and arrives late). moss_tts only: the
+# codes ensemble has no sessions.
+SESSION_INPUTS = (
+    _option("SESSION_ID", "BYTES"),
+    _option("SESSION_END", "BOOL"),
+    _option("SESSION_INDEX", "INT32"),
+)
+
 # moss_tts: text (+ options) -> AUDIO and/or CODES, streamed (decoupled).
 MOSS_TTS_INPUTS = (
     Tensor("TEXT", "BYTES", (1,)),
@@ -78,13 +84,7 @@ MOSS_TTS_INPUTS = (
     _option("LANGUAGE", "BYTES"),
     _option("INSTRUCTIONS", "BYTES"),
     _option("TOKENS", "INT32"),
-    _option("TEMPERATURE", "FP32"),
-    _option("TOP_P", "FP32"),
-    _option("TOP_K", "INT32"),
-    _option("REPETITION_PENALTY", "FP32"),
-    _option("STOP_TEMPERATURE", "FP32"),
-    _option("STOP_TOP_P", "FP32"),
-    _option("STOP_TOP_K", "INT32"),
+    *(_option(name, dtype) for name, dtype in sampling_inputs()),  # TEMPERATURE ... STOP_TOP_K
     _option("SEED", "INT64"),
     _option("MAX_FRAMES", "INT32"),
     _option("IGNORE_STOP", "BOOL"),
@@ -92,25 +92,20 @@ MOSS_TTS_INPUTS = (
     _option("FIRST_CHUNK_FRAMES", "INT32"),
     _option("CHUNK_FRAMES", "INT32"),
     _option("REQUEST_ID", "BYTES"),
-    # Text sessions (sessions/registry.py): consecutive requests with one SESSION_ID speak as
-    # one stream, one voice; SESSION_END (TEXT may be empty) ends it after its earlier requests.
-    # SESSION_INDEX (0, 1, 2, ...: the request's place in its session) orders them by index, not
-    # by arrival: needed when the server has several moss_tts instances (a request that reaches
-    # another instance than the session's is relayed to it and arrives late).
-    _option("SESSION_ID", "BYTES"),
-    _option("SESSION_END", "BOOL"),
-    _option("SESSION_INDEX", "INT32"),
+    *SESSION_INPUTS,
 )
 MOSS_TTS_OUTPUTS = (
     Tensor("AUDIO", "FP32", (CHANNELS, -1)),
     Tensor("CODES", "INT32", (-1, N_VQ)),
     Tensor("CONTEXT_CODES", "INT32", (-1, N_VQ)),
 )
-# The ensemble always takes REFERENCE_AUDIO ([1, 1], empty = none) because ref_encoder runs first;
-# it fills REFERENCE_CODES itself and always streams (no STREAM input).
+# The ensemble takes every moss_tts input but the sessions' and these: it always takes
+# REFERENCE_AUDIO ([1, 1], empty = none) because ref_encoder runs first, fills REFERENCE_CODES
+# itself (ENSEMBLE_FILLED) and always streams (no STREAM input).
+ENSEMBLE_FILLED = {"REFERENCE_CODES": "reference_codes"}  # moss_tts input: the ensemble tensor it gets
 MOSS_TTS_CODES_INPUTS = tuple(Tensor(t.name, t.dtype, (1, 1), optional=False) if t.name == "REFERENCE_AUDIO" else t
                               for t in MOSS_TTS_INPUTS
-                              if t.name not in ("REFERENCE_CODES", "STREAM", "SESSION_ID", "SESSION_END", "SESSION_INDEX"))
+                              if t not in SESSION_INPUTS and t.name not in (*ENSEMBLE_FILLED, "STREAM"))
 MOSS_TTS_CODES_OUTPUTS = MOSS_TTS_OUTPUTS[1:]
 # Batched models: dims without the batch dimension.
 REF_ENCODER_INPUTS = (Tensor("REFERENCE_AUDIO", "BYTES", (1,)),)

@@ -11,11 +11,12 @@ compiles temperature_scores and draw) run these same functions, so they cannot d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..contract.sampling_options import SAMPLING_OPTIONS
 from ..contract.sampling_params import ChannelParams, SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -57,25 +58,16 @@ def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, token: torch.Tensor
     return -torch.log(-torch.log(u))
 
 
-@dataclass
-class ChannelTensors:
-    """One channel group's parameters as per-row tensors [B] on the sampling device."""
+def _build(cls, params: list[ChannelParams], device) -> "ChannelTensors":
+    return cls(**{o.name: torch.tensor([getattr(p, o.name) for p in params],
+                                       dtype=torch.float32 if o.kind is float else torch.long, device=device)
+                  for o in SAMPLING_OPTIONS})
 
-    temperature: torch.Tensor
-    top_p: torch.Tensor
-    top_k: torch.Tensor
-    repetition_penalty: torch.Tensor
 
-    @classmethod
-    def build(cls, params: list[ChannelParams], device) -> "ChannelTensors":
-        def col(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
-        return cls(
-            temperature=col([p.temperature for p in params], torch.float32),
-            top_p=col([p.top_p for p in params], torch.float32),
-            top_k=col([p.top_k for p in params], torch.long),
-            repetition_penalty=col([p.repetition_penalty for p in params], torch.float32),
-        )
+# One channel group's parameters as per-row tensors [B] on the sampling device: a field per
+# declared option (sampling_options.py), float32 or int64. build(params, device) from ChannelParams.
+ChannelTensors = make_dataclass("ChannelTensors", [(o.name, torch.Tensor) for o in SAMPLING_OPTIONS],
+                                namespace={"__module__": __name__, "build": classmethod(_build)})
 
 
 @dataclass

@@ -14,11 +14,9 @@ import numpy as np
 
 from ..contract.errors import InvalidRequest
 from ..contract.prompt_fields import PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
+from ..contract.sampling_options import SAMPLING_OPTIONS
 from ..contract.sampling_params import ChannelParams, SamplingError, SamplingParams
-from ..contract.tensors import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,
-                                DEFAULT_MAX_FRAMES, MAX_CHUNK_FRAMES, MAX_SESSION_ID_CHARS, MAX_TEXT_CHARS, MODES,
-                                STOP_TEMPERATURE, STOP_TOP_K, STOP_TOP_P)
-
+from ..contract.tensors import DEFAULT_MAX_FRAMES, MAX_CHUNK_FRAMES, MAX_SESSION_ID_CHARS, MAX_TEXT_CHARS, MODES
 
 
 @dataclass(frozen=True)
@@ -135,6 +133,12 @@ def _chunk(get: Getter, name: str) -> Optional[int]:
     return value
 
 
+def _channel(get: Getter, channel: str) -> ChannelParams:
+    """One channel's sampling options (sampling_options.py): each from its input, or its default."""
+    return ChannelParams(**{o.name: _number(get, o.input_name(channel), o.kind, o.default(channel))
+                            if o.has_input(channel) else o.default(channel) for o in SAMPLING_OPTIONS})
+
+
 def parse_synthesis_request(get: Getter, default_request_id: str) -> SynthesisRequest:
     """Read and validate every synthesis input; `get(name)` returns the tensor or None."""
     text = _string(get, "TEXT")
@@ -159,13 +163,8 @@ def parse_synthesis_request(get: Getter, default_request_id: str) -> SynthesisRe
     max_frames = _number(get, "MAX_FRAMES", int, None)
     try:
         params = SamplingParams(
-            audio=ChannelParams(_number(get, "TEMPERATURE", float, AUDIO_TEMPERATURE),
-                                _number(get, "TOP_P", float, AUDIO_TOP_P),
-                                _number(get, "TOP_K", int, AUDIO_TOP_K),
-                                _number(get, "REPETITION_PENALTY", float, AUDIO_REPETITION_PENALTY)),
-            stop=ChannelParams(_number(get, "STOP_TEMPERATURE", float, STOP_TEMPERATURE),
-                               _number(get, "STOP_TOP_P", float, STOP_TOP_P),
-                               _number(get, "STOP_TOP_K", int, STOP_TOP_K)),
+            audio=_channel(get, "audio"),
+            stop=_channel(get, "stop"),
             seed=_number(get, "SEED", int, None),
             max_frames=DEFAULT_MAX_FRAMES if max_frames is None else max_frames,
             ignore_stop=bool(_scalar(get, "IGNORE_STOP") or False),
