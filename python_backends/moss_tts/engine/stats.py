@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from ..contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS, Histogram
@@ -58,6 +58,14 @@ class GraphUse:
         self.prefill_hits += is_graphed
         self.prefill_fallbacks += graphs_on and not is_graphed
 
+    def add(self, other: "GraphUse") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def stats(self) -> dict[str, int]:
+        """The counters as EngineStats names them (decode_hits -> decode_graph_hits, ...)."""
+        return {f.name.replace("_", "_graph_", 1): getattr(self, f.name) for f in fields(self)}
+
 
 @dataclass
 class StatsCounters:
@@ -83,11 +91,7 @@ class StatsCounters:
         self.steps += 1
         self.max_batch_size_seen = max(self.max_batch_size_seen, batch_size)
         self.batch_sizes.observe(batch_size)
-        g = self.graphs
-        g.decode_hits += use.decode_hits
-        g.decode_fallbacks += use.decode_fallbacks
-        g.prefill_hits += use.prefill_hits
-        g.prefill_fallbacks += use.prefill_fallbacks
+        self.graphs.add(use)
 
     def record_frames(self, num_frames: int) -> None:
         self.frames_generated += num_frames
@@ -99,11 +103,11 @@ class StatsCounters:
 
     def snapshot(self, running: int, waiting: int, free_slots: int,
                  prefix: Optional[PrefixStats] = None) -> EngineStats:
-        g = self.graphs
         p = prefix or PrefixStats(0, 0, 0, 0, 0, 0, 0)
         return EngineStats(self.requests_admitted, self.requests_finished, self.requests_cancelled,
                            self.requests_failed, self.steps, self.max_batch_size_seen,
-                           self.frames_generated, running, waiting, free_slots,
-                           g.decode_hits, g.decode_fallbacks, g.prefill_hits, g.prefill_fallbacks,
-                           p.prompt_rows, p.reused_rows, p.blocks_stored, p.blocks_evicted,
-                           p.pool_blocks_used, round(self.host_s * 1000), round(self.wait_s * 1000))
+                           self.frames_generated, running, waiting, free_slots, **self.graphs.stats(),
+                           prefix_prompt_rows=p.prompt_rows, prefix_reused_rows=p.reused_rows,
+                           prefix_blocks_stored=p.blocks_stored, prefix_blocks_evicted=p.blocks_evicted,
+                           prefix_pool_blocks_used=p.pool_blocks_used, step_host_ms=round(self.host_s * 1000),
+                           step_wait_ms=round(self.wait_s * 1000))

@@ -19,6 +19,18 @@ class ConfigError(ValueError):
     """A config file is missing a field or holds a value this implementation cannot serve."""
 
 
+def read_config_json(directory: str | Path, error: type[ValueError], missing: str) -> tuple[Any, str]:
+    """A checkpoint directory's config.json (the model's or the codec's) and its path, for messages;
+    `error` when it is missing (`missing` says what was expected) or not JSON."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise error(f"{path}: {missing}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), str(path)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not valid JSON ({exc})") from exc
+
+
 def _get(d: Mapping[str, Any], key: str, source: str, default: Any = ..., cast=None) -> Any:
     if key not in d or d[key] is None:
         if default is ...:
@@ -208,14 +220,9 @@ class MossTTSConfig:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "MossTTSConfig":
-        path = Path(directory) / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"{path}: not found (expected a MOSS-TTS-Local-Transformer-v1.5 model directory)")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
-        return cls.from_dict(data, str(path))
+        data, source = read_config_json(directory, ConfigError,
+                                        "not found (expected a MOSS-TTS-Local-Transformer-v1.5 model directory)")
+        return cls.from_dict(data, source)
 
 
 def real_model_config_dict() -> dict[str, Any]:
