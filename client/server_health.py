@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 MODELS = ("moss_tts", "ref_encoder", "vocoder")  # every python model of model_repository/
 FAMILY = "moss_heartbeat_total"
-_SERIES = re.compile(r"^" + FAMILY + r"\{([^}]*)\} (\S+)$", re.M)
+_SERIES = re.compile(r"^(\w+)(?:\{([^}]*)\})? (\S+)$", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -31,13 +31,16 @@ def metrics_url_for(grpc_url: str, metrics_port: int = 8002) -> str:
     return f"http://{host}:{metrics_port}/metrics"
 
 
+def parse_series(text: str, prefix: str = "") -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every series in Prometheus text whose name starts with `prefix`."""
+    return [(name, dict(_LABEL.findall(labels)), float(value)) for name, labels, value in _SERIES.findall(text)
+            if name.startswith(prefix)]
+
+
 def parse_heartbeats(text: str) -> dict[tuple[str, str], float]:
     """{(model, instance): count} from Prometheus text."""
-    beats = {}
-    for labels, value in _SERIES.findall(text):
-        named = dict(_LABEL.findall(labels))
-        beats[(named.get("model", "?"), named.get("model_instance", "?"))] = float(value)
-    return beats
+    return {(labels.get("model", "?"), labels.get("model_instance", "?")): value
+            for name, labels, value in parse_series(text, FAMILY) if name == FAMILY}
 
 
 def fetch(metrics_url: str, timeout_s: float = 2.0) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import soundfile as sf
 
-from moss_tts.text_segments import split_text
+from moss_tts.contract.text_segments import split_text
 
 from . import model_stats
 from .tts_client import SAMPLE_RATE, InferenceServerException, TTSClient, build_inputs

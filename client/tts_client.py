@@ -18,9 +18,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from moss_tts import contract
-from moss_tts.contract import SAMPLE_RATE, ErrorKind, classify
-from moss_tts.session_requests import SessionRequests
+from moss_tts.contract import tensors as contract
+from moss_tts.contract.errors import ErrorKind, classify
+from moss_tts.contract.session_requests import SessionRequests
+from moss_tts.contract.tensors import SAMPLE_RATE
 
 
 def option_input(name: str, value, shape=(1,)) -> grpcclient.InferInput:
@@ -126,7 +127,7 @@ class SessionChunk:
 class TextSession:
     """Text in as it is written, one continuous audio stream out, one voice (moss_tts text sessions).
 
-    The text is cut by moss_tts.text_segments.TextSegmenter (by the text alone: sentence ends,
+    The text is cut by moss_tts.contract.text_segments.TextSegmenter (by the text alone: sentence ends,
     long clauses); each segment is one request on ONE gRPC stream, all naming a SESSION_ID made
     here; the last carries SESSION_END. The server speaks them in order and continues one
     vocoder sequence across them. `chunks()` yields the audio as it comes; `cancel()` (or
@@ -136,7 +137,7 @@ class TextSession:
 
     def __init__(self, url: str, model: str = "moss_tts", codes: bool = False, timeout: float = 600.0,
                  session_id: Optional[str] = None, segmenter=None, **options) -> None:
-        from moss_tts.text_segments import TextSegmenter
+        from moss_tts.contract.text_segments import TextSegmenter
 
         self.session_id = session_id or uuid.uuid4().hex
         self.model = model

@@ -29,7 +29,7 @@ from typing import Optional
 
 import numpy as np
 
-from moss_tts.contract import CODEBOOK_SIZE, FRAME_RATE, N_VQ
+from moss_tts.contract.tensors import CODEBOOK_SIZE, FRAME_RATE, N_VQ
 
 MAX_NAME_CHARS = 64
 STALE_CLAIM_S = 30.0  # a name claim older than this whose voice file is missing was left by a crash

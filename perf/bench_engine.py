@@ -38,14 +38,13 @@ from pathlib import Path
 
 import torch
 
-from moss_tts.config import MossTTSConfig, real_model_config_dict
-from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest, Finished
-from moss_tts.engine import backbone, frame, step
-from moss_tts.engine.fused import Fusions
-from moss_tts.generation import generate
-from moss_tts.loading import build_random_model
+from moss_tts.contract.sampling_params import ChannelParams, SamplingParams
+from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest, Finished, backbone, frame, step
 from moss_tts.engine.slot_state import param_rows
-from moss_tts.sampling_params import ChannelParams, SamplingParams
+from moss_tts.kernels.fused import Fusions
+from moss_tts.model.config import MossTTSConfig, real_model_config_dict
+from moss_tts.model.generation import generate
+from moss_tts.model.loading import build_random_model
 from moss_tts.tools.random_inputs import random_prompt_rows
 
 FRAME_RATE = 12.5  # frames per second of audio

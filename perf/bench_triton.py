@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from moss_tts import contract
+from moss_tts.contract import tensors as contract
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest."
 

@@ -41,7 +41,8 @@ import torch
 
 from moss_tts.codec import CodecConfig, build_codec, build_real_size_codec, init_random_
 from moss_tts.codec.config import tiny_codec_config_dict
-from moss_tts.serving.vocoder_graphs import VocoderGraphs, to_host
+from moss_tts.vocoder.graphs import VocoderGraphs
+from moss_tts.vocoder.step_buffers import to_host
 
 FRAME_RATE = 12.5  # codec frames per second of audio
 N_VQ = 12  # codebooks the pipeline sends
@@ -202,7 +203,7 @@ def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 3
     """window_attention (RoPE + attention + ring write) per stage shape, per tile config: ms per
     call from graph replays, on random data with a ring of rows + 1 slots; the per-layer sum
     over the real decoder at 10 frames a row is in `step_ms`."""
-    from moss_tts.codec.kernels import window_attention as wa
+    from moss_tts.kernels import window_attention as wa
 
     out = []
     layers = (32, 12, 12, 12, 12, 12)

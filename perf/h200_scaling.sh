@@ -298,7 +298,7 @@ soak() {
   watch_stall "$n" & SAMPLERS="$SAMPLERS $!"
   # RESPONSE_TIMEOUT: seconds a stream waits for its next response (120); every client process
   # writes a progress line to soak.log every 10 s, so a stall shows there before it times out.
-  PYTHONUNBUFFERED=1 python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
+  PYTHONUNBUFFERED=1 python3 -m perf.soak --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
     --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" --cancel-fraction 0.2 \
     --min-frames 40 --max-frames 112 --settle 60 --response-timeout "${RESPONSE_TIMEOUT:-120}" \
     --out "$R/$n.json" > "$R/$n.log" 2>&1

@@ -45,7 +45,7 @@ serve() {
 
 start_soak() {
   log "soak: ${CONCURRENCY:-256} streams, $1 s"
-  PYTHONUNBUFFERED=1 setsid python3 perf/soak.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
+  PYTHONUNBUFFERED=1 setsid python3 -m perf.soak --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
     --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" \
     --cancel-fraction "${CANCEL:-0.2}" --min-frames "${MIN_FRAMES:-40}" --max-frames "${MAX_FRAMES:-112}" \
     --settle 60 --out "$W/soak.json" > "$W/soak.log" 2>&1 < /dev/null &

@@ -1,6 +1,6 @@
 """moss_tts's request ledger beside Triton's own counters, request kind by kind (issue 20).
 
-  python perf/ledger_vs_triton.py --url localhost:8001 --metrics-url http://localhost:8002/metrics
+  python -m perf.ledger_vs_triton --url localhost:8001 --metrics-url http://localhost:8002/metrics
 
 Against a running server with nothing else on it: two requests of each kind (streamed,
 STREAM=false, codes only, refused by the model, wrong dtype, cancelled before the first response,
@@ -19,12 +19,9 @@ import re
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from perf.soak_load import Soak, SoakConfig, tone_wav  # noqa: E402
-from perf.soak_metrics import read_metrics  # noqa: E402
+from perf.soak_load import Soak, SoakConfig, tone_wav
+from perf.soak_metrics import read_metrics
 
 TRITON = ("request_success", "request_failure", "pending_request_count")
 

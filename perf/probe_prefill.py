@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from moss_tts.config import MossTTSConfig, real_model_config_dict
 from moss_tts.engine import EngineConfig, step
 from moss_tts.engine.runner import ModelRunner
-from moss_tts.loading import build_random_model
+from moss_tts.model.config import MossTTSConfig, real_model_config_dict
+from moss_tts.model.loading import build_random_model
 
 PROMPT_ROWS = 160
 

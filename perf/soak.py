@@ -1,7 +1,7 @@
 """Soak: many concurrent streams against a running server, random cancels and bad input mixed in,
 then proof that nothing is left behind.
 
-  python perf/soak.py --url localhost:8001 --metrics-url http://localhost:8002/metrics \
+  python -m perf.soak --url localhost:8001 --metrics-url http://localhost:8002/metrics \
       --concurrency 256 --seconds 600 --cancel-fraction 0.2 --min-frames 40 --max-frames 112 --out soak.json
 
 Every worker runs one request after another until the time is up. A request is, by chance:
@@ -30,12 +30,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from perf.soak_clients import checked_load, run_clients  # noqa: E402
-from perf.soak_load import Load, SoakConfig, SoakReport, load_in_process  # noqa: E402
-from perf.soak_metrics import settle  # noqa: E402
+from perf.soak_clients import checked_load, run_clients
+from perf.soak_load import Load, SoakConfig, SoakReport, load_in_process
+from perf.soak_metrics import settle
 
 
 def soak(config: SoakConfig, metrics_url: str, max_running: int, settle_s: float = 30.0,

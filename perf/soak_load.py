@@ -18,15 +18,12 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from moss_tts import contract  # noqa: E402
+from moss_tts.contract import tensors as contract
 
 SPF = contract.SAMPLES_PER_FRAME
 BAD_INPUTS = [({"TEXT": ""}, "TEXT is empty"), ({"TOP_P": 5.0}, "top_p must be in"),

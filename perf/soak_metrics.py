@@ -4,14 +4,9 @@ and what is still in use when nothing should be (the soak's end checks; tests us
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from client.server_health import check as heartbeats_move, fetch  # noqa: E402
+from client.server_health import check as heartbeats_move, fetch, parse_series
 
 
 def read_metrics(metrics_url: str) -> dict[str, float]:
@@ -22,12 +17,11 @@ def read_metrics(metrics_url: str) -> dict[str, float]:
 def sum_instances(text: str) -> dict[str, float]:
     """Prometheus text -> {series without its `model_instance` label: sum over instances} for moss_*
     series (a multi-GPU layout runs one engine and one vocoder per GPU)."""
-    import re
-
     totals: dict[str, float] = {}
-    for m in re.finditer(r"^(moss_\S+) (\S+)$", text, re.M):
-        key = re.sub(r'(?<=[{,])model_instance="[^"]*",?', "", m.group(1)).replace(",}", "}").replace("{}", "")
-        totals[key] = totals.get(key, 0.0) + float(m.group(2))
+    for name, labels, value in parse_series(text, "moss_"):
+        kept = ",".join(f'{key}="{label}"' for key, label in labels.items() if key != "model_instance")
+        key = f"{name}{{{kept}}}" if kept else name
+        totals[key] = totals.get(key, 0.0) + value
     return totals
 
 

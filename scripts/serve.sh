@@ -35,7 +35,7 @@ shim=("$py" -m client.openai_shim --port "${SHIM_PORT:-8080}" --triton-url "127.
   --metrics-url "http://127.0.0.1:${METRICS_PORT:-8002}/metrics" --voices-dir "${VOICES_DIR:-$PWD/voices}"
   ${SHIM_WORKERS:+--workers "$SHIM_WORKERS"})
 [ -n "${TRITONSERVER:-}" ] && [ -n "${TRITON_BACKENDS:-}" ] || source scripts/triton_env.sh
-# The pipeline's own requests carry this key (python_backends/moss_tts/serving/internal_key.py);
+# The pipeline's own requests carry this key (python_backends/moss_tts/vocoder/internal_key.py);
 # a new one per start, shared by every model of this server through the environment.
 export MOSS_TTS_INTERNAL_KEY="${MOSS_TTS_INTERNAL_KEY:-$("$py" -c 'import secrets; print(secrets.token_hex(32))')}"
 # thread-pool-size is per model instance; a moss_tts stream holds one of its threads while it

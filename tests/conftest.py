@@ -51,21 +51,21 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_dir):
-    from moss_tts.loading import load_model
+    from moss_tts.model.loading import load_model
 
     return load_model(tiny_dir / "model")
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_dir):
-    from moss_tts.loading import load_tokenizer
+    from moss_tts.model.loading import load_tokenizer
 
     return load_tokenizer(tiny_dir / "model")
 
 
 @pytest.fixture(scope="session")
 def builder(tiny_model, tiny_tokenizer):
-    from moss_tts.processor import PromptBuilder
+    from moss_tts.model.processor import PromptBuilder
 
     return PromptBuilder(tiny_tokenizer, tiny_model.cfg)
 
@@ -102,8 +102,8 @@ def real_model():
     built once per session because it takes seconds and ~9 GB."""
     import torch
 
-    from moss_tts.config import MossTTSConfig, real_model_config_dict
-    from moss_tts.loading import build_random_model
+    from moss_tts.model.config import MossTTSConfig, real_model_config_dict
+    from moss_tts.model.loading import build_random_model
 
     cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
     return build_random_model(cfg, "cuda", torch.bfloat16, seed=0)

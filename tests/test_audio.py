@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from moss_tts.audio import AudioError, load_reference, loudness_normalize, prepare_reference, resample
+from moss_tts.reference.audio import AudioError, load_reference, loudness_normalize, prepare_reference, resample
 from test_error_text import assert_no_object_repr
 
 

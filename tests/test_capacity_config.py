@@ -92,7 +92,7 @@ def test_the_h200_memory_plan_fits():
 
 def test_the_gil_switch_interval_is_read_and_checked():
     import pytest
-    from moss_tts.parameters import switch_interval_s
+    from moss_tts.contract.parameters import switch_interval_s
 
     text = (REPO / "moss_tts" / "config.pbtxt").read_text()
     shipped = float(re.search(r'key: "gil_switch_interval_ms" value: { string_value: "([0-9.]+)" }', text).group(1))

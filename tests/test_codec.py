@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moss_tts.checkpoint import CheckpointError
 from moss_tts.codec import (CodecConfig, CodecConfigError, MossAudioCodec, build_real_size_codec, load_codec,
                             real_codec_config_dict, tiny_codec_config_dict, write_codec_checkpoint)
 from moss_tts.codec.patch import Patch, deinterleave, interleave
-from moss_tts.codec.kernels.window_attention import apply_rope, local_causal_attention
+from moss_tts.kernels.window_attention import apply_rope, local_causal_attention
+from moss_tts.model.checkpoint import CheckpointError
 
 SPF = 3840
 

@@ -84,7 +84,7 @@ def test_mono_wav_is_duplicated_and_pcm16_output(ckpt, tmp_path):
 
 def test_any_rate_is_resampled_like_the_server(ckpt, tmp_path):
     """A 16 kHz mono WAV encodes to the codes of the server's resampled audio (same filter)."""
-    from moss_tts.audio import resample
+    from moss_tts.reference.audio import resample
 
     mono = stereo(SPF)[0]  # one 80 ms frame at 16 kHz is 1280 samples; 3840 samples = 3 frames
     sf.write(tmp_path / "16k.wav", mono, 16000, subtype="FLOAT")

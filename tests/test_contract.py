@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from moss_tts import contract
-from moss_tts.contract import ErrorKind, classify
+from moss_tts.contract import tensors as contract
+from moss_tts.contract.errors import ErrorKind, classify
 
 REPO = Path(__file__).resolve().parent.parent / "model_repository"
 
@@ -38,7 +38,7 @@ def test_the_model_repository_holds_exactly_the_contracted_models():
 
 
 def test_the_model_config_agrees_with_the_contract():
-    from moss_tts.config import MossTTSConfig, real_model_config_dict
+    from moss_tts.model.config import MossTTSConfig, real_model_config_dict
 
     cfg = MossTTSConfig.from_dict(real_model_config_dict())
     assert (cfg.n_vq, cfg.audio_vocab_size) == (contract.N_VQ, contract.CODEBOOK_SIZE)

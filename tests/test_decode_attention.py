@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moss_tts.engine.decode_attention import decode_attention, reference_attention, split_plan
+from moss_tts.kernels.decode_attention import decode_attention, reference_attention, split_plan
 from triton_interpreter import interpreter_json
 
 GARBAGE = 1e4  # cache rows no slot may read: large enough to show up in any result that read one

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from moss_tts.engine import (Engine, EngineClosed, EngineConfig, EngineConfigError,
-                             EngineRequest, Finished, QueueFull, chunk_target)
+from moss_tts.contract.sampling_params import ChannelParams, SamplingParams
+from moss_tts.engine import (Engine, EngineClosed, EngineConfig, EngineConfigError, EngineRequest, Finished, QueueFull,
+                             chunk_target)
 from moss_tts.engine.request import RequestState
 from moss_tts.engine.scheduler import Scheduler
-from moss_tts.generation import generate
-from moss_tts.processor import PromptFields, PromptSpec
-from moss_tts.sampling_params import ChannelParams, SamplingParams
+from moss_tts.model.generation import generate
+from moss_tts.model.processor import PromptFields, PromptSpec
 
 from engine_events import TIMEOUT_S, Collector, assert_matches_reference
 
@@ -121,7 +121,7 @@ def test_one_step_admits_prompts_of_every_length_and_each_gets_its_own_frames(ti
 
 
 def test_prefill_plan_pads_few_rows_in_few_bounded_launches():
-    from moss_tts.engine.runner import StagedPrompt, _prefill_plan
+    from moss_tts.engine.prefill_batch import StagedPrompt, prefill_plan as _prefill_plan
 
     def staged(slot, rows):
         return StagedPrompt(slot, torch.zeros(rows, 13, dtype=torch.long), SamplingParams(seed=0))
@@ -338,7 +338,7 @@ def test_the_prefill_budget_counts_rows_not_copied_from_the_prefix_pool(prompts)
 
 
 def test_the_step_histograms_count_every_step():
-    from moss_tts.engine.stats import Histogram
+    from moss_tts.contract.metrics import Histogram
 
     h = Histogram((1, 2, 4))
     for v in (0.5, 1, 3, 9):

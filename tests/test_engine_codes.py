@@ -9,12 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from moss_tts.contract.errors import ChildError, ErrorKind
 from moss_tts.engine import Engine, EngineConfig
-from moss_tts.serving.engine_codes import EngineCodes
-from moss_tts.serving.engine_streams import EngineStreams
-from moss_tts.contract import ErrorKind
-from moss_tts.serving.speech_pipeline import ChildError
-from moss_tts.serving.synthesis_request import parse_synthesis_request
+from moss_tts.pipeline.engine_codes import EngineCodes
+from moss_tts.pipeline.engine_streams import EngineStreams
+from moss_tts.pipeline.synthesis_request import parse_synthesis_request
 
 
 def synthesis(request_id, **values):

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moss_tts.contract.sampling_params import ChannelParams, SamplingParams
 from moss_tts.engine import Engine, EngineConfig, EngineConfigError, EngineRequest
-from moss_tts.engine import fused
 from moss_tts.engine.buckets import Buckets
 from moss_tts.engine.frame import LocalRope, sample_frame
 from moss_tts.engine.memory import check_memory_budget
 from moss_tts.engine.slot_state import SlotState, param_rows
-from moss_tts.processor import PromptSpec
-from moss_tts.qwen3 import RMSNorm, apply_neox_rope, neox_rope
-from moss_tts.sampler import ChannelTensors, FrameSampling, sample
-from moss_tts.sampling_params import ChannelParams, SamplingParams
+from moss_tts.kernels import fused
+from moss_tts.model.processor import PromptSpec
+from moss_tts.model.qwen3 import RMSNorm, apply_neox_rope, neox_rope
+from moss_tts.model.sampler import ChannelTensors, FrameSampling, sample
 
 from engine_events import TIMEOUT_S, Collector
 
@@ -153,7 +153,7 @@ def test_merged_projections_are_views_of_one_matrix(tiny_model):
 
 
 def test_slot_state_assign_matches_frame_sampling_build():
-    from moss_tts.config import MossTTSConfig, real_model_config_dict
+    from moss_tts.model.config import MossTTSConfig, real_model_config_dict
 
     cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
     state = SlotState.allocate(4, cfg, "cpu")
@@ -242,7 +242,7 @@ def test_step_n_plus_1_is_launched_before_step_n_is_read(tiny_model, builder):
 def test_padded_shapes_give_the_reference_codes(tiny_model, builder, max_graph_batch):
     """The GPU shape policy on the CPU: slot ranges, KV windows and prompt rows padded to
     buckets (idle slots and padding rows computed and ignored), or exact past the largest."""
-    from moss_tts.generation import generate
+    from moss_tts.model.generation import generate
 
     specs = ["Hello there.", "A longer sentence, to speak slowly.", "Bye.", "Numbers: one, two."]
     prompts = [builder.build(PromptSpec(text)) for text in specs]
@@ -282,7 +282,7 @@ def test_config_from_triton_parameters():
 
 
 def test_prompt_longer_than_a_prefill_chunk_is_prefilled_in_chunks(tiny_model):
-    from moss_tts.generation import generate
+    from moss_tts.model.generation import generate
 
     prompt = torch.full((70, 13), 1024, dtype=torch.long)
     prompt[:, 0] = torch.randint(0, 150000, (70,), generator=torch.Generator().manual_seed(0))

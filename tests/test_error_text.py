@@ -10,7 +10,7 @@ import io
 import pytest
 import soundfile as sf
 
-from moss_tts.error_text import error_text
+from moss_tts.contract.errors import error_text
 
 
 def assert_no_object_repr(message: str) -> None:

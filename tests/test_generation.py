@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from moss_tts.generation import generate, left_pad
-from moss_tts.processor import PromptFields, PromptSpec
-from moss_tts.sampling_params import ChannelParams, SamplingParams
+from moss_tts.contract.sampling_params import ChannelParams, SamplingParams
+from moss_tts.model.generation import generate, left_pad
+from moss_tts.model.processor import PromptFields, PromptSpec
 
 
 def test_pad_code_adds_exactly_zero(tiny_model):

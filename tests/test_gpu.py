@@ -13,8 +13,8 @@ pytestmark = pytest.mark.gpu
 
 def test_real_size_generation_and_decode_bf16(real_model):
     from moss_tts.codec.checkpoint import build_real_size_codec
-    from moss_tts.generation import generate
-    from moss_tts.sampling_params import SamplingParams
+    from moss_tts.model.generation import generate
+    from moss_tts.contract.sampling_params import SamplingParams
 
     prompts = [random_prompt_rows(150, 1), random_prompt_rows(90, 2)]
     params = [SamplingParams(seed=5, max_frames=8, ignore_stop=True), SamplingParams.greedy(max_frames=6, ignore_stop=True)]

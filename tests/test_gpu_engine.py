@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from moss_tts.contract.sampling_params import ChannelParams, SamplingParams
 from moss_tts.engine import Engine, EngineConfig, EngineConfigError, EngineRequest
-from moss_tts.sampling_params import ChannelParams, SamplingParams
 from moss_tts.tools.random_inputs import random_prompt_rows
 
 from engine_events import Collector

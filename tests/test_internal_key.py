@@ -7,7 +7,7 @@ import os
 import stat
 import threading
 
-from moss_tts.serving import internal_key
+from moss_tts.vocoder import internal_key
 from shared_state import SharedList
 
 

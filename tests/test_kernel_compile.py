@@ -13,7 +13,7 @@ import importlib.util
 
 import pytest
 
-from moss_tts.codec.kernels import window_attention as wa
+from moss_tts.kernels import window_attention as wa
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)

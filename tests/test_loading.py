@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moss_tts.checkpoint import CheckpointError
-from moss_tts.config import ConfigError, MossTTSConfig, real_model_config_dict
-from moss_tts.loading import build_empty_model, load_model
+from moss_tts.model.checkpoint import CheckpointError
+from moss_tts.model.config import ConfigError, MossTTSConfig, real_model_config_dict
+from moss_tts.model.loading import build_empty_model, load_model
 
 
 def test_tiny_checkpoint_has_the_published_names(tiny_dir):

@@ -297,7 +297,7 @@ def test_bad_request_gets_documented_4xx(openai_shim, body, status, param, fragm
 
 
 def test_long_form_text_through_the_sdk_is_every_segment_in_one_response(openai_shim):
-    from moss_tts.text_segments import split_text
+    from moss_tts.contract.text_segments import split_text
 
     text = " ".join(f"Line {i} of a text long enough to be spoken in several segments." for i in range(14))
     assert len(text) <= 1000 and len(split_text(text)) >= 2  # the fixture's --max-input-chars is 1000

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moss_tts.contract.sampling_params import SamplingParams
 from moss_tts.engine import Engine, EngineConfig, EngineConfigError, EngineRequest
 from moss_tts.engine.kv_cache import StaticKVCache
 from moss_tts.engine.prefix_cache import PrefixCache
-from moss_tts.generation import generate
-from moss_tts.processor import PromptFields, PromptSpec
-from moss_tts.sampling_params import SamplingParams
+from moss_tts.model.generation import generate
+from moss_tts.model.processor import PromptFields, PromptSpec
 
 from engine_events import TIMEOUT_S, Collector, assert_matches_reference
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moss_tts.processor import PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
+from moss_tts.model.processor import PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
 
 IM_START, IM_END, AUDIO_START, AUDIO_END, USER_SLOT, ASSIST_SLOT = 151644, 151645, 151669, 151670, 151654, 151656
 

@@ -13,11 +13,11 @@ import pytest
 import soundfile as sf
 import torch
 
-from moss_tts.audio import AudioError, load_reference
 from moss_tts.codec import load_codec
-from moss_tts.reference import encode_references
-from moss_tts.serving.lru import TensorLRU
-from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder, encoder_hash
+from moss_tts.reference.audio import AudioError, load_reference
+from moss_tts.reference.codes import encode_references
+from moss_tts.reference.encoder import ReferenceCacheConfig, ReferenceEncoder, encoder_hash
+from moss_tts.reference.lru import TensorLRU
 from shared_state import SharedList
 from test_error_text import assert_no_object_repr
 

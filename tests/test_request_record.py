@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_tts.contract import ErrorKind
-from moss_tts.serving.request_record import RecordingClient
+from moss_tts.contract.errors import ErrorKind
+from moss_tts.pipeline.request_record import RecordingClient
 
 
 class Client:

@@ -1,4 +1,4 @@
-"""The one-kernel codebook draw (engine/sample_kernel.py) against the torch path: on CPU through
+"""The one-kernel codebook draw (kernels/sample_kernel.py) against the torch path: on CPU through
 Triton's interpreter (a few rows, one subprocess, since TRITON_INTERPRET must be set before triton
 is imported), the reference against the engine's own unstable-sort path, and on a GPU at the
 engine's sizes."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from moss_tts.engine.fused import penalized_scores, select_stop
-from moss_tts.engine.sample_kernel import draw_tokens, is_supported, reference_draw
-from moss_tts.sampler import ChannelTensors, counter_hash, draw, gumbel_noise, temperature_scores
+from moss_tts.kernels.fused import penalized_scores, select_stop
+from moss_tts.kernels.sample_kernel import draw_tokens, is_supported, reference_draw
+from moss_tts.model.sampler import ChannelTensors, counter_hash, draw, gumbel_noise, temperature_scores
 from triton_interpreter import run_interpreter_main
 
 INTERPRETER_TIMEOUT_S = 300
@@ -121,7 +121,7 @@ def torch_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int):
 
 def interpreter_main(out_path: str) -> None:
     """Run in a subprocess with TRITON_INTERPRET=1: saves the kernel's tokens per case and its noise."""
-    from moss_tts.engine import sample_kernel
+    from moss_tts.kernels import sample_kernel
 
     _numpy_xor_reduce()
     results = {}
@@ -242,7 +242,7 @@ def test_gpu_kernel_matches_reference(name):
 
 @pytest.mark.gpu
 def test_gpu_noise_is_bit_identical():
-    from moss_tts.engine.sample_kernel import kernel_noise
+    from moss_tts.kernels.sample_kernel import kernel_noise
 
     for vocab in (1024, 3):
         hashes, noise = kernel_noise(*noise_inputs("cuda"), vocab)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moss_tts.sampler import ChannelTensors, apply_repetition_penalty, counter_hash, sample
-from moss_tts.sampling_params import ChannelParams, SamplingError, SamplingParams, derive_row_seed
+from moss_tts.contract.sampling_params import ChannelParams, SamplingError, SamplingParams, derive_row_seed
+from moss_tts.model.sampler import ChannelTensors, apply_repetition_penalty, counter_hash, sample
 
 
 def params(rows, **kw):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_tts.contract import InvalidRequest
-from moss_tts.serving.segmented_codes import VOICE_FRAMES, SegmentedCodes, codes_for
-from moss_tts.serving.speech_pipeline import AUDIO_READY, CodesChunk
-from moss_tts.serving.synthesis_request import parse_synthesis_request
+from moss_tts.contract.errors import InvalidRequest
+from moss_tts.pipeline.segmented_codes import VOICE_FRAMES, SegmentedCodes, codes_for
+from moss_tts.pipeline.speech_stream import AUDIO_READY, CodesChunk
+from moss_tts.pipeline.synthesis_request import parse_synthesis_request
 
 NO = np.zeros((0, 12), np.int32)
 
@@ -81,8 +81,8 @@ def test_a_duration_cannot_apply_to_long_form():
 def test_long_text_through_the_engine_frees_every_row(tiny_model, tiny_tokenizer):
     from moss_tts.engine.config import EngineConfig
     from moss_tts.engine.engine import Engine
-    from moss_tts.processor import PromptBuilder
-    from moss_tts.serving.engine_streams import EngineStreams
+    from moss_tts.model.processor import PromptBuilder
+    from moss_tts.pipeline.engine_streams import EngineStreams
 
     streams = EngineStreams(lambda on_event: Engine(tiny_model, EngineConfig(max_seq_len=512), on_event))
     streams.start()

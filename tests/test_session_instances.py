@@ -1,7 +1,7 @@
 """Text sessions on a server with two moss_tts instances (the replicas layouts' shape, here two
 CPU instances). Triton hands each request to either instance, and nothing routes a session's
 requests to the one holding it: one that reaches the other instance is relayed to the holder
-(serving/session_relay.py) and its audio comes back through the instance it reached. The session
+(sessions/relay.py) and its audio comes back through the instance it reached. The session
 stays one: one voice, one vocoder sequence, its requests spoken in SESSION_INDEX order."""
 
 from __future__ import annotations

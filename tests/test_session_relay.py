@@ -1,4 +1,4 @@
-"""serving.session_relay: a session request spoken by another instance, over a real Unix socket
+"""sessions.relay: a session request spoken by another instance, over a real Unix socket
 (no Triton): arrays arrive intact, exactly one final response reaches the client whatever
 happens, a cancel on the receiving side reaches the holder, an unreachable or vanished holder is
 UNAVAILABLE."""
@@ -12,10 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from moss_tts.contract import ErrorKind
-from moss_tts.serving.session_relay import (RelayedStream, RelayServer, decode_array, encode_array, message_getter,
-                                            read_message, relay, request_message, socket_path,
-                                            write_message)
+from moss_tts.contract.errors import ErrorKind
+from moss_tts.sessions.relay import (RelayedStream, RelayServer, decode_array, encode_array, message_getter,
+                                     read_message, relay, request_message, socket_path, write_message)
 
 
 class Client:
@@ -68,7 +67,7 @@ def holder(tmp_path):
     seen = {}
 
     def accept(message, client):
-        message_getter(message)  # as moss_tts's _accept_relayed: in the relay's own thread
+        message_getter(message)  # as SessionAdmission.accept_relayed: in the relay's own thread
         seen["message"] = message
         threading.Thread(target=seen["behaviour"], args=(message, client), daemon=True).start()
 

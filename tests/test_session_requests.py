@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from moss_tts import contract
-from moss_tts.session_requests import SessionRequests
+from moss_tts.contract import tensors as contract
+from moss_tts.contract.session_requests import SessionRequests
 
 
 def test_the_voice_goes_with_the_first_request_only_and_the_close_carries_no_options():

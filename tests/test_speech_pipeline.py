@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_tts.contract import ErrorKind
-from moss_tts.serving.speech_pipeline import AUDIO_READY, ChildError, CodesChunk, Ready, SpeechStream
+from moss_tts.contract.errors import ChildError, ErrorKind
+from moss_tts.pipeline.speech_stream import AUDIO_READY, CodesChunk, Ready, SpeechStream
 
 EMPTY = np.zeros((0, 12), np.int32)
 

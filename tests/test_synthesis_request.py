@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_tts.contract import InvalidRequest
-from moss_tts.serving.synthesis_request import parse_synthesis_request
+from moss_tts.contract.errors import InvalidRequest
+from moss_tts.pipeline.synthesis_request import parse_synthesis_request
 
 
 def parse(**inputs):

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from moss_tts.text_segments import MAX_SEGMENT_CHARS, TextSegmenter, split_text
+from moss_tts.contract.text_segments import MAX_SEGMENT_CHARS, TextSegmenter, split_text
 
 TEXTS = [
     "Hello there. This is a test, with a clause; and more words that go on for a while, yes, indeed it does.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moss_tts.text_segments import split_text
+from moss_tts.contract.text_segments import split_text
 
 
 def check(text, max_chars):

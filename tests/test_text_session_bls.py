@@ -1,7 +1,7 @@
 """Text sessions with the codec over BLS (moss_tts parameter vocoder=bls, the split layout's
 path; tiny checkpoint, CPU): the session's one vocoder sequence lives in the `vocoder` model,
 and closing the session, by SESSION_END or by a cancel, ends it there at once (an END call,
-model.py `_end_sequence`), not 20 s later by the vocoder's idle janitor."""
+serving/stream_io.end_sequence), not 20 s later by the vocoder's idle janitor."""
 
 from __future__ import annotations
 

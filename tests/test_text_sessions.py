@@ -7,12 +7,12 @@ import threading
 import numpy as np
 import pytest
 
-from moss_tts.contract import ErrorKind, InvalidRequest, ServingError
-from moss_tts.serving.segmented_codes import VOICE_FRAMES
-from moss_tts.serving.session_stream import SessionChildren, SessionClient, SessionCodes, SessionRequest
-from moss_tts.serving.speech_pipeline import CodesChunk, SpeechStream
-from moss_tts.serving.synthesis_request import parse_session_inputs
-from moss_tts.serving.text_sessions import SessionConfig, SessionRegistry
+from moss_tts.contract.errors import ErrorKind, InvalidRequest, ServingError
+from moss_tts.pipeline.segmented_codes import VOICE_FRAMES
+from moss_tts.pipeline.speech_stream import CodesChunk, SpeechStream
+from moss_tts.pipeline.synthesis_request import parse_session_inputs
+from moss_tts.sessions.registry import SessionConfig, SessionRegistry
+from moss_tts.sessions.session_request import SessionChildren, SessionClient, SessionCodes, SessionRequest
 from shared_state import SharedList
 from test_speech_pipeline import EMPTY, FakeChildren, FakeClient, codes
 
@@ -175,7 +175,7 @@ def test_a_session_held_by_another_instance_is_refused_not_opened_again(tmp_path
     """Two instances of moss_tts (two processes, one claims directory): a request that reached the
     instance not holding its session is refused with a message naming both, instead of opening a
     second session there (another voice); once the holder closes it, the claim is gone."""
-    from moss_tts.serving.session_claims import SessionClaims, SessionHeldElsewhere
+    from moss_tts.sessions.claims import SessionClaims, SessionHeldElsewhere
 
     ids = iter(range(1, 1000))
     a = SessionRegistry(SessionConfig(), lambda _: None, lambda: next(ids),
@@ -200,7 +200,7 @@ def test_a_session_held_by_another_instance_is_refused_not_opened_again(tmp_path
 
 def test_an_instance_takes_over_its_own_stale_claim(tmp_path):
     """A claim left by an earlier stub of the same instance (Triton restarted it) is not a refusal."""
-    from moss_tts.serving.session_claims import SessionClaims
+    from moss_tts.sessions.claims import SessionClaims
 
     claims = SessionClaims(tmp_path, "moss_tts_0_0")
     claims.claim("s1")
@@ -252,7 +252,7 @@ def test_an_index_out_of_place_is_refused_and_leaves_nothing():
 def test_a_missing_first_index_fails_the_session_and_a_later_gap_is_skipped():
     # A request refused before it reached the holder (on another instance) never takes its index:
     # GAP_S later its turn is skipped, or, for index 0 (the voice), the session fails.
-    from moss_tts.serving.text_sessions import GAP_S
+    from moss_tts.sessions.registry import GAP_S
 
     reg, _, clock = registry()
     session, ticket, _ = reg.join("s", False, True, index=1)  # index 0 never comes
@@ -291,7 +291,7 @@ def test_an_indexed_session_end_may_arrive_first():
 def test_the_claims_directory_must_be_private_and_owner_names_well_formed(tmp_path):
     import os
 
-    from moss_tts.serving.session_claims import SessionClaims
+    from moss_tts.sessions.claims import SessionClaims
 
     ours = tmp_path / "left-by-an-earlier-server"
     ours.mkdir()

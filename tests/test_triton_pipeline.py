@@ -259,7 +259,7 @@ def test_a_long_reference_is_served_with_the_default_length(triton):
 def test_long_form_text_is_one_continuous_stream_and_a_cancel_frees_everything(triton):
     """A text longer than one segment is generated segment by segment in the same voice and
     arrives as one stream (one vocoder session); cancelling it mid-way frees every row and slot."""
-    from moss_tts.text_segments import split_text
+    from moss_tts.contract.text_segments import split_text
 
     text = " ".join(f"This is sentence number {i} of a rather long text, spoken in one voice." for i in range(20))
     segments = split_text(text)
@@ -304,7 +304,7 @@ def test_minutes_of_speech_in_one_stream_with_bounded_state(triton):
     engine holds at most one row and the vocoder one session for it, and the entry's memory stays
     flat: what it gains from a quarter of the stream to the end is under LONG_FORM_GROWTH_MB (a
     bound far below what keeping the audio would cost: 192 kB per second of audio even as int16)."""
-    from moss_tts.text_segments import split_text
+    from moss_tts.contract.text_segments import split_text
 
     from triton_server import stub_pids
 

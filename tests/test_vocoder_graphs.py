@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from moss_tts.codec import load_codec
-from moss_tts.serving.vocoder_graphs import VocoderGraphs, row_buckets
-from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
+from moss_tts.vocoder.config import NoFreeSlot, VocoderConfig
+from moss_tts.vocoder.graphs import VocoderGraphs, row_buckets
+from moss_tts.vocoder.sessions import VocoderSessions
 
 SPF = 3840  # samples per channel per codec frame
 SCHEDULE = [2, 10, 10, 8]  # the pipeline's chunking: 2 frames, then 10, then the rest
@@ -121,7 +122,7 @@ def test_pbtxt_parameters_override_the_adapters_defaults_and_a_bad_one_names_its
 
 
 def test_cuda_graphs_on_the_cpu_are_ignored_with_a_log_line(codec, caplog):
-    with caplog.at_level(logging.INFO, logger="moss_tts.serving.vocoder_sessions"):
+    with caplog.at_level(logging.INFO, logger="moss_tts.vocoder.sessions"):
         sessions = make(codec, capture=True)
     assert sessions.graphs is None and "cuda_graphs=true ignored" in caplog.text
 

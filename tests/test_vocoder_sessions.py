@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from moss_tts.codec import load_codec
-from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
+from moss_tts.vocoder.config import NoFreeSlot, VocoderConfig
+from moss_tts.vocoder.sessions import VocoderSessions
 
 SPF = 3840  # samples per channel per codec frame
 

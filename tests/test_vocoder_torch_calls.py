@@ -21,8 +21,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from moss_tts.codec import load_codec
-from moss_tts.serving.vocoder_sessions import VocoderConfig, VocoderSessions
-from moss_tts.serving.vocoder_worker import VocoderWorker
+from moss_tts.vocoder.config import VocoderConfig
+from moss_tts.vocoder.sessions import VocoderSessions
+from moss_tts.vocoder.worker import VocoderWorker
 
 SPF = 3840  # samples per channel per codec frame
 TIMEOUT_S = 60.0

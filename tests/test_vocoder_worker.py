@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from moss_tts.codec import load_codec
-from moss_tts.contract import ErrorKind
-from moss_tts.serving.speech_pipeline import ChildError
-from moss_tts.serving.vocoder_sessions import VocoderConfig, VocoderSessions
-from moss_tts.serving.vocoder_worker import VocoderPlacement, VocoderWorker
+from moss_tts.contract.errors import ChildError, ErrorKind
+from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement
+from moss_tts.vocoder.sessions import VocoderSessions
+from moss_tts.vocoder.worker import VocoderWorker
 from shared_state import SharedList
 
 SPF = 3840

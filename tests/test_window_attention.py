@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
-from moss_tts.codec.kernels import window_attention as wa
-from moss_tts.codec.kernels.window_attention import (AttentionConfig, Ring, reference_window_attention, rope_table,
-                                                     window_attention)
+from moss_tts.kernels import window_attention as wa
+from moss_tts.kernels.window_attention import (AttentionConfig, Ring, reference_window_attention, rope_table,
+                                               window_attention)
 from triton_interpreter import interpreter_json
 
 GARBAGE = 1e4  # ring contents of slots no step row may read

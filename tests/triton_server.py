@@ -17,10 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("ref_encoder", "vocoder", "moss_tts_codes", "moss_tts")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_free_port = free_port  # the name the shim's tests import
 
 
 @dataclass
@@ -108,36 +111,51 @@ def start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: floa
 
 def _start_server(model_dir: Path, codec_dir: Path, log_path: Path, timeout: float,
                   repository: Path | None, args: tuple[str, ...]) -> TritonServer:
-    http, grpc, metrics = _free_port(), _free_port(), _free_port()
+    http, grpc, metrics = free_port(), free_port(), free_port()
     env = dict(os.environ, MOSS_TTS_MODEL_DIR=str(model_dir), MOSS_TTS_CODEC_DIR=str(codec_dir),
                HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics),
                SHIM_PORT="0")  # tritonserver only; tests start the OpenAI shim themselves (openai_shim fixture)
     if repository is not None:
         env["MODEL_REPOSITORY"] = str(repository)
-    log = open(log_path, "w")
-    process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh"), *args], env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    server = TritonServer(process, f"127.0.0.1:{grpc}", f"127.0.0.1:{http}",
-                          f"http://127.0.0.1:{metrics}/metrics", log_path)
-    deadline = time.monotonic() + timeout
-    while not _is_ready(server):
-        if not server.is_alive():
-            tail = server.log_tail()
-            error = ServerStartAborted if UPSTREAM_START_ABORT in tail else RuntimeError
-            raise error(f"tritonserver exited during start-up:\n{tail}")
-        if time.monotonic() > deadline:
+    server = spawn([str(ROOT / "scripts" / "serve.sh"), *args], env, log_path, http, grpc, metrics)
+    try:
+        wait_ready(server, MODELS, timeout)
+    except RuntimeError:
+        if server.is_alive():  # not ready in time
             stop_server(server)
-            raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s:\n{server.log_tail()}")
-        time.sleep(0.5)
+        raise
     server.stubs = stub_pids(server)
     with _started_lock:
         _started.append(server)
     return server
 
 
-def _is_ready(server: TritonServer) -> bool:
+def spawn(command: list[str], env: dict[str, str], log_path: Path, http: int, grpc: int, metrics: int) -> TritonServer:
+    """Start `command` (tritonserver, or a script that execs it, serving on these ports) in a
+    session of its own, its output in `log_path`. perf/hold_repro/repro.py starts its servers here too."""
+    log = open(log_path, "w")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return TritonServer(process, f"127.0.0.1:{grpc}", f"127.0.0.1:{http}", f"http://127.0.0.1:{metrics}/metrics",
+                        log_path)
+
+
+def wait_ready(server: TritonServer, models, timeout: float) -> None:
+    """Until every model of `models` is ready; RuntimeError (ServerStartAborted for upstream's
+    start-up abort) when the server exits first or is not ready in `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not is_ready(server, models):
+        if not server.is_alive():
+            tail = server.log_tail()
+            error = ServerStartAborted if UPSTREAM_START_ABORT in tail else RuntimeError
+            raise error(f"tritonserver exited during start-up:\n{tail}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s:\n{server.log_tail()}")
+        time.sleep(0.5)
+
+
+def is_ready(server: TritonServer, models=MODELS) -> bool:
     try:
-        for model in MODELS:
+        for model in models:
             url = f"http://{server.http_url}/v2/models/{model}/ready"
             if urllib.request.urlopen(url, timeout=2).status != 200:
                 return False
@@ -146,9 +164,13 @@ def _is_ready(server: TritonServer) -> bool:
         return False
 
 
-def stop_server(server: TritonServer, timeout: float = 60.0) -> float:
-    """SIGTERM, wait; returns the seconds it took (SIGKILL and inf if it did not exit in time)."""
+def stop_server(server: TritonServer, timeout: float = 60.0, check_crashes: bool = True,
+                kill_leftovers: bool = False) -> float:
+    """SIGTERM, wait; returns the seconds it took (SIGKILL and inf if it did not exit in time).
+    `kill_leftovers`: SIGKILL what is left of its process group after (a crashed server's stubs);
+    `check_crashes`: assert no stub of it crashed (repros that expect crashes say False)."""
     start = time.monotonic()
+    took = 0.0
     if server.is_alive():
         os.killpg(server.process.pid, 15)
         try:
@@ -156,10 +178,15 @@ def stop_server(server: TritonServer, timeout: float = 60.0) -> float:
         except subprocess.TimeoutExpired:
             os.killpg(server.process.pid, 9)
             server.process.wait()
-            assert_no_stub_crash(server)
-            return float("inf")
-    took = time.monotonic() - start
-    assert_no_stub_crash(server)
+            took = float("inf")
+    took = took or time.monotonic() - start
+    if kill_leftovers:
+        try:
+            os.killpg(server.process.pid, 9)
+        except ProcessLookupError:
+            pass
+    if check_crashes:
+        assert_no_stub_crash(server)
     return took
 
 

@@ -21,7 +21,7 @@ from typing import Optional
 import grpc
 from pydantic import ValidationError
 
-from moss_tts.contract import ErrorKind, classify, is_busy, is_dead_stub
+from moss_tts.contract.errors import ErrorKind, classify, is_busy, is_dead_stub
 
 
 @dataclass(eq=False)  # exceptions keep identity hashing

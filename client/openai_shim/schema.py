@@ -18,7 +18,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from moss_tts import contract
+from moss_tts.contract import tensors as contract
 
 from .audio_format import FORMATS, UNSUPPORTED, OutputSpec, SpecError
 

@@ -1,7 +1,7 @@
 """WS /v1/audio/speech/stream: text in as it is written, one continuous audio stream out, one voice.
 
 One WebSocket connection is one text session (docs/structure.md, "Text sessions"): the text is cut
-by moss_tts.text_segments.TextSegmenter here, each segment is one request on ONE gRPC stream to
+by moss_tts.contract.text_segments.TextSegmenter here, each segment is one request on ONE gRPC stream to
 `moss_tts`, all naming one SESSION_ID; the last carries SESSION_END. The protocol
 (docs/websocket.md) is modelled on ElevenLabs' stream-input: options first, then text deltas,
 flush, end; audio comes back as binary frames, events as JSON text frames.
@@ -22,9 +22,9 @@ import uuid
 import grpc
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
-from moss_tts import contract
-from moss_tts.session_requests import SessionRequests
-from moss_tts.text_segments import TextSegmenter
+from moss_tts.contract import tensors as contract
+from moss_tts.contract.session_requests import SessionRequests
+from moss_tts.contract.text_segments import TextSegmenter
 
 from . import errors
 from .audio_output import NO_AUDIO, AudioOutput

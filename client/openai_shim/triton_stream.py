@@ -22,7 +22,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from moss_tts import contract
+from moss_tts.contract import tensors as contract
 
 from . import errors
 

@@ -5,7 +5,7 @@ model/ with one set of parameters, waits until it is ready, idles SETTLE_S, send
 reads the log: "Signal (11)"/"Signal (6)" is a crash, "successfully unloaded" a clean unload.
 README.md says why (python_backend r24.10 source lines).
 
-    .venv/bin/python perf/finalize_repro/repro.py --runs 5
+    .venv/bin/python -m perf.finalize_repro.repro --runs 5
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ import argparse
 import collections
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "hold_repro"))
-from repro import Server, infer_once, make_repository  # noqa: E402  (the hold repro's server runner)
+from perf.hold_repro.repro import Server, infer_once, make_repository  # the hold repro's server runner
 
 VARIANTS = {
     # The probe runs on through finalize(), as the stop watch of an instance that never served did.

@@ -2,7 +2,7 @@
 started as the tests start it (tests/triton_server.py), one scenario per server, then SIGTERM and
 "successfully unloaded 'moss_tts'" or not (README.md).
 
-    PYTHONPATH=python_backends:tests:. .venv/bin/python perf/hold_repro/moss_tts_repro.py \
+    .venv/bin/python -m perf.hold_repro.moss_tts_repro \
         --scenarios rejected_cancel,rejected_drain --runs 2
 """
 
@@ -11,18 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "tests"), str(ROOT / "python_backends")]
-
-from perf.soak_load import make_inputs  # noqa: E402
-from moss_tts.contract import SAMPLES_PER_FRAME  # noqa: E402
-from repro import unload_report  # noqa: E402
+from moss_tts.contract.tensors import SAMPLES_PER_FRAME
+from perf.hold_repro.repro import unload_report
+from perf.soak_load import make_inputs
 
 FRAMES = 6
 SHORT = {"TEXT": "Hold repro.", "MAX_FRAMES": FRAMES, "IGNORE_STOP": True, "FIRST_CHUNK_FRAMES": 2,
@@ -92,7 +87,7 @@ async def drive(url: str, scenario: str, seed: int) -> dict:
 
 
 def one_run(scenario: str, run: int, tiny: Path, out: Path) -> dict:
-    from triton_server import start_server, stop_server
+    from tests.triton_server import start_server, stop_server
 
     log_path = out / f"{scenario}-{run}.log"
     server = start_server(tiny / "model", tiny / "codec", log_path, args=("--exit-timeout-secs=8",))

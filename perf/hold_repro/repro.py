@@ -6,8 +6,8 @@ streams (every ordering at once, one request per gRPC stream, as client/tts_clie
 then sends SIGTERM and reads the log: a copy that never logs "successfully unloaded" was held by
 a leaked gRPC stream state (README.md says which, with the r24.10 source lines).
 
-    .venv/bin/python perf/hold_repro/repro.py --runs 5 --streams 300
-    .venv/bin/python perf/hold_repro/repro.py --orderings timed_cancel,drain --runs 10
+    .venv/bin/python -m perf.hold_repro.repro --runs 5 --streams 300
+    .venv/bin/python -m perf.hold_repro.repro --orderings timed_cancel,drain --runs 10
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from tests.triton_server import free_port, spawn, stop_server, wait_ready
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -80,12 +80,6 @@ ORDERINGS = {
 JITTER_MS = 3.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def infer_once(http_url: str, model: str) -> None:
     """One request over HTTP to a model with one INT32 [1] input "IN" (the repro models of perf/)."""
     body = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}).encode()
@@ -115,47 +109,24 @@ def make_repository(tmp: Path, names: list[str], model: Path = HERE / "model",
 
 
 class Server:
+    """tritonserver itself on `repo` (tests/triton_server.py's harness, without scripts/serve.sh)."""
+
     def __init__(self, repo: Path, log_path: Path, verbose: int = 0, exit_timeout_s: int = 6) -> None:
         env = triton_env()
         self.grpc, http, metrics = free_port(), free_port(), free_port()
-        self.http_url = f"127.0.0.1:{http}"
         self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.process = subprocess.Popen(
+        self.server = spawn(
             [env["TRITONSERVER"], f"--model-repository={repo}", f"--backend-directory={env['TRITON_BACKENDS']}",
              f"--http-port={http}", f"--grpc-port={self.grpc}", f"--metrics-port={metrics}",
-             f"--log-verbose={verbose}", f"--exit-timeout-secs={exit_timeout_s}"],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+             f"--log-verbose={verbose}", f"--exit-timeout-secs={exit_timeout_s}"], env, log_path, http, self.grpc, metrics)
+        self.http_url, self.process = self.server.http_url, self.server.process
 
     def wait_ready(self, names: list[str], timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if all(urllib.request.urlopen(f"http://{self.http_url}/v2/models/{n}/ready", timeout=2).status == 200
-                       for n in names):
-                    return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError("tritonserver not ready")
+        wait_ready(self.server, names, timeout)
 
     def stop(self, timeout: float = 60.0) -> float:
-        start = time.monotonic()
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # whatever is left of its process group (a crashed server's stubs, a hung server)
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-        self.log.close()
-        return time.monotonic() - start
+        """SIGTERM -> exit seconds; what is left of its process group is killed (a crashed server's stubs)."""
+        return stop_server(self.server, timeout, check_crashes=False, kill_leftovers=True)
 
 
 def inputs(o: Ordering):

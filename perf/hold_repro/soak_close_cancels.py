@@ -7,7 +7,7 @@ had its final but not yet its status: the ordering that can leave moss_tts held 
 held it), e.g. the one before the fix:
 
     git show 685f33e:perf/soak.py > /tmp/soak_old.py
-    PYTHONPATH=python_backends .venv/bin/python perf/hold_repro/soak_close_cancels.py --soak-file /tmp/soak_old.py
+    .venv/bin/python -m perf.hold_repro.soak_close_cancels --soak-file /tmp/soak_old.py
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "python_backends")]
 
 
 def load_soak(path: Path):
@@ -63,7 +62,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--tiny", type=Path, default=Path(tempfile.gettempdir()) / "hold_repro_tiny")
     args = p.parse_args()
-    from triton_server import start_server, stop_server
+    from tests.triton_server import start_server, stop_server
 
     if not (args.tiny / "model").exists():
         from moss_tts.tools.make_tiny_checkpoint import main as make_tiny

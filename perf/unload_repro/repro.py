@@ -7,7 +7,7 @@ ended is read two ways: the kernel log (`dmesg`: "triton_python_b[PID]: segfault
 pid, and the server log, where Python's faulthandler (FAULTHANDLER=1) writes "Fatal Python error".
 README.md says why, from the python_backend r24.10 source.
 
-    .venv/bin/python perf/unload_repro/repro.py --runs 5
+    .venv/bin/python -m perf.unload_repro.repro --runs 5
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "hold_repro"))
-from repro import Server, infer_once, make_repository  # noqa: E402  (the hold repro's server runner)
+from perf.hold_repro.repro import Server, infer_once, make_repository  # the hold repro's server runner
 
 VARIANTS = ("family_and_metric", "nothing")
 

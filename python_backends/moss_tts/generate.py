@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .audio import AudioError, load_reference
-from .checkpoint import CheckpointError
-from .config import ConfigError
-from .generation import generate
-from .loading import load_model, load_tokenizer, resolve_codec_dir
-from .processor import PromptBuilder, PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
-from .reference import encode_references
-from .sampling_params import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,
-                              DEFAULT_MAX_FRAMES, ChannelParams, SamplingError, SamplingParams)
+from .contract.sampling_params import (AUDIO_REPETITION_PENALTY, AUDIO_TEMPERATURE, AUDIO_TOP_K, AUDIO_TOP_P,
+                                       DEFAULT_MAX_FRAMES, ChannelParams, SamplingError, SamplingParams)
+from .model.checkpoint import CheckpointError
+from .model.config import ConfigError
+from .model.generation import generate
+from .model.loading import load_model, load_tokenizer, resolve_codec_dir
+from .model.processor import PromptBuilder, PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
+from .reference.audio import AudioError, load_reference
+from .reference.codes import encode_references
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -3,163 +3,57 @@ and/or CODES [frames, 12], streamed (decoupled).
 
 execute() validates every request (INVALID_ARG at once) and hands it to a stream thread
 (StreamPool; beyond `max_streams` UNAVAILABLE at once), then returns. A stream
-(speech_pipeline.SpeechStream) gets reference codes from ref_encoder (BLS), its code chunks from
-the engine in this process (EngineCodes), vocodes them when AUDIO is wanted, sends each chunk,
+(pipeline/speech_stream.SpeechStream) gets reference codes from ref_encoder (BLS), its code chunks
+from the engine in this process (EngineCodes), vocodes them when AUDIO is wanted, sends each chunk,
 and ends with one final response. The vocoder runs in this process too (`vocoder` parameter
-"in_process", vocoder_worker.VocoderWorker: chunks in flight per stream, batched across streams,
+"in_process", vocoder/worker.VocoderWorker: chunks in flight per stream, batched across streams,
 on a CUDA stream of its own), or in the `vocoder` model over BLS ("bls", for placements that put
 the codec on another GPU). Requests naming a SESSION_ID form a text session
-(serving/text_sessions.py, session_stream.py): run in order, one voice, one vocoder sequence.
-BLS calls here are never decoupled: in 24.10 those corrupt the stub's
-heap and deadlock it under concurrency (see docs/structure.md).
+(sessions/admission.py): run in order, one voice, one vocoder sequence.
+This adapter only wires the package's parts and converts: the request policy is
+pipeline/speech_requests.py and sessions/admission.py, the Triton side of a stream
+serving/stream_io.py (whose BLS calls are never decoupled: docs/structure.md says why).
 """
 
 import logging
 import sys
 import time
-from dataclasses import replace
 
-import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.contract import (MOSS_TTS_INPUTS, MOSS_TTS_OUTPUTS, N_VQ, SESSION_VOICE_INPUTS, ErrorKind,
-                               InvalidRequest, ServingError)
+from moss_tts.contract.errors import ErrorKind, ServingError
+from moss_tts.contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS, stat_names
+from moss_tts.contract.parameters import switch_interval_s
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
-from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS
-from moss_tts.loading import load_model, load_tokenizer
-from moss_tts.parameters import switch_interval_s
-from moss_tts.processor import PromptBuilder
-from moss_tts.serving import internal_key, triton_io as io
-from moss_tts.serving.engine_codes import EngineCodes
-from moss_tts.serving.engine_streams import EngineStreams
+from moss_tts.engine.stats import EngineStats
+from moss_tts.model.loading import load_model, load_tokenizer
+from moss_tts.model.processor import PromptBuilder
+from moss_tts.pipeline.engine_streams import EngineStreams
+from moss_tts.pipeline.speech_requests import SpeechRequests, requested_outputs
+from moss_tts.pipeline.speech_stream import new_sequence_id
+from moss_tts.pipeline.synthesis_request import parse_session_inputs
+from moss_tts.serving import metrics, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
-from moss_tts.serving.request_ledger import PATHS as LEDGER_PATHS, RequestLedger
-from moss_tts.serving.request_record import RecordingClient
-from moss_tts.serving.segmented_codes import SegmentedCodes, codes_for
-from moss_tts.serving.session_claims import SessionClaims, SessionHeldElsewhere, server_directory
-from moss_tts.serving.session_relay import RelayedStream, RelayServer, message_getter, request_message, socket_path
-from moss_tts.serving.session_stream import (NO_AUDIO, SessionChildren, SessionClient, SessionCodes,
-                                            SessionRequest, first_reference)
-from moss_tts.serving.speech_pipeline import END_WAIT_S, NO_CODES, ChildError, Ready, SpeechStream, new_sequence_id
+from moss_tts.serving.request_ledger import LedgerStats, RequestLedger
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stop_watch import ServerStopWatch
+from moss_tts.serving.stream_io import FINAL, TritonChildren, TritonClient, encode_reference, end_sequence
 from moss_tts.serving.stream_pool import StreamPool
-from moss_tts.serving.synthesis_request import parse_session_inputs, parse_synthesis_request
-from moss_tts.serving.text_sessions import SESSION_STATS, SessionConfig, SessionRegistry
-from moss_tts.serving.vocoder_sessions import VocoderConfig, VocoderSessions
-from moss_tts.serving.vocoder_worker import VocoderPlacement, VocoderWorker
+from moss_tts.sessions.admission import SessionAdmission
+from moss_tts.sessions.claims import SessionClaims, server_directory
+from moss_tts.sessions.registry import SessionConfig, SessionRegistry, SessionStats
+from moss_tts.sessions.relay import RelayServer, socket_path
+from moss_tts.vocoder import internal_key
+from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement
+from moss_tts.vocoder.sessions import VocoderSessions
+from moss_tts.vocoder.worker import VocoderWorker, WorkerStats
 
 log = logging.getLogger(__name__)
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-OUTPUTS = tuple(t.name for t in MOSS_TTS_OUTPUTS)
 STOP_TIMEOUT_S = 10.0  # finalize: streams end at their next chunk or tick; Triton's exit timeout is 30 s
-STATS = ("requests_admitted", "requests_finished", "requests_cancelled", "requests_failed", "steps",
-         "max_batch_size_seen", "frames_generated", "running", "waiting", "free_slots",
-         "decode_graph_hits", "decode_graph_fallbacks", "prefill_graph_hits", "prefill_graph_fallbacks",
-         "prefix_prompt_rows", "prefix_reused_rows", "prefix_blocks_stored", "prefix_blocks_evicted",
-         "prefix_pool_blocks_used", "step_host_ms", "step_wait_ms", "streams")
-VOCODER_STATS = ("rounds", "jobs", "frames", "round_ms", "queued_jobs", "active_slots", "free_slots",
-                 "sessions_started", "sessions_ended", "sessions_failed", "graph_calls", "decode_calls")
-LEDGER_STATS = ("entered", "finals", "in_flight", "send_errors", "double_finals",
-                *(f"in_flight_{path}" for path in LEDGER_PATHS))
-
-
-def _call(request, output: str, watch: StallWatch) -> np.ndarray:
-    """One non-decoupled BLS call, watched for stalls: its `output`, or ChildError."""
-    with watch.working():
-        response = request.exec()
-    if response.has_error():
-        raise ChildError.from_message(response.error().message())
-    return pb_utils.get_output_tensor_by_name(response, output).as_numpy()
-
-
-def encode_reference(audio: bytes, watch: StallWatch) -> np.ndarray:
-    """Reference file bytes -> codes [1, frames, 12], by ref_encoder over BLS (cached there)."""
-    request = pb_utils.InferenceRequest(
-        model_name="ref_encoder", inputs=[io.bytes_tensor("REFERENCE_AUDIO", [audio], [1, 1])],
-        requested_output_names=["REFERENCE_CODES"])
-    return _call(request, "REFERENCE_CODES", watch).copy()
-
-
-def vocode_call(worker, parameters, watch: StallWatch, sequence_id: int, codes, start: bool, end: bool,
-                on_done=lambda: None, deadline=None, is_stopping=lambda: False):
-    """One call of a vocoder sequence: a job of this process's worker (its audio to come), or a
-    call of the `vocoder` model over BLS with the pipeline's key `parameters` (answered: Ready)."""
-    if worker is not None:
-        return worker.submit(sequence_id, codes, start, end, on_done=on_done, deadline=deadline)
-    if end and not start and not len(codes) and is_stopping():
-        # The server stops: Triton refuses the END anyway (the vocoder's sequences end with it), and
-        # a BLS call made after this instance's last final response can land as Triton finalizes
-        # the instance, which crashes tritonserver 2.51 (serving/stop_watch.py).
-        return Ready(NO_AUDIO)
-    flags = (START if start else 0) | (END if end else 0)
-    request = pb_utils.InferenceRequest(
-        model_name="vocoder", correlation_id=sequence_id, flags=flags, parameters=parameters,
-        inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes, dtype=np.int32)[None])],
-        requested_output_names=["AUDIO"])
-    return Ready(_call(request, "AUDIO", watch)[0])
-
-
-class TritonChildren:
-    """One stream's engine chunks and its vocoder sequence: in this process (`worker`), or the
-    `vocoder` model over BLS with the pipeline's key (so it never meets the direct callers'
-    quota). Every blocking BLS call is watched for stalls."""
-
-    def __init__(self, codes: "EngineCodes | SegmentedCodes", key: str, watch: StallWatch,
-                 worker: "VocoderWorker | None", is_stopping=lambda: False):
-        self.codes = codes
-        self.is_stopping = is_stopping
-        self.parameters = internal_key.parameters(key)
-        self.watch = watch
-        self.worker = worker
-        self.sequence_id = new_sequence_id()
-
-    def stream_codes(self):
-        return self.codes.chunks()
-
-    def abort_codes(self):
-        self.codes.abort()
-
-    def vocode(self, codes, start, end, deadline=None):
-        # The job's completion wakes this stream's wait for its next engine chunk.
-        return vocode_call(self.worker, self.parameters, self.watch, self.sequence_id, codes, start, end,
-                           on_done=self.codes.wake, deadline=deadline, is_stopping=self.is_stopping)
-
-
-class TritonClient:
-    """Sends exactly the outputs the client requested (the 24.10 stub prunes the others after
-    releasing the GIL, freeing numpy arrays off the GIL)."""
-
-    def __init__(self, sender, requested: set, watch: StallWatch):
-        self.sender = sender
-        self.requested = requested
-        self.watch = watch
-
-    def send(self, audio, codes, context, final):
-        values = {"AUDIO": audio, "CODES": codes, "CONTEXT_CODES": context}
-        tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in values.items()
-                   if name in self.requested and value is not None]
-        self._send(pb_utils.InferenceResponse(tensors), FINAL if final else 0)
-
-    def send_error(self, message, kind):
-        self._send(io.error_response(message, kind), FINAL)
-
-    def send_final(self):
-        self._send(None, FINAL)
-
-    def _send(self, response, flags):
-        with self.watch.working():
-            if response is None:
-                self.sender.send(flags=flags)
-            else:
-                self.sender.send(response, flags=flags)
-
-    def is_cancelled(self):
-        return self.sender.is_cancelled()
+STATS = (*stat_names(EngineStats), "streams")  # the moss_engine gauges: the engine's, and the streams held
 
 
 class TritonPythonModel:
@@ -167,62 +61,69 @@ class TritonPythonModel:
         config, params = io.model_config(args), io.model_parameters(args)
         sys.setswitchinterval(switch_interval_s(params))
         io.require_decoupled(config)
-        device = use_device(resolve_device(params.get("device"), int(args["model_instance_device_id"])))
+        instance, device_id = args["model_instance_name"], int(args["model_instance_device_id"])
+        device = use_device(resolve_device(params.get("device"), device_id))
         model_dir, _ = checkpoint_dirs()
         dtype = resolve_dtype(params.get("dtype"), device)
         model = load_model(model_dir, device, dtype)
-        self.builder = PromptBuilder(load_tokenizer(model_dir), model.cfg)
+        builder = PromptBuilder(load_tokenizer(model_dir), model.cfg)
         engine_config = EngineConfig.from_parameters(params)
         max_streams = int(params.get("max_streams", "320"))
         # Before the engine: its KV budget counts what this process already holds (the codec's
         # state and graphs among it).
         placement = VocoderPlacement.from_parameters(params)
         session_config = SessionConfig.from_parameters(params)
-        if placement.is_in_process and session_config.session_idle_timeout_s >= placement.vocoder_idle_s:
-            raise pb_utils.TritonModelException(
-                f"session_idle_timeout_s ({session_config.session_idle_timeout_s:g}) must be below vocoder_idle_s "
-                f"({placement.vocoder_idle_s:g}): the vocoder would end an idle session's sequence under it")
-        self.worker = self._vocoder_worker(placement, device, dtype, max_streams, int(args["model_instance_device_id"]))
+        problem = session_config.vocoder_idle_problem(placement.vocoder_idle_s if placement.is_in_process else None)
+        if problem:
+            raise pb_utils.TritonModelException(problem)
+        self.worker = self._vocoder_worker(placement, device, dtype, max_streams, device_id)
         self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event))
         self.streams.start()
         self.key = internal_key.internal_key()
-        self.pool = StreamPool(max_streams, name=f"{args['model_instance_name']}-stream")
+        self.pool = StreamPool(max_streams, name=f"{instance}-stream")
         self.watch = StallWatch()  # the streams' BLS calls and sends
         self.sessions = SessionRegistry(session_config, self._end_sequence, new_sequence_id,
-                                        claims=SessionClaims(server_directory(), args["model_instance_name"]))
+                                        claims=SessionClaims(server_directory(), instance))
         self.sessions.start_reaper()
+        self.requests = SpeechRequests(
+            self.streams, builder,
+            lambda codes: TritonChildren(codes, self.key, self.watch, self.worker, self.pool.is_stopping),
+            lambda audio: encode_reference(audio, self.watch), lambda record: self.metrics.observe(record),
+            self.pool.is_stopping)
+        self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
         # Session requests that reached another instance of this server come here to be spoken
-        # (several instances: serving/session_relay.py).
-        self.relay_server = RelayServer(socket_path(server_directory(), args["model_instance_name"]),
-                                        self._accept_relayed)
+        # (several instances: sessions/relay.py).
+        self.relay_server = RelayServer(socket_path(server_directory(), instance), self.admission.accept_relayed)
         self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds(),
                                                         self.worker.stalled_seconds() if self.worker else 0.0))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
-        self.metrics = io.RequestMetrics()
-        instance = args["model_instance_name"]
+        self.metrics = metrics.RequestMetrics()
         # Requests in, final flags out: the model's view of what is in flight, beside Triton's.
         self.ledger = RequestLedger(FINAL)
-        self.ledger_gauges = io.Gauges("moss_tts_requests", "moss_tts requests entered, final flags sent, in flight",
-                                       LEDGER_STATS, lambda: vars(self.ledger.stats()), interval_s=0.5,
-                                       instance=instance)
-        self.session_gauges = io.Gauges("moss_tts_sessions", "moss_tts text sessions (open now, and counters)",
-                                        SESSION_STATS, lambda: vars(self.sessions.stats()), interval_s=0.5,
-                                        instance=instance)
-        self.histograms = {name: io.HistogramGauges(f"moss_engine_{name}", description, bounds, instance)
-                           for name, description, bounds
-                           in (("batch_size", "rows per engine step", BATCH_SIZE_BUCKETS),
-                               ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
-        self.gauges = io.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
-                                after=self._flush_metrics, instance=instance)
+        self._start_gauges(instance)
         # The server's shutdown reaches the streams: over BLS a refused call said so, in process
         # nothing does (streams would run on until Triton's exit timeout).
         self.stop_watch = ServerStopWatch(io.ask_missing_model, self._server_stopping)
+
+    def _start_gauges(self, instance):
+        self.ledger_gauges = metrics.Gauges(
+            "moss_tts_requests", "moss_tts requests entered, final flags sent, in flight", stat_names(LedgerStats),
+            lambda: vars(self.ledger.stats()), interval_s=0.5, instance=instance)
+        self.session_gauges = metrics.Gauges(
+            "moss_tts_sessions", "moss_tts text sessions (open now, and counters)", stat_names(SessionStats),
+            lambda: vars(self.sessions.stats()), interval_s=0.5, instance=instance)
+        self.histograms = {name: metrics.HistogramGauges(f"moss_engine_{name}", description, bounds, instance)
+                           for name, description, bounds
+                           in (("batch_size", "rows per engine step", BATCH_SIZE_BUCKETS),
+                               ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
+        self.gauges = metrics.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
+                                     after=self._flush_metrics, instance=instance)
         self.vocoder_gauges = None
         if self.worker is not None:
-            rows = io.HistogramGauges("moss_tts_vocoder_round_rows", "streams decoded per in-process vocoder round",
-                                      BATCH_SIZE_BUCKETS, instance)
-            self.vocoder_gauges = io.Gauges(
-                "moss_tts_vocoder", "moss_tts in-process vocoder counters", VOCODER_STATS,
+            rows = metrics.HistogramGauges("moss_tts_vocoder_round_rows",
+                                           "streams decoded per in-process vocoder round", BATCH_SIZE_BUCKETS, instance)
+            self.vocoder_gauges = metrics.Gauges(
+                "moss_tts_vocoder", "moss_tts in-process vocoder counters", stat_names(WorkerStats),
                 lambda: vars(self.worker.stats()), interval_s=0.5, instance=instance,
                 after=lambda: rows.set(self.worker.round_rows_histogram.cumulative()))
 
@@ -252,138 +153,28 @@ class TritonPythonModel:
                 sender.send(io.error_response(str(exc), exc.kind), flags=FINAL)
                 self.metrics.count("invalid" if exc.kind is ErrorKind.INVALID_ARGUMENT else "busy")
                 continue
-            if not self.pool.try_start(stream.run):
-                if isinstance(stream, SessionRequest):  # its turn never comes: the session closes
-                    self.sessions.finish(stream.session, "failed")
+            if not self.admission.start(stream):
                 self.ledger.classify(sender, "refused")
                 self.metrics.count("busy" if not self.pool.is_stopping() else "unavailable")
                 sender.send(io.error_response(self.pool.refusal(), ErrorKind.UNAVAILABLE), flags=FINAL)
         return None
 
     def _prepare(self, request, sender):
+        """The request's stream (a text session's request, or a SpeechStream): InvalidRequest at once."""
         started = time.monotonic()
         get = io.getter(request)
         session = parse_session_inputs(get)
+        requested = requested_outputs(request.requested_output_names())
+        client = TritonClient(sender, requested, self.watch)
         if session is not None:
-            requested = set(request.requested_output_names()) or set(OUTPUTS)
-            return self._prepare_session(get, session, started, requested, request.request_id(),
-                                         TritonClient(sender, requested, self.watch),
-                                         on_admit=lambda: self.ledger.classify(sender, "stream"), may_relay=True)
-        synthesis = self._synthesis(request.request_id(), get)
-        reference = self._reference(get, synthesis)
-        requested = set(request.requested_output_names()) or set(OUTPUTS)
-        codes = codes_for(self.streams, self.builder, synthesis, reference)  # long text: one request per segment
-        self.ledger.classify(sender, "long_form" if isinstance(codes, SegmentedCodes) else
-                             "codes" if "AUDIO" not in requested else "stream" if synthesis.stream else "offline")
-        children = TritonChildren(codes, self.key, self.watch, self.worker, self.pool.is_stopping)
-        client = RecordingClient(TritonClient(sender, requested, self.watch), self.metrics.observe, started)
-        return SpeechStream(children, client, synthesis.stream, "AUDIO" in requested, self.pool.is_stopping)
-
-    def _reference(self, get, synthesis):
-        """The request's reference codes, as a callable the stream thread runs (ref_encoder over BLS)."""
-        # Copies: the stream outlives execute(), and with it the request's input buffers.
-        audio = get("REFERENCE_AUDIO")
-        audio = b"" if audio is None else bytes(audio.reshape(-1)[0])
-        given = get("REFERENCE_CODES")
-        given = None if given is None else np.array(given, dtype=np.int32).reshape(-1, N_VQ)
-        if audio and given is not None and given.size:
-            raise InvalidRequest("send REFERENCE_AUDIO or REFERENCE_CODES, not both")
-        if synthesis.mode == "continuation" and not audio and (given is None or not given.size):
-            raise InvalidRequest("MODE=continuation needs REFERENCE_AUDIO (or REFERENCE_CODES): the audio to continue")
-        return (lambda: encode_reference(audio, self.watch)) if audio else (lambda: given)
-
-    @staticmethod
-    def _synthesis(request_id, get):
-        synthesis = parse_synthesis_request(get, "")
-        # Client request ids repeat across clients ("1", ...): the engine id is made unique.
-        return synthesis.with_request_id(f"{synthesis.request_id or request_id or 'req'}-{new_sequence_id():x}")
-
-    def _prepare_session(self, get, inputs, started, requested, request_id, client, on_admit, may_relay):
-        """One request of a text session (serving/text_sessions.py): checked here, run in order.
-        `client`: the request's (TritonClient, or a RelayClient when it came from another instance);
-        a request for a session another instance holds is relayed there if `may_relay`."""
-        synthesis = self._synthesis(request_id, get) if inputs.has_text else None
-        if "AUDIO" not in requested:
-            raise InvalidRequest("a text session streams audio: request AUDIO (CODES may come with it)")
-        if synthesis is not None and (not synthesis.stream or synthesis.fields.tokens is not None):
-            raise InvalidRequest("a text session streams each segment: drop STREAM=false and TOKENS")
-        voice_inputs = [name for name in SESSION_VOICE_INPUTS if get(name) is not None]
-        is_later = inputs.index != 0 if inputs.index is not None else self.sessions.is_open(inputs.session_id)
-        if voice_inputs and is_later:
-            raise InvalidRequest(f"{', '.join(voice_inputs)}: the voice of text session {inputs.session_id!r} is "
-                                 f"set by its first request; send these only there")
-        reference = self._reference(get, synthesis) if synthesis is not None else (lambda: None)
-        try:
-            session, ticket, _ = self._join(inputs)
-        except SessionHeldElsewhere as held:
-            if not may_relay or not held.owner:  # relayed once already; or its holder never said
-                raise
-            on_admit()
-            self.sessions.count_relayed()
-            inputs_sent = {t.name: value for t in MOSS_TTS_INPUTS if (value := get(t.name)) is not None}
-            message = request_message(inputs_sent, sorted(requested), request_id or "")
-            return RelayedStream(socket_path(server_directory(), held.owner), message, client, self.pool.is_stopping)
-        try:
-            on_admit()
-            return self._session_request(client, synthesis, reference, inputs, session, ticket, started)
-        except BaseException:  # the ticket must be given back, or the session's later requests wait forever
-            self.sessions.finish(session, "failed")
-            raise
-
-    def _join(self, inputs):
-        """sessions.join; a claim whose holder has not written its name yet (it opens the session
-        this moment) is read again for a short while."""
-        for _ in range(50):
-            try:
-                return self.sessions.join(inputs.session_id, inputs.is_end, inputs.has_text, inputs.index)
-            except SessionHeldElsewhere as held:
-                if held.owner:
-                    raise
-                time.sleep(0.01)
-        return self.sessions.join(inputs.session_id, inputs.is_end, inputs.has_text, inputs.index)
-
-    def _session_request(self, base_client, synthesis, reference, inputs, session, ticket, started):
-        on_final = (lambda: self.sessions.close(session, "ended")) if inputs.is_end else (lambda: None)
-        client = SessionClient(RecordingClient(base_client, self.metrics.observe, started), on_final)
-        stream = None
-        is_first = ticket == 0  # the session's first request: its reference, or its first frames, is the voice
-        if synthesis is not None:
-            if is_first:
-                codes = codes_for(self.streams, self.builder, synthesis, first_reference(session, reference))
-            else:
-                codes = codes_for(self.streams, self.builder, replace(synthesis, mode="clone"), session.voice_codes)
-            children = TritonChildren(SessionCodes(codes, session, is_first), self.key, self.watch, self.worker,
-                                      self.pool.is_stopping)
-            children.sequence_id = session.sequence_id
-            stream = SpeechStream(SessionChildren(children, session, inputs.is_end, client), client, True, True,
-                                  self.pool.is_stopping)
-        return SessionRequest(self.sessions, session, ticket, stream, client, self.pool.is_stopping)
-
-    def _accept_relayed(self, message, client):
-        """A session request relayed from another instance of this server (session_relay.RelayServer)."""
-        started = time.monotonic()
-        try:
-            get = message_getter(message)
-            inputs = parse_session_inputs(get)
-            if inputs is None:
-                raise InvalidRequest("a relayed request must name a SESSION_ID")
-            requested = set(message["requested"]) or set(OUTPUTS)
-            stream = self._prepare_session(get, inputs, started, requested, message["request_id"], client,
-                                           on_admit=lambda: None, may_relay=False)
-        except ServingError as exc:
-            client.send_error(str(exc), exc.kind)
-            return
-        if not self.pool.try_start(stream.run):
-            self.sessions.finish(stream.session, "failed")
-            client.send_error(self.pool.refusal(), ErrorKind.UNAVAILABLE)
+            return self.admission.prepare(get, session, started, requested, request.request_id(), client,
+                                          on_admit=lambda: self.ledger.classify(sender, "stream"), may_relay=True)
+        stream, path = self.requests.stream(get, request.request_id(), requested, client, started)
+        self.ledger.classify(sender, path)
+        return stream
 
     def _end_sequence(self, sequence_id):
-        """End a text session's vocoder sequence (closed by SESSION_END, cancel, failure or timeout)."""
-        try:
-            vocode_call(self.worker, internal_key.parameters(self.key), self.watch, sequence_id, NO_CODES,
-                        start=False, end=True, is_stopping=self.pool.is_stopping).result(timeout=END_WAIT_S)
-        except Exception as exc:  # the vocoder's own idle timeout reclaims the sequence
-            log.warning("ending text session sequence %x failed: %s", sequence_id, exc)
+        end_sequence(self.worker, self.key, self.watch, sequence_id, self.pool.is_stopping)
 
     def _server_stopping(self):
         log.info("tritonserver is shutting down: %d streams end with UNAVAILABLE, new ones are refused",
@@ -391,8 +182,7 @@ class TritonPythonModel:
         self.pool.begin_stop()
 
     def _stats(self):
-        stats = self.streams.engine.stats()
-        return {name: self.pool.num_active if name == "streams" else getattr(stats, name) for name in STATS}
+        return {**vars(self.streams.engine.stats()), "streams": self.pool.num_active}
 
     def _flush_metrics(self):
         self.metrics.flush()
@@ -411,5 +201,5 @@ class TritonPythonModel:
         if self.worker is not None:
             self.worker.stop(STOP_TIMEOUT_S)
         # Last: the heartbeat, every gauge and request metric (a metric alive after finalize
-        # crashes the stub at unload: triton_io.MetricHolder).
-        io.release_metrics()
+        # crashes the stub at unload: serving/metrics.MetricHolder).
+        metrics.release_metrics()

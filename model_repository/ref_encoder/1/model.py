@@ -10,13 +10,13 @@ several references gets one row each, the shorter ones padded with -1 (PAD_CODE)
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from moss_tts.audio import AudioError
-from moss_tts.contract import N_VQ
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.error_text import error_text
-from moss_tts.serving import triton_io as io
+from moss_tts.contract.errors import error_text
+from moss_tts.contract.tensors import N_VQ
+from moss_tts.reference.audio import AudioError
+from moss_tts.reference.encoder import ReferenceCacheConfig, ReferenceEncoder
+from moss_tts.serving import metrics, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, use_device
-from moss_tts.serving.ref_cache import ReferenceCacheConfig, ReferenceEncoder
 from moss_tts.serving.stall_watch import StallWatch
 
 # Rows past a shorter item's length in a multi-reference request (no codebook has code -1).
@@ -34,7 +34,7 @@ class TritonPythonModel:
         config = ReferenceCacheConfig(max_entries=int(params.get("cache_max_entries", 8192)),
                                       max_bytes=int(params.get("cache_max_bytes", 64 << 20)))
         self.encoder = ReferenceEncoder(codec, config, encoder_id=str(codec_dir.resolve()))
-        self.counters = io.Counters("moss_ref_cache_total", "reference cache events", COUNTERS, label="event")
+        self.counters = metrics.Counters("moss_ref_cache_total", "reference cache events", COUNTERS, label="event")
         self.watch = StallWatch()
         # Encoding a 100 s reference can take a while on a CPU; a minute is not normal anywhere.
         self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds, stall_limit_s=60.0)
@@ -82,7 +82,7 @@ class TritonPythonModel:
         self.counters.publish(vars(self.encoder.stats()))
 
     def finalize(self):
-        io.release_metrics()  # the heartbeat's and the counters' (a metric alive after finalize crashes the stub)
+        metrics.release_metrics()  # the heartbeat's and the counters' (a metric alive after finalize crashes the stub)
 
 
 def _stack(codes: list) -> np.ndarray:

@@ -15,13 +15,15 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from moss_tts.codec.checkpoint import load_codec
-from moss_tts.contract import N_VQ, ErrorKind
-from moss_tts.engine.stats import BATCH_SIZE_BUCKETS, Histogram
-from moss_tts.error_text import error_text
-from moss_tts.serving import internal_key, triton_io as io
+from moss_tts.contract.errors import ErrorKind, error_text
+from moss_tts.contract.metrics import BATCH_SIZE_BUCKETS, Histogram
+from moss_tts.contract.tensors import N_VQ
+from moss_tts.serving import metrics, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.stall_watch import StallWatch
-from moss_tts.serving.vocoder_sessions import NoFreeSlot, VocoderConfig, VocoderSessions
+from moss_tts.vocoder import internal_key
+from moss_tts.vocoder.config import NoFreeSlot, VocoderConfig
+from moss_tts.vocoder.sessions import VocoderSessions
 
 
 WORK_STATS = ("executes", "requests", "execute_ms", "decode_calls", "frames_decoded", "sessions_started",
@@ -49,16 +51,16 @@ class TritonPythonModel:
         self.watch = StallWatch()
         self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds)
         instance = args["model_instance_name"]
-        self.slots = io.Gauges("moss_vocoder_sessions", "vocoder codec state slots", ("active", "free"),
+        self.slots = metrics.Gauges("moss_vocoder_sessions", "vocoder codec state slots", ("active", "free"),
                                self._slots, label="state", instance=instance)
         self.execute_ms = 0.0
         # Requests per execute: its count is the executes, its sum the requests (WORK_STATS).
         # requests / executes is the batch the sequence batcher formed, execute_ms / executes the
         # time one batch took, frames_decoded / decode_calls the rows per codec call.
         self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)
-        self.batch_gauges = io.HistogramGauges("moss_vocoder_batch_size", "requests per vocoder execute",
+        self.batch_gauges = metrics.HistogramGauges("moss_vocoder_batch_size", "requests per vocoder execute",
                                                BATCH_SIZE_BUCKETS, instance)
-        self.gauges = io.Gauges("moss_vocoder", "vocoder work counters", WORK_STATS, self._work, interval_s=0.5,
+        self.gauges = metrics.Gauges("moss_vocoder", "vocoder work counters", WORK_STATS, self._work, interval_s=0.5,
                                 after=lambda: self.batch_gauges.set(self.batch_sizes.cumulative()), instance=instance)
         self._lock = threading.Lock()  # the janitor never expires a sequence in the middle of an execute
         self._stop = threading.Event()
@@ -139,5 +141,5 @@ class TritonPythonModel:
     def finalize(self):
         self._stop.set()
         self._janitor.join(2.0)
-        io.release_metrics()  # heartbeat and gauges: a metric alive after finalize crashes the stub
+        metrics.release_metrics()  # heartbeat and gauges: a metric alive after finalize crashes the stub
         self.sessions = None

@@ -4,7 +4,7 @@
   python -m moss_tts.codec decode codes.npy -o OUT.(wav|npy) --codec DIR [--chunk-frames N]
 
 A .wav input may have any sample rate: it is resampled to 48 kHz with the server's filter for
-reference audio (moss_tts.audio.resample), mono is duplicated to stereo, and, unlike the server's
+reference audio (moss_tts.reference.audio.resample), mono is duplicated to stereo, and, unlike the server's
 reference path, the level is left as it is. Audio .npy files are float32 [2, samples] at 48 kHz;
 code .npy files are integers [frames, codebooks]. Every user error exits with status 2 and a
 message naming the problem.
@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..audio import resample
-from ..checkpoint import CheckpointError
+from ..model.checkpoint import CheckpointError
+from ..reference.audio import resample
 from .checkpoint import load_codec
+from .codec_model import MossAudioCodec
 from .config import CodecConfigError
-from .model import MossAudioCodec
 
 SAMPLE_RATE = 48000
 CHANNELS = 2

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..checkpoint import find_safetensors, load_state_strict, read_safetensors
+from ..model.checkpoint import find_safetensors, load_state_strict, read_safetensors
+from .codec_model import MossAudioCodec
 from .config import CodecConfig, real_codec_config_dict
-from .model import MossAudioCodec
 
 PARTS = ("encoder", "quantizer", "decoder")
 

@@ -8,11 +8,12 @@ attention window of every stage in keys, so nothing downstream re-reads the raw 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Union
+
+from ..model.config import read_config_json
 
 MODEL_TYPE = "moss-audio-tokenizer"
 
@@ -72,14 +73,7 @@ class CodecConfig:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "CodecConfig":
-        path = Path(directory) / "config.json"
-        if not path.is_file():
-            raise CodecConfigError(f"{path}: codec config.json not found")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise CodecConfigError(f"{path}: not valid JSON ({exc})") from exc
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(*read_config_json(directory, CodecConfigError, "codec config.json not found"))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> "CodecConfig":

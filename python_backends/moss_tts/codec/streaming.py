@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..uploads import upload_index
+from ..kernels.uploads import upload_index
 
 
 @dataclass

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, window_attention
 from .config import TransformerStage
-from .kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, window_attention
 from .streaming import Packing
 
 

@@ -14,9 +14,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
-from . import decode_attention
-from .fused import Fusions
+from ..kernels import decode_attention
+from ..kernels.fused import Fusions
+from ..model.qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
 from .kv_cache import StaticKVCache
 
 # attend(layer, q [B, T, heads, d], k, v [B, T, kv_heads, d]) -> o_proj output [B, T, H]

@@ -7,7 +7,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from ..parameters import config_fields
+from ..contract.parameters import config_fields
 
 MAX_RUNNING_REQUESTS = 16
 MAX_QUEUE = 256

@@ -21,8 +21,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..error_text import error_text
-from ..model import MossTTSLocalModel
+from ..contract.errors import error_text
+from ..model.tts_model import MossTTSLocalModel
 from .config import EngineConfig
 from .events import EngineEvent, Finished, FinishReason
 from .request import EngineRequest, RequestState
@@ -138,7 +138,7 @@ class Engine:
             # replay and the Triton kernels launch on the current one (engine on cuda:1).
             torch.cuda.set_device(self._runner.device)
             # A stream of its own, above the default priority: a vocoder decoding in this
-            # process (serving/vocoder_worker.py, normal priority) overlaps the steps and fills
+            # process (vocoder/worker.py, normal priority) overlaps the steps and fills
             # the SMs they leave idle, but never delays a step behind its long GEMMs.
             torch.cuda.set_stream(torch.cuda.Stream(self._runner.device, priority=STREAM_PRIORITY))
         while self._wait_for_work():

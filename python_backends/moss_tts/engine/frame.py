@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ..local_transformer import LocalKVCache, LocalTransformer, interleaved_rope
-from ..model import STOP_INDEX, MossTTSLocalModel
-from ..sampler import ChannelTensors, FrameSampling
-from . import sample_kernel
-from .fused import Fusions
+from ..kernels import sample_kernel
+from ..kernels.fused import Fusions
+from ..model.local_transformer import LocalKVCache, LocalTransformer, interleaved_rope
+from ..model.sampler import ChannelTensors, FrameSampling
+from ..model.tts_model import STOP_INDEX, MossTTSLocalModel
 
 
 class LocalRope:

@@ -12,6 +12,7 @@ than one per layer and block.
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import torch
 
@@ -112,3 +113,15 @@ def _free_memory(device: torch.device) -> str:
         return ""
     free, total = torch.cuda.mem_get_info(device)
     return f"; device memory free {free / 2**30:.1f} / {total / 2**30:.1f} GiB"
+
+
+# Prefix blocks per pool copy: bounds the gather's temporary (64 blocks of the real model are
+# 2 x 75 MB) while keeping the copies to a handful of launches per step.
+COPY_BLOCKS = 64
+
+
+def in_batches(copy, count: int, slot_blocks: Optional[torch.Tensor], pool_blocks: Optional[torch.Tensor]) -> None:
+    """copy(slot_blocks, pool_blocks) (load_prefix or store_prefix) over the first `count` blocks,
+    COPY_BLOCKS at a time."""
+    for start in range(0, count, COPY_BLOCKS):
+        copy(slot_blocks[start:start + COPY_BLOCKS], pool_blocks[start:start + COPY_BLOCKS])

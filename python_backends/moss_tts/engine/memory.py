@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from ..model import MossTTSLocalModel
+from ..model.tts_model import MossTTSLocalModel
 from .config import ACTIVATION_RESERVE_GIB, EngineConfig, EngineConfigError
 
 log = logging.getLogger(__name__)

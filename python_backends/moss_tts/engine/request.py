@@ -9,8 +9,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..config import MossTTSConfig
-from ..sampling_params import SamplingParams
+from ..contract.sampling_params import SamplingParams
+from ..model.config import MossTTSConfig
 from .config import EngineConfig
 from .events import CodesChunk
 from .prefix_cache import PrefixMatch

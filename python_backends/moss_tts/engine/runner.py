@@ -19,41 +19,26 @@ import numpy as np
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from ..model import MossTTSLocalModel
-from ..sampling_params import SamplingParams
-from ..uploads import to_device, upload_index
-from . import backbone, decode_attention, sample_kernel, step
+from ..contract.sampling_params import SamplingParams
+from ..kernels import decode_attention, sample_kernel
+from ..kernels.fused import Fusions
+from ..kernels.uploads import to_device, upload_index
+from ..model.tts_model import MossTTSLocalModel
+from . import backbone, step
 from .buckets import Buckets
 from .cache_manager import PrefixStore, StepPlan
 from .config import EngineConfig
 from .frame import LocalRope
-from .fused import Fusions
 from .graph_runner import REMEDIES, GraphCaptureError, GraphRunner
-from .kv_cache import StaticKVCache
+from .kv_cache import StaticKVCache, in_batches
 from .memory import check_memory_budget
 from .prefix_cache import PrefixMatch
+from .prefill_batch import StagedPrompt, prefill_inputs, prefill_plan
 from .slot_state import SlotState, param_rows
 from .stats import GraphUse
 from .step import PrefillInputs, StepContext
 
 log = logging.getLogger(__name__)
-
-# Prefix blocks per pool copy: bounds the gather's temporary (64 blocks of the real model are
-# 2 x 75 MB) while keeping the copies to a handful of launches per step.
-COPY_BLOCKS = 64
-
-
-@dataclass(frozen=True)
-class StagedPrompt:
-    slot: int
-    rows: torch.Tensor  # [T, 13] int64, CPU
-    params: SamplingParams
-    prefix: Optional[PrefixMatch] = None  # None with prefix reuse off
-
-    @property
-    def start(self) -> int:
-        """Rows copied from the prefix pool rather than prefilled."""
-        return 0 if self.prefix is None else self.prefix.reused_rows
 
 
 @dataclass(frozen=True)
@@ -203,7 +188,7 @@ class ModelRunner:
         which must include every slot still generating. Returns without waiting for the device."""
         slots = plan.decode_slots
         assert self.is_ready and (slots or self._staged), "a step needs setup() and some work"
-        staged, groups = _prefill_plan(self._staged, self.config.prefill_chunk_tokens)
+        staged, groups = prefill_plan(self._staged, self.config.prefill_chunk_tokens)
         self._staged = []
         use = GraphUse()
         released, loads, stores = self._released, self._load_pairs(staged), self._store_pairs(plan.stores)
@@ -215,10 +200,10 @@ class ModelRunner:
             self.ctx.state.deactivate(deactivate)
         # Every reused prefix is copied in before any prefill of this step, and new blocks are
         # stored after all of them, so no copy reads a pool block a store of this step rewrote.
-        _in_batches(self.kv.load_prefix, len(loads), load_slots, load_pool)
+        in_batches(self.kv.load_prefix, len(loads), load_slots, load_pool)
         for offset, group in groups:
             self._run_prefill(group, offset, use)
-        _in_batches(self.kv.store_prefix, len(stores), store_slots, store_pool)
+        in_batches(self.kv.store_prefix, len(stores), store_slots, store_pool)
         num_rows = len(staged)
         if slots:
             self._run_decode(slots, plan.kv_len, use)
@@ -288,28 +273,8 @@ class ModelRunner:
         return hidden
 
     def _inputs(self, group: list[StagedPrompt], num_prompts: int, num_tokens: int) -> PrefillInputs:
-        """Right-padded prompt rows and parameters, pinned for an asynchronous upload; prompts
-        past the group's (padding to num_prompts) are one pad row each in the scratch slot.
-
-        One pinned buffer filled through numpy views, not tensor by tensor: each torch call on
-        this thread gives up the GIL and must win it back, which costs up to the switch interval
-        whenever stream threads are busy (under a mixed load, ~8 calls a prompt made the
-        engine's host time per step several times its GPU time)."""
-        cfg = self.model.cfg
-        host = PrefillInputs.empty(num_prompts, num_tokens, cfg.row_width, "cpu", pin=self.device.type == "cuda")
-        rows, slots, lengths, starts, ints, floats = host.arrays()
-        rows[..., 0] = cfg.pad_token_id
-        rows[..., 1:] = cfg.audio_pad_code
-        pad = param_rows(SamplingParams(seed=0, max_frames=1))
-        slots[len(group):], lengths[len(group):] = self.scratch_slot, 1
-        for i, p in enumerate(group):
-            t = min(p.rows.shape[0] - p.start, num_tokens)
-            rows[i, :t] = p.rows.numpy()[p.start:p.start + t]
-            slots[i], lengths[i], starts[i] = p.slot, p.rows.shape[0], p.start
-        params = [param_rows(p.params) for p in group] + [pad] * (num_prompts - len(group))
-        floats[:] = np.array([f for f, _ in params], dtype=np.float32)
-        ints[:] = np.array([i for _, i in params], dtype=np.int64)
-        return host
+        return prefill_inputs(group, num_prompts, num_tokens, self.model.cfg, self.scratch_slot,
+                              pin=self.device.type == "cuda")
 
     def _run_decode(self, slots: list[int], kv_len: int, use: GraphUse) -> None:
         """Slots [0, max(slots)] over key rows [0, kv_len), both padded up to a graph's bucket."""
@@ -333,32 +298,3 @@ class ModelRunner:
         host.copy_(self.ctx.out, non_blocking=True)
         ready.record()
         return StepOutput(array[:num_rows], ready, prefill_slots, self.ctx.decode_offset, use)
-
-
-def _in_batches(copy, count: int, slot_blocks: Optional[torch.Tensor], pool_blocks: Optional[torch.Tensor]) -> None:
-    """copy(slot_blocks, pool_blocks) over the first `count` blocks, COPY_BLOCKS at a time."""
-    for start in range(0, count, COPY_BLOCKS):
-        copy(slot_blocks[start:start + COPY_BLOCKS], pool_blocks[start:start + COPY_BLOCKS])
-
-
-def _prefill_plan(staged: list[StagedPrompt], chunk_tokens: int):
-    """Output order of the prompts, and (first output row, prompts) per prefill launch.
-
-    A launch pads its prompts to its longest, so the prompts are grouped longest first into
-    launches of at most chunk_tokens padded rows; a prompt longer than that runs alone, chunk by
-    chunk. Few launches, because an eager prefill costs ~100 ms of host time however few its rows
-    (on the H200), and bounded ones, so a clone's long prompt does not pad fifty short ones to its
-    length."""
-    groups: list[list[StagedPrompt]] = []
-    for prompt in sorted(staged, key=lambda p: p.rows.shape[0] - p.start, reverse=True):
-        if groups:
-            longest = groups[-1][0].rows.shape[0] - groups[-1][0].start
-            if longest <= chunk_tokens and (len(groups[-1]) + 1) * longest <= chunk_tokens:
-                groups[-1].append(prompt)
-                continue
-        groups.append([prompt])
-    # The shortest prompts' launch first: it is the one a batched-prefill graph can replay,
-    # and a graph writes its output rows from row 0.
-    groups.reverse()
-    offsets = [sum(len(g) for g in groups[:i]) for i in range(len(groups))]
-    return [p for g in groups for p in g], list(zip(offsets, groups))

@@ -12,23 +12,35 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..config import MossTTSConfig
-from ..sampler import ChannelTensors, FrameSampling
-from ..sampling_params import SamplingParams
+from ..contract.sampling_options import SAMPLING_OPTIONS
+from ..contract.sampling_params import SamplingParams
+from ..model.config import MossTTSConfig
+from ..model.sampler import ChannelTensors, FrameSampling
 
-# Column order of PrefillInputs.floats / .ints (one row per admitted request).
-FLOAT_PARAMS = ("stop.temperature", "stop.top_p", "stop.repetition_penalty",
-                "audio.temperature", "audio.top_p", "audio.repetition_penalty")
-INT_PARAMS = ("stop.top_k", "audio.top_k", "seed", "max_frames", "ignore_stop")
+# Column order of PrefillInputs.floats / .ints (one row per admitted request): each channel's
+# sampling options of that kind (stop head first, in declaration order: sampling_options.py), then
+# the request's own values.
+CHANNEL_ORDER = ("stop", "audio")
+REQUEST_INTS = {"seed": lambda p: p.row_seed, "max_frames": lambda p: p.max_frames,
+                "ignore_stop": lambda p: int(p.ignore_stop)}
+
+
+def _channel_columns(kind: type) -> tuple[str, ...]:
+    return tuple(f"{channel}.{o.name}" for channel in CHANNEL_ORDER for o in SAMPLING_OPTIONS if o.kind is kind)
+
+
+FLOAT_PARAMS = _channel_columns(float)
+INT_PARAMS = (*_channel_columns(int), *REQUEST_INTS)
+
+
+def _row_value(params: SamplingParams, column: str):
+    channel, _, name = column.partition(".")
+    return getattr(getattr(params, channel), name) if name else REQUEST_INTS[column](params)
 
 
 def param_rows(params: SamplingParams) -> tuple[list[float], list[int]]:
     """One request's parameters as the float and int rows of PrefillInputs."""
-    floats = [params.stop.temperature, params.stop.top_p, params.stop.repetition_penalty,
-              params.audio.temperature, params.audio.top_p, params.audio.repetition_penalty]
-    ints = [params.stop.top_k, params.audio.top_k, params.row_seed, params.max_frames,
-            int(params.ignore_stop)]
-    return floats, ints
+    return [_row_value(params, c) for c in FLOAT_PARAMS], [_row_value(params, c) for c in INT_PARAMS]
 
 
 def _view_channels(channels: ChannelTensors, n: int) -> ChannelTensors:
@@ -72,16 +84,20 @@ class SlotState:
 
     def assign(self, slots: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor) -> None:
         """Reset `slots` for newly admitted requests (rows as param_rows gives them)."""
-        s = self.sampling
-        float_dst = (s.stop.temperature, s.stop.top_p, s.stop.repetition_penalty,
-                     s.audio.temperature, s.audio.top_p, s.audio.repetition_penalty)
-        for i, dst in enumerate(float_dst):
-            dst.index_copy_(0, slots, floats[:, i])
-        for i, dst in enumerate((s.stop.top_k, s.audio.top_k, s.seed, self.max_frames)):
-            dst.index_copy_(0, slots, ints[:, i])
-        self.ignore_stop.index_copy_(0, slots, ints[:, 4].bool())
-        s.seen.index_fill_(0, slots, False)
+        for i, column in enumerate(FLOAT_PARAMS):
+            self._column(column).index_copy_(0, slots, floats[:, i])
+        for i, column in enumerate(INT_PARAMS):
+            dst = self._column(column)
+            dst.index_copy_(0, slots, ints[:, i].to(dst.dtype))
+        self.sampling.seen.index_fill_(0, slots, False)
         self.frame_index.index_fill_(0, slots, 0)
+
+    def _column(self, column: str) -> torch.Tensor:
+        """The per-slot tensor of a FLOAT_PARAMS / INT_PARAMS column."""
+        channel, _, name = column.partition(".")
+        if name:
+            return getattr(getattr(self.sampling, channel), name)
+        return {"seed": self.sampling.seed, "max_frames": self.max_frames, "ignore_stop": self.ignore_stop}[column]
 
     def deactivate(self, slots: torch.Tensor) -> None:
         """Freed slots stop generating: one fill on the stream for all of them, no host sync

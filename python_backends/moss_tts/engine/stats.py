@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
-import itertools
-
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from ..contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS, Histogram
 from .prefix_cache import PrefixStats
 
 
@@ -60,33 +58,13 @@ class GraphUse:
         self.prefill_hits += is_graphed
         self.prefill_fallbacks += graphs_on and not is_graphed
 
+    def add(self, other: "GraphUse") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
-# Bucket upper bounds of the engine's histograms (README, Metrics; deploy/grafana).
-BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-STEP_MS_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 50, 100, 200, 500, 1000)
-
-
-@dataclass
-class Histogram:
-    """Counts per bucket (upper bounds `bounds`, then +Inf), their sum and number: a Prometheus
-    histogram kept in process (a list increment per step) and published by the gauge thread."""
-
-    bounds: tuple
-    counts: list = field(default_factory=list)
-    total: float = 0.0
-    num: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.num += 1
-
-    def cumulative(self) -> tuple[list[int], float, int]:
-        """(count of values <= each bound, then all), sum, count: Prometheus' _bucket/_sum/_count."""
-        return list(itertools.accumulate(self.counts)), self.total, self.num
+    def stats(self) -> dict[str, int]:
+        """The counters as EngineStats names them (decode_hits -> decode_graph_hits, ...)."""
+        return {f.name.replace("_", "_graph_", 1): getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
@@ -113,11 +91,7 @@ class StatsCounters:
         self.steps += 1
         self.max_batch_size_seen = max(self.max_batch_size_seen, batch_size)
         self.batch_sizes.observe(batch_size)
-        g = self.graphs
-        g.decode_hits += use.decode_hits
-        g.decode_fallbacks += use.decode_fallbacks
-        g.prefill_hits += use.prefill_hits
-        g.prefill_fallbacks += use.prefill_fallbacks
+        self.graphs.add(use)
 
     def record_frames(self, num_frames: int) -> None:
         self.frames_generated += num_frames
@@ -129,11 +103,11 @@ class StatsCounters:
 
     def snapshot(self, running: int, waiting: int, free_slots: int,
                  prefix: Optional[PrefixStats] = None) -> EngineStats:
-        g = self.graphs
         p = prefix or PrefixStats(0, 0, 0, 0, 0, 0, 0)
         return EngineStats(self.requests_admitted, self.requests_finished, self.requests_cancelled,
                            self.requests_failed, self.steps, self.max_batch_size_seen,
-                           self.frames_generated, running, waiting, free_slots,
-                           g.decode_hits, g.decode_fallbacks, g.prefill_hits, g.prefill_fallbacks,
-                           p.prompt_rows, p.reused_rows, p.blocks_stored, p.blocks_evicted,
-                           p.pool_blocks_used, round(self.host_s * 1000), round(self.wait_s * 1000))
+                           self.frames_generated, running, waiting, free_slots, **self.graphs.stats(),
+                           prefix_prompt_rows=p.prompt_rows, prefix_reused_rows=p.reused_rows,
+                           prefix_blocks_stored=p.blocks_stored, prefix_blocks_evicted=p.blocks_evicted,
+                           prefix_pool_blocks_used=p.pool_blocks_used, step_host_ms=round(self.host_s * 1000),
+                           step_wait_ms=round(self.wait_s * 1000))

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..model import MossTTSLocalModel
-from ..sampler import FrameSampling
+from ..kernels.fused import Fusions
+from ..model.sampler import FrameSampling
+from ..model.tts_model import MossTTSLocalModel
 from . import backbone, frame
-from .fused import Fusions
 from .kv_cache import StaticKVCache
 from .slot_state import FLOAT_PARAMS, INT_PARAMS, SlotState
 

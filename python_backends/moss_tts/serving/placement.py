@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointError
-from ..loading import resolve_codec_dir
+from ..model.checkpoint import CheckpointError
+from ..model.loading import resolve_codec_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 

@@ -31,7 +31,7 @@ import logging
 import threading
 from typing import Callable
 
-from ..contract import is_shutting_down
+from ..contract.errors import is_shutting_down
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..config import MossTTSConfig, real_model_config_dict
-from ..loading import build_random_model, tied_copies
+from ..model.config import MossTTSConfig, real_model_config_dict
+from ..model.loading import build_random_model, tied_copies
 from .tiny_tokenizer import save_tokenizer
 
 # Bump when the tiny layout changes, so scripts/serve.sh rebuilds a stale demo checkpoint.

@@ -1,1 +1,0 @@
-"""Kernels of the codec, apart from its modules (policy-free, each with a torch reference)."""

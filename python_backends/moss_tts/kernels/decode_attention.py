@@ -1,0 +1,194 @@
+"""Flash-decoding attention for a decode step: one query row per slot over that slot's cache rows.
+
+The masked SDPA over the padded window [0, kv_len) reads every row of the bucket; here each
+program reads only rows [0, lengths[s]) of its slot. Split-K: grid (S, kv_heads, num_splits),
+each program holds the `groups` query heads of one KV head (padded to 16 rows for tl.dot) and
+keeps an fp32 online softmax over its share of the keys; a second small kernel merges the
+splits' partials by log-sum-exp. Splits let a small batch still fill the GPU.
+
+The grid and every allocation depend only on Python ints (S, the window bucket, shapes), and
+nothing is read back to the host, so a call can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
+
+BLOCK_N = 64  # keys per inner-loop tile; split lengths are multiples of it
+MIN_BLOCK_G = 16  # tl.dot needs M >= 16, so a KV head's query heads are padded to this
+PROGRAMS_PER_SM = 3  # split programs per SM to aim for: an H200 sweep found 3-4 best at S=16
+DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked (interpreter)
+NUM_WARPS = 4
+NUM_STAGES = 2
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                     max_len: int, scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """q [S, heads, d]; k_cache/v_cache [N >= S, max_seq_len, kv_heads, d] (slot-major, may be the
+    whole per-layer cache; slot s = row s); lengths [S] int64 on the device: slot s attends to its rows
+    [0, lengths[s]) (lengths >= 1); max_len (Python int) bounds every length (the caller's window
+    bucket) and may pick the split count. Returns [S, heads, d] in q.dtype.
+    Default scale 1/sqrt(d). num_splits forces the split count (tests); None picks it from S and max_len.
+    """
+    if not is_supported(q, k_cache):
+        return reference_attention(q, k_cache, v_cache, lengths, max_len, scale)
+    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits)
+
+
+def is_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """True when the Triton kernel can run here: triton importable, tensors on CUDA (or
+    TRITON_INTERPRET=1 is set, for CPU tests), head_dim a power of two, heads % kv_heads == 0."""
+    if triton is None or not (INTERPRET or (q.is_cuda and k_cache.is_cuda)):
+        return False
+    head_dim, heads, kv_heads = q.shape[-1], q.shape[-2], k_cache.shape[2]
+    is_pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0  # tl.dot needs K >= 16
+    return is_pow2 and heads % kv_heads == 0 and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                        max_len: int, scale: float | None = None) -> torch.Tensor:
+    """Same contract in plain torch (masked SDPA over the window [0, max_len)); the fallback and the tests' oracle."""
+    num_slots, heads, head_dim = q.shape
+    keys = k_cache[:num_slots, :max_len].transpose(1, 2)  # [S, kv_heads, max_len, d]
+    values = v_cache[:num_slots, :max_len].transpose(1, 2)
+    grouped = q.reshape(num_slots, keys.shape[1], -1, head_dim)  # heads kv*g .. kv*g+g-1 share kv head kv
+    valid = torch.arange(max_len, device=q.device) < lengths.unsqueeze(1)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=valid[:, None, None, :], scale=scale)
+    return out.reshape(num_slots, heads, head_dim)
+
+
+def split_plan(num_slots: int, kv_heads: int, max_len: int, num_sms: int = DEFAULT_NUM_SMS,
+               num_splits: int | None = None) -> tuple[int, int]:
+    """(num_splits, split_len): enough splits that S * kv_heads * num_splits >= PROGRAMS_PER_SM * num_sms,
+    at most one per BLOCK_N tile of the window, each a whole number of tiles."""
+    num_blocks = _cdiv(max_len, BLOCK_N)
+    if num_splits is None:
+        wanted = _cdiv(PROGRAMS_PER_SM * num_sms, num_slots * kv_heads)
+        num_splits = max(1, min(wanted, num_blocks))
+        split_len = _cdiv(num_blocks, num_splits) * BLOCK_N
+        return _cdiv(max_len, split_len), split_len  # rounding may leave the last splits empty: drop them
+    return num_splits, _cdiv(num_blocks, num_splits) * BLOCK_N
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits):
+    num_slots, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    groups = heads // kv_heads
+    num_splits, split_len = split_plan(num_slots, kv_heads, max_len, _num_sms(q.device), num_splits)
+    qk_scale = (scale if scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E  # softmax in exp2
+    out = torch.empty(num_slots, heads, head_dim, dtype=q.dtype, device=q.device)
+    parts = num_splits if num_splits > 1 else 0  # one split writes the output directly: no partials
+    part_acc = q.new_empty(num_slots, heads, parts, head_dim, dtype=torch.float32)
+    part_max = q.new_empty(num_slots, heads, parts, dtype=torch.float32)
+    part_sum = q.new_empty(num_slots, heads, parts, dtype=torch.float32)
+    _split_kernel[(num_slots, kv_heads, num_splits)](
+        q, k_cache, v_cache, lengths, out, part_acc, part_max, part_sum,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        max_len, split_len, heads, num_splits, qk_scale,
+        GROUPS=groups, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(groups)), BLOCK_N=BLOCK_N,
+        HEAD_DIM=head_dim, DIRECT=num_splits == 1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if num_splits > 1:
+        _combine_kernel[(num_slots, heads)](
+            part_acc, part_max, part_sum, out, *out.stride(), heads, num_splits,
+            HEAD_DIM=head_dim, BLOCK_SPLITS=triton.next_power_of_2(num_splits), num_warps=NUM_WARPS)
+    return out
+
+
+@jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, sum_ptr,
+                  stride_qs, stride_qh, stride_qd,
+                  stride_kn, stride_kt, stride_kh, stride_kd,
+                  stride_vn, stride_vt, stride_vh, stride_vd,
+                  stride_os, stride_oh, stride_od,
+                  max_len, split_len, num_heads, num_splits, qk_scale,
+                  GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr):
+    """One (slot, kv head, split): online softmax over keys [split*split_len, min(length, next split))."""
+    slot = tl.program_id(0).to(tl.int64)  # slot * stride_kn passes 2**31 in a full-size cache
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    # clamped so a stale length can never read past the window the caller sized
+    length = tl.minimum(tl.load(lengths_ptr + slot), max_len).to(tl.int32)
+    start = split * split_len
+    end = tl.minimum(length, start + split_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    is_head = offs_g < GROUPS
+    heads = kv_head * GROUPS + offs_g
+    q = tl.load(q_ptr + slot * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=is_head[:, None], other=0.0)
+    k_base = k_ptr + slot * stride_kn + kv_head * stride_kh
+    v_base = v_ptr + slot * stride_vn + kv_head * stride_vh
+
+    # a split past the slot's length skips the loop and leaves the empty partial (-inf, 0, 0)
+    row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    for first in range(start, end, BLOCK_N):
+        rows = first + offs_n
+        is_key = rows < end
+        # rows past the length are never loaded, so stale cache contents cannot reach the result
+        k = tl.load(k_base + rows[None, :] * stride_kt + offs_d[:, None] * stride_kd,
+                    mask=is_key[None, :], other=0.0)
+        scores = tl.dot(q, k, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
+        scores = tl.where(is_key[None, :], scores, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, 1))  # finite: every tile holds a valid key
+        alpha = tl.exp2(row_max - new_max)
+        p = tl.exp2(scores - new_max[:, None])
+        v = tl.load(v_base + rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                    mask=is_key[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        row_sum = row_sum * alpha + tl.sum(p, 1)
+        row_max = new_max
+
+    if DIRECT:
+        out = acc / row_sum[:, None]
+        tl.store(out_ptr + slot * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                 out.to(out_ptr.dtype.element_ty), mask=is_head[:, None])
+    else:
+        part = (slot * num_heads + heads) * num_splits + split
+        tl.store(acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=is_head[:, None])
+        tl.store(max_ptr + part, row_max, mask=is_head)
+        tl.store(sum_ptr + part, row_sum, mask=is_head)
+
+
+@jit
+def _combine_kernel(acc_ptr, max_ptr, sum_ptr, out_ptr, stride_os, stride_oh, stride_od, num_heads, num_splits,
+                    HEAD_DIM: tl.constexpr, BLOCK_SPLITS: tl.constexpr):
+    """One (slot, head): log-sum-exp merge of its splits' partials."""
+    slot = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    first = (slot * num_heads + head) * num_splits
+    offs_s = tl.arange(0, BLOCK_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    is_split = offs_s < num_splits
+    maxes = tl.load(max_ptr + first + offs_s, mask=is_split, other=float("-inf"))
+    global_max = tl.max(maxes, 0)  # finite: split 0 holds key 0 of every slot (lengths >= 1)
+    weights = tl.exp2(maxes - global_max)  # empty splits (max -inf) weigh exactly 0
+    total = tl.sum(tl.load(sum_ptr + first + offs_s, mask=is_split, other=0.0) * weights, 0)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    # one split row at a time keeps registers at HEAD_DIM instead of BLOCK_SPLITS * HEAD_DIM
+    for i in range(num_splits):
+        weight = tl.exp2(tl.load(max_ptr + first + i) - global_max)
+        acc += tl.load(acc_ptr + (first + i) * HEAD_DIM + offs_d) * weight
+    tl.store(out_ptr + slot * stride_os + head * stride_oh + offs_d * stride_od,
+             (acc / total).to(out_ptr.dtype.element_ty))

@@ -1,0 +1,284 @@
+"""The `moss_tts` model's per-request logic: take the engine's code chunks, vocode, send.
+
+One `SpeechStream` per client request, run on a thread of the model's stream pool; the
+adapter supplies the engine and the vocoder through `Children` and the client through
+`Client`. Policy lives here so it is tested without Triton:
+- streaming: each code chunk goes to the vocoder as it comes and the stream takes the next one
+  at once: any number of chunks can be in flight (`Children.vocode` returns a `Pending`), and
+  their audio is sent in order as each completes (the vocoder wakes the stream through its
+  chunk iterator, `AUDIO_READY`); non-streaming: codes are gathered and vocoded as one job,
+  sent as one final response;
+- continuation: the vocoder is first primed with the reference codes (their audio dropped),
+  and the reference codes go out once as CONTEXT_CODES;
+- cancellation is checked once per chunk (and once a second while a request waits for the
+  engine or the vocoder) and stops the engine row, drops the chunks in flight and ends the
+  vocoder sequence; a server shutting down ends its streams the same way, with UNAVAILABLE;
+- every stream ends with exactly one final response, and the vocoder sequence is always ended.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Protocol
+
+import numpy as np
+
+from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
+from ..contract.tensors import N_VQ, SAMPLE_RATE, SAMPLES_PER_FRAME
+
+log = logging.getLogger(__name__)
+NO_CODES = np.zeros((0, N_VQ), np.int32)
+@dataclass(frozen=True)
+class CodesChunk:
+    codes: np.ndarray  # [frames, 12] int32
+    context: np.ndarray  # [frames, 12] int32; non-empty only on a continuation's first chunk
+
+
+class Pending(Protocol):
+    """The audio of one vocoder call, to come."""
+    def done(self) -> bool: ...
+    def wait(self, timeout: Optional[float] = None) -> bool: ...  # True once done
+    def result(self, timeout: Optional[float] = None) -> np.ndarray: ...  # [2, S]; raises ChildError
+    def cancel(self) -> None: ...  # the audio is no longer wanted
+
+
+class Ready:
+    """A vocoder call that completed when it was made (a synchronous child: BLS)."""
+
+    def __init__(self, audio: np.ndarray) -> None:
+        self.audio = audio
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return True
+
+    def result(self, timeout: Optional[float] = None) -> np.ndarray:
+        return self.audio
+
+    def cancel(self) -> None:
+        pass
+
+
+# Yielded by a chunk iterator when a Pending of its stream completed: send what is ready.
+AUDIO_READY = object()
+
+
+class Children(Protocol):
+    # Chunks in order; None when nothing came for a while (a chance to check cancellation),
+    # AUDIO_READY when a vocoder call of this stream completed. Raises ChildError; closing it
+    # early ends the request in the engine.
+    def stream_codes(self) -> Iterator[object]: ...
+    def abort_codes(self) -> None: ...
+    # One call of the stream's vocoder sequence, in order, its audio due by `deadline`
+    # (time.monotonic(); None = now); raises ChildError when refused at once.
+    def vocode(self, codes: np.ndarray, start: bool, end: bool, deadline: Optional[float] = None) -> Pending: ...
+
+
+class Client(Protocol):
+    # One response carrying what the client asked for (audio is None when it did not ask for AUDIO).
+    def send(self, audio: Optional[np.ndarray], codes: np.ndarray, context: np.ndarray, final: bool) -> None: ...
+    def send_error(self, message: str, kind: ErrorKind) -> None: ...  # always final
+    def send_final(self) -> None: ...
+    def is_cancelled(self) -> bool: ...
+
+
+_sequence_ids = itertools.count((int.from_bytes(os.urandom(4), "little") << 24) + 1)
+
+
+def new_sequence_id() -> int:
+    """A correlation id no other live stream uses (uint64, never 0)."""
+    return next(_sequence_ids)
+
+
+WAIT_S = 1.0  # how often a stream waiting for the vocoder checks for a cancel
+FRAME_S = SAMPLES_PER_FRAME / SAMPLE_RATE  # seconds of audio per codec frame (0.08)
+END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then the idle timeout frees it)
+
+
+class SpeechStream:
+    def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
+                 is_stopping: Callable[[], bool] = lambda: False) -> None:
+        self.children = children
+        self.client = client
+        self.stream = stream
+        self.wants_audio = wants_audio
+        self.is_stopping = is_stopping  # the server is shutting down: end the stream now
+        self._is_vocoder_open = False
+        # Vocoder calls not yet answered, in order, with the codes their audio is sent with
+        # (None: a prime or a non-streamed call, nothing to send by itself).
+        self._in_flight: deque[tuple[Pending, Optional[np.ndarray]]] = deque()
+        self._gathered: list[np.ndarray] = []
+        self._context: Optional[np.ndarray] = None
+        self._is_context_sent = False
+        # When the listener started playing (the first audio sent) and how much audio went to
+        # the vocoder since: each call's deadline is when playback would run dry without it.
+        self._play_start: Optional[float] = None
+        self._frames_submitted = 0
+
+    def run(self) -> None:
+        try:
+            ended = self._pump()
+            if ended is None:
+                ended = self._finish()
+            if ended == "stopping":
+                self.client.send_error(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
+            elif ended == "cancelled":
+                self.client.send_error("request cancelled by the client", ErrorKind.CANCELLED)
+        except ChildError as exc:
+            self.client.send_error(str(exc), exc.kind)
+        except Exception as exc:  # never leave the client without its final response
+            log.exception("speech stream failed")
+            self.client.send_error(f"internal error: {error_text(exc)}", ErrorKind.INTERNAL)
+        finally:
+            self._close_vocoder()
+
+    def _ended(self) -> Optional[str]:
+        return "stopping" if self.is_stopping() else "cancelled" if self.client.is_cancelled() else None
+
+    def _pump(self) -> Optional[str]:
+        """Consume the engine's chunks: None when they are all in, else "cancelled" / "stopping"."""
+        with closing(self.children.stream_codes()) as chunks:
+            for chunk in chunks:
+                if chunk is AUDIO_READY:
+                    self._send_ready(block=False)
+                    continue
+                ended = self._ended()
+                if ended is not None:
+                    self.children.abort_codes()
+                    return ended
+                if chunk is None:
+                    continue
+                if chunk.context.size:
+                    self._context = chunk.context
+                if self.stream:
+                    self._stream_chunk(chunk.codes)
+                else:
+                    self._gathered.append(chunk.codes)
+                self._send_ready(block=False)
+        return None
+
+    def _take_context(self) -> np.ndarray:
+        """The continuation's reference codes on the first response that leaves, else empty."""
+        if self._is_context_sent or self._context is None:
+            return NO_CODES
+        self._is_context_sent = True
+        return self._context
+
+    def _vocode(self, codes: np.ndarray, start: bool, end: bool, send: Optional[np.ndarray]) -> Pending:
+        # Due when the audio already on its way has played out (a first chunk: now).
+        playing = self._play_start if self._play_start is not None else time.monotonic()
+        pending = self.children.vocode(codes, start=start, end=end, deadline=playing + self._frames_submitted * FRAME_S)
+        self._in_flight.append((pending, send))
+        if send is not None:
+            self._frames_submitted += send.shape[0]
+        return pending
+
+    def _open_vocoder(self, codes: np.ndarray, send: Optional[np.ndarray], end: bool = False) -> Pending:
+        """The sequence's first call(s): START rides on the first chunk (one queue round trip less
+        before the first audio); a continuation primes it with the reference frames first."""
+        # Open before the call: Triton's sequence batcher holds a slot from the START flag on,
+        # even when the call fails, and only END (or its idle timeout) gives it back. A single
+        # START|END call (STREAM=false without context) ends the sequence by itself.
+        self._is_vocoder_open = self._context is not None or not end
+        if self._context is not None:
+            self._vocode(self._context, start=True, end=False, send=None)
+            return self._vocode(codes, start=False, end=end, send=send)
+        return self._vocode(codes, start=True, end=end, send=send)
+
+    def _stream_chunk(self, codes: np.ndarray) -> None:
+        if not codes.shape[0]:
+            return
+        if not self.wants_audio:
+            self.client.send(None, codes, self._take_context(), final=False)
+        elif not self._is_vocoder_open:
+            self._open_vocoder(codes, send=codes)
+        else:
+            self._vocode(codes, start=False, end=False, send=codes)
+
+    def _send_ready(self, block: bool) -> Optional[str]:
+        """Send the audio of the calls answered so far, in order; with `block`, of all of them.
+        Returns "cancelled" / "stopping" if that ends the stream while it waits."""
+        while self._in_flight:
+            pending, codes = self._in_flight[0]
+            if not pending.done():
+                if not block:
+                    return None
+                if not pending.wait(WAIT_S):
+                    ended = self._ended()
+                    if ended is not None:
+                        return ended
+                    continue
+            self._in_flight.popleft()
+            audio = pending.result()  # raises the call's ChildError
+            if codes is not None:
+                self.client.send(audio, codes, self._take_context(), final=False)
+                if self._play_start is None:
+                    self._play_start = time.monotonic()
+        return None
+
+    def _finish(self) -> Optional[str]:
+        if self.stream:
+            # END goes in behind the last chunk, so the vocoder frees the sequence as soon as that
+            # chunk is decoded, and before the final response: by the time the client has it, the
+            # stream's slot is free (its max_streams place follows as this thread returns), so a
+            # client that sends its next request at once is not refused for one it finished.
+            end = self._end_vocoder()
+            ended = self._send_ready(block=True)
+            if ended is not None:
+                return ended
+            if self._context is not None and not self._is_context_sent:
+                # A continuation that stopped at once still owes the client its context codes.
+                self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
+                                 self._take_context(), final=False)
+            self._wait_end(end)
+            self.client.send_final()
+            return None
+        codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
+        audio = None
+        if self.wants_audio:
+            pending = self._open_vocoder(codes, send=None, end=True)  # START, everything, END
+            ended = self._send_ready(block=True)
+            if ended is not None:
+                return ended
+            self._is_vocoder_open = False  # its last call carried END
+            audio = pending.result()
+        self.client.send(audio, codes, self._take_context(), final=True)
+        return None
+
+    def _end_vocoder(self) -> Optional[Pending]:
+        if not self._is_vocoder_open:
+            return None
+        self._is_vocoder_open = False
+        try:
+            return self.children.vocode(NO_CODES, start=False, end=True)
+        except ChildError as exc:  # e.g. shutting down: the vocoder's idle timeout reclaims the slot
+            log.warning("closing the vocoder sequence failed: %s", exc)
+        except Exception:
+            log.exception("closing the vocoder sequence failed")
+        return None
+
+    @staticmethod
+    def _wait_end(end: Optional[Pending]) -> None:
+        if end is None:
+            return
+        try:
+            end.result(timeout=END_WAIT_S)
+        except ChildError as exc:
+            log.warning("closing the vocoder sequence failed: %s", exc)
+        except Exception:
+            log.exception("closing the vocoder sequence failed")
+
+    def _close_vocoder(self) -> None:
+        """On every way out: drop the calls still in flight, end the sequence if still open."""
+        for pending, _ in self._in_flight:
+            pending.cancel()
+        self._in_flight.clear()
+        self._wait_end(self._end_vocoder())

@@ -1,0 +1,99 @@
+"""The vocoder's configuration: `VocoderConfig`, the codec decode's sizes (a vocoder model's pbtxt
+parameters, or what moss_tts sets for its in-process worker), and `VocoderPlacement`, where moss_tts
+decodes its audio (its pbtxt parameters of these names). Each is validated once, at load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from ..contract.parameters import config_fields
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class NoFreeSlot(RuntimeError):
+    """Every vocoder slot (or every public one) holds an active sequence."""
+
+
+@dataclass(frozen=True)
+class VocoderConfig:
+    max_slots: int = 16
+    n_vq: int = 12
+    device: str = "cpu"
+    dtype: str = "float32"  # a key of DTYPES (a torch.dtype is accepted and stored by name)
+    max_public_sessions: int = 16  # slots open to callers other than the moss_tts entry
+    cuda_graphs: bool = False  # replay CUDA graphs for chunks of up to max_graph_frames (GPU only)
+    # Codec frames per graphed step; the pipeline's chunks are 2, 10, then the rest, and longer
+    # chunks are decoded in pieces of this many.
+    max_graph_frames: int = 10
+    # Rows per codec call: a larger group is decoded in pieces of this many. The state is read in
+    # place, so a bigger step costs only activations (the pool: ~2 GiB at 256 x 10 on the real
+    # codec) and gains throughput up to ~256 rows on the H200 (perf/bench_vocoder.py).
+    max_step_rows: int = 256
+
+    def __post_init__(self):
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"VocoderConfig.cuda_graphs must be a bool, got {self.cuda_graphs!r}")
+        for name in ("max_slots", "n_vq", "max_public_sessions", "max_graph_frames", "max_step_rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"VocoderConfig.{name} must be a positive integer, got {value!r}")
+        if isinstance(self.dtype, torch.dtype):
+            object.__setattr__(self, "dtype", str(self.dtype).removeprefix("torch."))
+        if self.dtype not in DTYPES:
+            raise ValueError(f"VocoderConfig.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"VocoderConfig.device {self.device!r} is not a torch device ({exc})") from None
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str], **adapter) -> "VocoderConfig":
+        """Triton pbtxt `parameters` (all strings) -> config. `adapter` holds what the model sets
+        itself (max_slots from max_batch_size, device, dtype) and defaults a parameter overrides."""
+        return cls(**{**adapter, **config_fields(cls, parameters, skip=("max_slots", "n_vq", "device", "dtype"))})
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+
+PLACEMENTS = ("in_process", "bls")
+
+
+@dataclass(frozen=True)
+class VocoderPlacement:
+    """Where `moss_tts` decodes its audio (its pbtxt parameters of these names)."""
+    vocoder: str = "in_process"  # or "bls": the `vocoder` model, over BLS (split placements)
+    vocoder_device: str = "auto"  # in_process: "auto" = the engine's device, or "cuda:N" / "cpu"
+    vocoder_slots: int = 0  # in_process: sequences at once; 0 = the model's max_streams
+    vocoder_step_rows: int = 256  # in_process: rows per codec step (graph buckets up to this)
+    vocoder_idle_s: float = 60.0  # in_process: a sequence without a call this long is ended
+    # in_process: sequences per round, the most urgent first (0 = vocoder_step_rows). Shorter
+    # rounds let a new stream's chunks in sooner; each round is still one wide step.
+    vocoder_round_rows: int = 128
+
+    def __post_init__(self):
+        if self.vocoder not in PLACEMENTS:
+            raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
+        if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0 \
+                or self.vocoder_round_rows < 0:
+            raise ValueError(f"vocoder_slots must be >= 0 (0 = max_streams), vocoder_step_rows >= 1, "
+                             f"vocoder_idle_s > 0 and vocoder_round_rows >= 0; got {self.vocoder_slots}, "
+                             f"{self.vocoder_step_rows}, {self.vocoder_idle_s}, {self.vocoder_round_rows}")
+
+    @classmethod
+    def from_parameters(cls, parameters) -> "VocoderPlacement":
+        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device") if k in parameters}
+        return cls(**{**config_fields(cls, parameters, skip=tuple(strings)), **strings})
+
+    @property
+    def is_in_process(self) -> bool:
+        return self.vocoder == "in_process"

@@ -1,0 +1,141 @@
+"""VocodeJob: one chunk of one sequence in the VocoderWorker, and how a round picks its work from
+the sequences' queues of jobs.
+
+A round takes the sequences whose audio is due first (each job carries a deadline: when its
+stream's listener would run out of audio without it), at most `round_rows` of them, and decodes
+up to `piece_frames` frames of each (the graphs' largest shape), drawn from as many of the
+sequence's queued jobs as that takes. So a short round serves the most urgent chunks (a new
+stream's first ones) soon, and a stream whose chunks queued up decodes them as one wide row. A
+long job (`STREAM=false`, a primed reference) advances one piece per round, so it never holds
+the streams' chunks back for more than one step. No Triton import."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Hashable, Optional
+
+import numpy as np
+
+from ..contract.errors import ChildError, ErrorKind
+from .step_buffers import PendingAudio
+
+log = logging.getLogger(__name__)
+
+
+class VocodeJob:
+    """One chunk of one sequence in the worker: `result()` waits for its audio [2, S] float32."""
+
+    def __init__(self, seq: Hashable, codes: np.ndarray, start: bool, end: bool,
+                 on_done: Callable[[], None], deadline: float) -> None:
+        self.seq, self.codes, self.start, self.end = seq, codes, start, end
+        self.deadline = deadline  # time.monotonic() by which its audio is due
+        self.on_done = on_done  # called once, on the worker thread, when the job completes: keep it cheap
+        self.launched = 0  # frames handed to the GPU so far
+        self.position = 0  # frames decoded and back on the host so far
+        self.parts: list[np.ndarray] = []
+        self.is_cancelled = False
+        self._done = threading.Event()
+        self._audio: Optional[np.ndarray] = None
+        self._error: Optional[ChildError] = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self, timeout: Optional[float] = None) -> np.ndarray:
+        if not self._done.wait(timeout):
+            raise ChildError(f"the vocoder did not answer within {timeout} s", ErrorKind.UNAVAILABLE)
+        if self._error is not None:
+            raise self._error
+        return self._audio
+
+    def cancel(self) -> None:
+        """The stream no longer wants this audio (cancelled, failed): the worker skips the job."""
+        self.is_cancelled = True
+
+    @property
+    def frames_left(self) -> int:
+        """Frames not yet handed to the GPU."""
+        return self.codes.shape[0] - self.launched
+
+    @property
+    def is_in_flight(self) -> bool:
+        """Some of its frames are in a round that has not landed yet."""
+        return self.launched > self.position
+
+    def _finish(self, audio: Optional[np.ndarray], error: Optional[ChildError]) -> None:
+        if self._done.is_set():
+            return
+        self._audio, self._error = audio, error
+        self.parts = []
+        self._done.set()
+        try:
+            self.on_done()
+        except Exception:  # a waker must never stop the worker
+            log.exception("vocoder job callback failed")
+
+
+@dataclass
+class Round:
+    """A launched round: per sequence, the (job, frames) it decodes, and its audio on the way."""
+
+    plan: dict[Hashable, list[tuple[VocodeJob, int]]]
+    pending: PendingAudio
+
+    @property
+    def heads(self) -> list[VocodeJob]:
+        return [spans[0][0] for spans in self.plan.values()]
+
+
+def take_frames(queue: "deque[VocodeJob]", budget: int) -> list[tuple[VocodeJob, int]]:
+    """Up to `budget` frames of one sequence (a round's piece), from its first job with frames not yet
+    handed out: a stream whose chunks queued up decodes them as one row (one step, not one
+    per chunk). A START behind other jobs waits until they are done (it restarts the row)."""
+    spans = []
+    for i, job in enumerate(queue):
+        if job.is_cancelled or (i and job.start):
+            break
+        if not job.frames_left:
+            if job.codes.shape[0] and not job.end:
+                continue  # all its frames are in flight: the next job may follow them
+            break  # an END (its frames in flight) or a job without frames: nothing after it
+        take = min(budget, job.frames_left)
+        spans.append((job, take))
+        budget -= take
+        if budget == 0 or job.end or take < job.frames_left:
+            break
+    return spans
+
+
+def pick_round(queues: "dict[Hashable, deque[VocodeJob]]", piece_frames: int, round_rows: int,
+               end_dropped: Callable[[Hashable], None]) -> list[list[tuple[VocodeJob, int]]]:
+    """A round's work: per sequence, the jobs and how many of their frames to decode
+    ([(job, frames), ...]). Cancelled jobs at a queue's head are dropped first (a dropped END
+    calls `end_dropped(seq)`), unless a round still in flight holds their frames (they go once it
+    lands). Sequences with frames to hand out are taken by deadline, at most round_rows; a START
+    or END alone at its queue's head costs no row and is always taken."""
+    picks, urgent = [], []
+    for seq in list(queues):
+        queue = queues[seq]
+        while queue and (queue[0].done() or queue[0].is_cancelled and not queue[0].is_in_flight):
+            job = queue.popleft()
+            if job.done():  # completed or failed behind a cancelled head that was in flight
+                continue
+            if job.end:
+                end_dropped(job.seq)
+            job._finish(None, ChildError("cancelled", ErrorKind.CANCELLED))
+        if not queue:
+            del queues[seq]
+        elif not queue[0].codes.shape[0]:
+            picks.append([(queue[0], 0)])
+        else:
+            spans = take_frames(queue, piece_frames)
+            if spans:
+                urgent.append(spans)
+    urgent.sort(key=lambda spans: spans[0][0].deadline)
+    return picks + urgent[:round_rows]
