@@ -20,9 +20,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from moss_tts import contract
-from moss_tts.session_requests import SessionRequests
-from moss_tts.text_segments import TextSegmenter
+from moss_tts.contract import tensors as contract
+from moss_tts.contract.session_requests import SessionRequests
+from moss_tts.contract.text_segments import TextSegmenter
 from perf.bench_triton import TEXT, StreamResult, playback_gaps
 
 SENTENCES = ("The quick brown fox jumps over the lazy dog near the river bank.",

@@ -39,6 +39,7 @@ from .errors import ApiError
 from .references import load_reference
 from .schema import SpeechRequest, triton_options
 from .triton_stream import AudioStream, TritonSpeech
+from .warm_up import warm_up
 from .speech_ws import add_websocket_route
 from .voice_api import add_voice_routes, saved_voice_inputs
 
@@ -142,22 +143,6 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
                 await stream.aclose()
 
     return app
-
-
-async def warm_up(triton: TritonSpeech) -> None:
-    """A worker's first streamed response paid ~60-130 ms more than the next (issue 31; on the H200
-    one of two requests at one stream took 162 ms instead of 29): run the speech path's code once
-    (parse, options, the pcm conversion, anyio's first task group) and connect the gRPC channel
-    before any client waits on them. In the background: tritonserver may not be up yet
-    (scripts/serve.sh starts both)."""
-    speech = parse_speech(b'{"input": "warm up", "response_format": "pcm"}')
-    triton_options(speech)
-    output = AudioOutput(speech.output)
-    output.push(np.zeros((2, 3840), np.float32))
-    output.finish()
-    async with anyio.create_task_group() as group:  # CancellingStreamingResponse's: anyio imports
-        group.start_soon(asyncio.sleep, 0)           # its asyncio backend at the first one, ~50 ms
-    await triton.problem(timeout_s=5.0)
 
 
 async def watch_heartbeats(app: FastAPI, config: ShimConfig) -> None:

@@ -19,10 +19,11 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from moss_tts.contract import N_VQ, SAMPLES_PER_FRAME, ErrorKind, ServingError
+from moss_tts.contract.errors import ErrorKind, ServingError
+from moss_tts.contract.tensors import N_VQ, SAMPLES_PER_FRAME
 from moss_tts.engine.request import chunk_target
 from moss_tts.serving import triton_io as io
-from moss_tts.serving.synthesis_request import parse_session_inputs, parse_synthesis_request
+from moss_tts.pipeline.synthesis_request import parse_session_inputs, parse_synthesis_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
