@@ -7,7 +7,8 @@ the shim adds (through the shim minus straight to tritonserver, at the same conc
 
 Transports (perf/shim_clients.py): http (pcm 24 kHz mono), http48 (pcm 48 kHz stereo), sse,
 ws (text sessions fed word by word), and their gRPC twins grpc and grpc_session. Each level runs
-`concurrency` workers, each sending `--requests` streams one after another, spread over
+`concurrency` workers, each sending `--requests` streams one after another (at one stream at
+least ONE_STREAM_REQUESTS), spread over
 `--processes` client processes. The shim's CPU is the sum over `--shim-pid` and every process
 below it (its workers), read before and after each level.
 """
@@ -29,6 +30,7 @@ from perf.shim_clients import HTTP_FORMATS, Load, grpc_session, http_stream, ws_
 TRANSPORTS = ("grpc", "http", "http48", "sse", "grpc_session", "ws")
 GRPC_TWIN = {"http": "grpc", "http48": "grpc", "sse": "grpc", "ws": "grpc_session"}
 STREAMS_PER_CHANNEL = 32  # one HTTP/2 connection caps concurrent streams at ~100 (bench_triton)
+ONE_STREAM_REQUESTS = 8  # at least this many at one stream: a p95 of two requests is their maximum
 
 
 def tree_cpu_s(root: int) -> float:
@@ -86,14 +88,27 @@ async def run_workers(load: Load, transport: str, workers: range, requests: int)
         for k in range(requests):
             results.append(await one(load, transport, index * 1000 + k, clients))
 
-    start = time.time()
     try:
+        await warm_client(load, transport, http, channels)
+        start = time.time()
         await asyncio.gather(*(worker(i) for i in workers))
     finally:
         await http.aclose()
         for channel in channels:
             await channel.close()
     return results, start, time.time()
+
+
+async def warm_client(load: Load, transport: str, http, channels) -> None:
+    """Untimed, before a level: the client process's own first-use costs (httpx's first request
+    imports anyio's asyncio backend, ~50 ms, which the first HTTP stream of a fresh client process
+    counted as the shim's) and its connections, on both paths alike. A WebSocket session opens its
+    own connection, timed, as a voice agent's does."""
+    if transport in HTTP_FORMATS:
+        (await http.get(f"{load.shim_url}/health")).raise_for_status()
+    elif transport in ("grpc", "grpc_session"):
+        for channel in channels:
+            await channel.is_server_ready()
 
 
 def _client_process(args: tuple) -> tuple[list[dict], float, float, float]:
@@ -159,7 +174,8 @@ def run_levels(load: Load, transports: list[str], levels: list[int], requests: i
     reports = []
     for transport in transports:
         for concurrency in levels:
-            reports.append(run_level(load, transport, concurrency, requests, processes, shim_pids))
+            count = max(requests, ONE_STREAM_REQUESTS) if concurrency == 1 else requests
+            reports.append(run_level(load, transport, concurrency, count, processes, shim_pids))
             print(markdown(reports[-1:]).splitlines()[-1], flush=True)
     return {"load": asdict(load), "levels": reports, "added_first_audio": added_first_audio(reports)}
 
