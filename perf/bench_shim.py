@@ -31,6 +31,7 @@ from pathlib import Path
 
 from perf.fake_tts_server import FakePace, start_fake_server
 from perf.shim_load import TRANSPORTS, Load, markdown, parse_list, run_levels
+from tests.triton_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,14 +63,6 @@ def stop_shim(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def machine() -> dict:

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from perf.bench_triton import StreamResult, level_report
+from perf.bench_triton import StreamResult, level_report, one_stream
 from perf.shim_clients import HTTP_FORMATS, Load, grpc_session, http_stream, ws_session
 
 TRANSPORTS = ("grpc", "http", "http48", "sse", "grpc_session", "ws")
@@ -55,8 +55,6 @@ def tree_cpu_s(root: int) -> float:
 
 
 async def one(load: Load, transport: str, seed: int, clients) -> StreamResult:
-    from perf.bench_triton import one_stream
-
     start = time.perf_counter()
     try:
         if transport in HTTP_FORMATS:

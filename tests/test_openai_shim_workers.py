@@ -52,6 +52,7 @@ def test_the_default_is_one_worker_per_core_up_to_a_cap(tmp_path, monkeypatch):
 def test_each_workers_socket_joins_the_port_and_its_connections_get_tcp_nodelay():
     """Every worker binds the one port (SO_REUSEPORT); the sockets carry TCP_NODELAY (asyncio would
     leave Nagle on), and so does every connection accepted on them."""
+    import select
     import socket
 
     import uvicorn
@@ -62,7 +63,7 @@ def test_each_workers_socket_joins_the_port_and_its_connections_get_tcp_nodelay(
     second = worker_socket(uvicorn.Config(app=None, host="127.0.0.1", port=first.getsockname()[1]))
     with first, second, socket.create_connection(first.getsockname()):
         assert second.getsockname() == first.getsockname()
-        ready, _, _ = __import__("select").select([first, second], [], [], 5)
+        ready, _, _ = select.select([first, second], [], [], 5)
         accepted, _ = ready[0].accept()
         with accepted:
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

@@ -3,7 +3,7 @@
 One Python process tops out at one core (the event loop and its GIL); `--workers N` runs N
 uvicorn workers under uvicorn's own supervisor (uvicorn.supervisors.Multiprocess), each on its
 own listening socket of the one port (SO_REUSEPORT: the kernel spreads new connections evenly;
-spread_workers says why not one shared socket). Each worker builds its own app from the picklable factory
+SpreadWorkers says why not one shared socket). Each worker builds its own app from the picklable factory
 `partial(create_app, config)` (no import string and no settings passed through the environment)
 and so has its own gRPC channel to tritonserver and its own heartbeat watcher. Saved voices are
 files under --voices-dir, written atomically (client/voices.py), so a voice created through one
@@ -19,6 +19,9 @@ import os
 import socket
 from functools import partial
 from pathlib import Path
+
+import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from .config import ShimConfig
 
@@ -65,8 +68,6 @@ def server_options(config: ShimConfig, log_level: str = "info") -> dict:
 
 def serve(config: ShimConfig, workers: int, log_level: str) -> None:
     """Run the shim until SIGTERM / SIGINT: in this process (workers == 1) or in `workers` processes."""
-    import uvicorn
-
     from .app import create_app
 
     options = dict(server_options(config, log_level), factory=True)
@@ -76,10 +77,10 @@ def serve(config: ShimConfig, workers: int, log_level: str) -> None:
         return
     # uvicorn.run() takes only an import string with workers; its supervisor itself takes any
     # picklable app: the factory travels to each spawned worker with the validated config.
-    spread_workers()(uvicorn.Config(factory, workers=workers, **options), sockets=[]).run()
+    SpreadWorkers(uvicorn.Config(factory, workers=workers, **options), sockets=[]).run()
 
 
-def spread_workers():
+class SpreadWorkers(Multiprocess):
     """uvicorn's supervisor, each worker listening on a socket of its own (SO_REUSEPORT), so that
     the kernel spreads new connections over the workers by their addresses' hash.
 
@@ -87,24 +88,20 @@ def spread_workers():
     the first to run accepted the whole burst (asyncio accepts up to `backlog` connections per
     wake-up). 128 WebSocket sessions opened at once went 109 / 10 / 7 / 2 to 4 workers; on the H200
     the one loop that served most of them added 75 ms to first audio at 128 sessions (issue 31)."""
-    from uvicorn.supervisors import Multiprocess
 
-    class SpreadWorkers(Multiprocess):
-        @property
-        def sockets(self) -> list[socket.socket]:
-            # Multiprocess reads self.sockets each time it starts a worker (at start, when it replaces
-            # a dead one, at SIGTTIN): each gets a new socket. The parent keeps none: multiprocessing
-            # drops a worker's start arguments once it is spawned, so the parent's copy closes and
-            # no connection is ever given to a socket nobody accepts on (tests/test_openai_shim_workers.py).
-            sock = worker_socket(self.config)
-            self.config.port = sock.getsockname()[1]  # port 0: every later worker joins the first's
-            return [sock]
+    @property
+    def sockets(self) -> list[socket.socket]:
+        # Multiprocess reads self.sockets each time it starts a worker (at start, when it replaces
+        # a dead one, at SIGTTIN): each gets a new socket. The parent keeps none: multiprocessing
+        # drops a worker's start arguments once it is spawned, so the parent's copy closes and
+        # no connection is ever given to a socket nobody accepts on (tests/test_openai_shim_workers.py).
+        sock = worker_socket(self.config)
+        self.config.port = sock.getsockname()[1]  # port 0: every later worker joins the first's
+        return [sock]
 
-        @sockets.setter
-        def sockets(self, _given) -> None:
-            pass  # Multiprocess.__init__ stores one list for all workers; each makes its own instead
-
-    return SpreadWorkers
+    @sockets.setter
+    def sockets(self, _given) -> None:
+        pass  # Multiprocess.__init__ stores one list for all workers; each makes its own instead
 
 
 def worker_socket(config) -> socket.socket:
