@@ -60,7 +60,7 @@ WORKDIR /opt/moss-tts-triton
 # 1. .venv with the whole pin list, as `make setup` makes it (a layer of its own: a code change does
 #    not reinstall several GB of wheels). Then: is this torch the CUDA build the list names?
 COPY requirements.txt ./
-COPY scripts/pins.py scripts/setup_env.sh scripts/
+COPY scripts/pins.py scripts/setup_env.sh scripts/uv_args.py scripts/
 RUN PIP_NO_CACHE_DIR=1 scripts/setup_env.sh pins \
  && .venv/bin/python -c "import sys, torch; sys.exit(0 if (torch.version.cuda or '').startswith(sys.argv[1]) \
       else f'torch {torch.__version__} is not a CUDA {sys.argv[1]} build: see requirements.txt')" \

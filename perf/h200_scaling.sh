@@ -345,7 +345,7 @@ soak() {
 # times against that one server: the gRPC bench's stream (bench_triton.one_stream, FRAMES frames)
 # and the same utterance as the shim's streamed pcm, then text sessions fed at 20 words/s straight
 # over gRPC and over the shim's WebSocket, at SHIM_LEVELS (1,64,128); shim_K.json each, with the
-# shim's CPU seconds (the parent and its workers, from /proc).
+# shim's CPU seconds (the parent and its workers, from /proc). RECORD as for the soak (carry .whl).
 shim() {
   env_pack
   prepare_repo
@@ -365,6 +365,7 @@ shim() {
   pid=$(pgrep -of "client.openai_shim")
   log "$n: ready after $((SECONDS - t0)) s; shim pid $pid, workers: $(pgrep -c -P "$pid")"
   sample_metrics "$n" & local sampler=$!
+  [ -n "${RECORD:-}" ] && record_stub "$n" &
   for k in $(seq "${REPEAT:-1}"); do
     log "$n: run $k"
     PYTHONUNBUFFERED=1 python3 -m perf.shim_load --shim-url http://127.0.0.1:8080 --grpc-url 127.0.0.1:8001 \

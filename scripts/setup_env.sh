@@ -17,9 +17,14 @@ if [ "$venv_minor" != "$python_minor" ]; then
        "tests/test_image_stack.py skips. To match them: rm -rf .venv && PYTHON=python$python_minor make setup" >&2
 fi
 if ! .venv/bin/python -c "import sys; sys.exit(0 if open('requirements.txt').read() == open('.venv/.installed-requirements').read() else 1)" 2>/dev/null; then
-  # --no-compile: Python compiles a module when it is first imported instead of pip compiling every
-  # file of several GB of wheels up front (55 s of a fresh clone's `make test` on the 2-core machine)
-  .venv/bin/pip install -q --disable-pip-version-check --no-compile -r requirements.txt
+  # uv installs the list: from its cache (~/.cache/uv) it links the unpacked wheels into .venv, ~10 s
+  # for a fresh clone, where pip unpacked 5 GB of wheels every time (~3 min of a fresh clone's
+  # `make test` on the 2-core machine). uv itself is pinned in the list and installed by pip first.
+  # It reads pip's index settings (pip.conf, PIP_*) through scripts/uv_args.py; like pip it takes a
+  # pinned version from whichever index has it; it compiles no bytecode (Python does on import).
+  .venv/bin/pip install -q --disable-pip-version-check "$(python3 scripts/pins.py uv)"
+  # shellcheck disable=SC2046  # one argument per line, none with spaces
+  .venv/bin/python -m uv pip install -q --python .venv/bin/python $(.venv/bin/python scripts/uv_args.py) -r requirements.txt
   cp requirements.txt .venv/.installed-requirements
 fi
 if [ "${1:-}" = pins ]; then exit 0; fi

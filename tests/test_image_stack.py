@@ -132,7 +132,10 @@ def test_the_dockerfile_builds_both_images_from_the_pin_list():
 def test_make_setup_installs_the_pin_list_with_its_python():
     setup = code(ROOT / "scripts" / "setup_env.sh")
     assert not version_literals(setup), version_literals(setup)
-    assert "pip install -q --disable-pip-version-check --no-compile -r requirements.txt" in setup
+    # uv, pinned in the list and installed by pip, installs the list with pip's index settings
+    assert '.venv/bin/pip install -q --disable-pip-version-check "$(python3 scripts/pins.py uv)"' in setup
+    assert "uv pip install -q --python .venv/bin/python $(.venv/bin/python scripts/uv_args.py) -r requirements.txt" in setup
+    assert "uv" in PINS
     assert 'python_minor="$(python3 scripts/pins.py --fact python)"' in setup
     assert 'PY=${PYTHON:-$(command -v "python$python_minor" || echo python3)}' in setup
     assert re.search(r"^setup:\n\t@scripts/setup_env.sh$", (ROOT / "Makefile").read_text(), re.M)
@@ -261,3 +264,20 @@ def test_the_test_server_is_the_images_server_stub_and_packages(image_python, tr
     utterance = TTSClient(triton.grpc_url).synthesize(build_inputs(
         "The image's stack.", seed=1, max_frames=4, ignore_stop=True, stream=True, first_chunk_frames=2, chunk_frames=2))
     assert len(utterance.chunks) == 2 and utterance.audio.shape[0] == 2
+
+
+def test_uv_gets_pips_index_settings():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("uv_args", ROOT / "scripts" / "uv_args.py")
+    uv_args = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(uv_args)
+    listed = ("global.cert='/etc/ssl/certs/ca-certificates.crt'\n"
+              "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'\n"
+              "global.find-links='/opt/wheels'\n:env:.find-links='/opt/wheels'\n"
+              "global.index-url='https://mirror.example/simple'\n")
+    assert uv_args.uv_args(listed, {}) == [
+        "--index-strategy", "unsafe-best-match", "--extra-index-url", "file:///opt/a/simple",
+        "--extra-index-url", "file:///opt/b/simple", "--find-links", "/opt/wheels",
+        "--index-url", "https://mirror.example/simple"]
+    assert uv_args.uv_args("", {"PIP_NO_CACHE_DIR": "1"}) == ["--index-strategy", "unsafe-best-match", "--no-cache"]
