@@ -88,4 +88,4 @@ ENV PATH=/opt/moss-tts-triton/.venv/bin:$PATH \
 # models' heartbeats and probe one frame end to end.
 HEALTHCHECK --interval=30s --timeout=40s --start-period=300s CMD python3 -m client.healthcheck --probe --timeout 30
 EXPOSE 8000 8001 8002
-CMD ["tritonserver", "--model-repository=/opt/moss-tts-triton/model_repository", "--backend-config=python,thread-pool-size=384"]
+CMD ["tritonserver", "--model-repository=/opt/moss-tts-triton/model_repository", "--backend-config=python,thread-pool-size=384", "--disable-auto-complete-config"]

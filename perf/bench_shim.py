@@ -93,6 +93,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=2, help="streams (sessions) per worker per level")
     p.add_argument("--processes", type=int, default=2, help="client processes per level")
     p.add_argument("--frames-per-s", type=float, default=FakePace.frames_per_s, help="the fake's pace per stream")
+    p.add_argument("--words-per-s", type=float, default=Load.words_per_s, help="the text sessions' feed")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     transports = parse_list(args.transports)
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
                 port = free_port()
                 shim = start_shim(grpc_url, port, workers, Path(tmp) / f"shim_{workers}.log")
                 try:
-                    load = Load(shim_url=f"http://127.0.0.1:{port}", grpc_url=grpc_url)
+                    load = Load(shim_url=f"http://127.0.0.1:{port}", grpc_url=grpc_url, words_per_s=args.words_per_s)
                     print(f"--- shim with {workers} worker(s)", flush=True)
                     result = run_levels(load, transports, parse_list(args.concurrency, int), args.requests,
                                         args.processes, (shim.pid,))
@@ -118,7 +119,8 @@ def main(argv=None) -> int:
         finally:
             fake.stop()
     report = {"benchmark": "perf/bench_shim.py", "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(),
-              "machine": machine(), "fake_pace": asdict(pace), "requests_per_worker": args.requests,
+              "machine": machine(), "fake_pace": asdict(pace), "words_per_s": args.words_per_s,
+              "requests_per_worker": args.requests,
               "client_processes": args.processes, "runs": runs}
     for run in runs:
         print(f"\nshim workers: {run['shim_workers']}\n{markdown(run['levels'])}")

@@ -18,13 +18,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "triton: starts or uses a real tritonserver (deselect with -m 'not triton')")
 
 
-# The slowest files first (seconds on the 2-core machine, 2026-12-02), so that the two workers of
+# The slowest files first (seconds on the 2-core machine, 2026-12-03), so that the two workers of
 # `make test` (pytest-xdist, whole files per worker) do not end on one long file while the other
 # worker idles; the rest keep their order.
-SLOWEST_FILES = ("test_triton_pipeline", "test_soak", "test_openai_shim", "test_stub_lifetime", "test_readme",
-                 "test_failures", "test_window_attention", "test_shutdown", "test_text_session_bls",
-                 "test_vocoder_graphs", "test_codec_cli", "test_codec", "test_session_instances",
-                 "test_openai_shim_clients")
+SLOWEST_FILES = ("test_triton_pipeline", "test_openai_shim", "test_shutdown", "test_soak", "test_readme",
+                 "test_vocoder_graphs", "test_stub_lifetime", "test_text_session_bls", "test_session_instances",
+                 "test_window_attention", "test_failures", "test_openai_shim_workers", "test_generation",
+                 "test_codec", "test_sample_kernel", "test_codec_cli", "test_engine", "test_decode_attention",
+                 "test_engine_graphs", "test_generate_cli", "test_openai_shim_clients", "test_prefix_cache")
 
 
 def pytest_collection_modifyitems(config, items):

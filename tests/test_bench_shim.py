@@ -33,8 +33,11 @@ def test_the_shim_benchmark_serves_every_transport_in_full(tmp_path):
     from perf.bench_shim import main
 
     out = tmp_path / "shim.json"
+    # The fake at 2,000 frames/s, sessions fed 400 words/s: this checks that every transport gets all
+    # its audio, not the pace (62.5 frames/s and 20 words/s made it 2 minutes of waiting here).
     assert main(["--workers", "1", "--concurrency", "1", "--transports", "grpc,http,sse,grpc_session,ws",
-                 "--requests", "1", "--processes", "1", "--out", str(out)]) == 0
+                 "--requests", "1", "--processes", "1", "--frames-per-s", "2000", "--words-per-s", "400",
+                 "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     levels = {level["transport"]: level for level in report["runs"][0]["levels"]}
     assert set(levels) == {"grpc", "http", "sse", "grpc_session", "ws"}

@@ -56,10 +56,11 @@ def pod_spec(deployment: str) -> dict:
 
 
 def flags(args: list[str]) -> dict[str, str]:
-    """["--a=1", "--b=x"] -> {"a": "1", "b": "x"} (the manifests write every flag as --key=value)."""
+    """["--a=1", "--b=x", "--c"] -> {"a": "1", "b": "x", "c": None} (the manifests write every flag
+    as --key=value, or --key alone for a switch that takes no value)."""
     out = {}
     for arg in args:
-        match = re.fullmatch(r"--([\w-]+)=(.*)", arg)
+        match = re.fullmatch(r"--([\w-]+)(?:=(.*))?", arg)
         assert match, f"{arg!r}: write flags as --key=value"
         out[match.group(1)] = match.group(2)
     return out
@@ -151,6 +152,9 @@ def test_triton_runs_the_dockerfile_image_layout_and_serve_sh_settings():
     args, tritonserver = triton_flags(), container("moss-tts-triton", "tritonserver")
     assert args["model-repository"] == image_repository
     assert args["backend-config"] == f"python,thread-pool-size={serve_pool}"
+    # the configs are complete: no auto-complete stub per model, wherever tritonserver starts
+    assert "disable-auto-complete-config" in args and "--disable-auto-complete-config" in image_args
+    assert "--disable-auto-complete-config" in (ROOT / "scripts" / "serve.sh").read_text()
     assert tritonserver["workingDir"] == re.findall(r"^WORKDIR (\S+)$", triton, re.M)[-1]
     env = {e["name"]: e for e in tritonserver["env"]}
     mounts = {m["mountPath"]: m for m in tritonserver["volumeMounts"]}

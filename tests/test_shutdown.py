@@ -18,8 +18,11 @@ from triton_server import MODELS, live_stubs, start_server, stop_server, stub_pi
 pytestmark = pytest.mark.triton
 EXIT_S = 25.0  # idle server: under Triton's 30 s exit timeout, with room
 # Streams open at SIGTERM: their vocoder sequences count as in flight until the vocoder's 20 s idle
-# timeout (Triton refuses END once shutdown has begun), so up to ~21 s; still inside the 30 s.
-EXIT_IN_FLIGHT_S = 28.0
+# timeout (Triton refuses END once shutdown has begun), so ~21 s, then the stubs' unload. Whether that
+# stayed inside Triton's 30 s exit timeout is the log's to say ("Exit timeout expired" is in
+# NOT_IN_LOG); this bound only catches a hang past it: a fresh-clone run on the loaded 2-core machine
+# took 28.4 s, every model unloaded in time.
+EXIT_IN_FLIGHT_S = 40.0
 NOT_IN_LOG = ("Exit timeout expired", "Non-graceful termination", "Traceback", "is not healthy")
 
 
