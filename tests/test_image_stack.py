@@ -276,8 +276,9 @@ def test_uv_gets_pips_index_settings():
               "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'\n"
               "global.find-links='/opt/wheels'\n:env:.find-links='/opt/wheels'\n"
               "global.index-url='https://mirror.example/simple'\n")
+    # pip's main index first (the extra ones after it), as pip sees every index's wheels of a version
     assert uv_args.uv_args(listed, {}) == [
-        "--index-strategy", "unsafe-best-match", "--extra-index-url", "file:///opt/a/simple",
-        "--extra-index-url", "file:///opt/b/simple", "--find-links", "/opt/wheels",
-        "--index-url", "https://mirror.example/simple"]
-    assert uv_args.uv_args("", {"PIP_NO_CACHE_DIR": "1"}) == ["--index-strategy", "unsafe-best-match", "--no-cache"]
+        "--index-strategy", "unsafe-best-match", "--index", "https://mirror.example/simple",
+        "--index", "file:///opt/a/simple", "--index", "file:///opt/b/simple", "--find-links", "/opt/wheels"]
+    assert uv_args.uv_args("", {"PIP_NO_CACHE_DIR": "1"}) == [
+        "--index-strategy", "unsafe-best-match", "--index", "https://pypi.org/simple", "--no-cache"]
