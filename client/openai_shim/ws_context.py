@@ -30,11 +30,12 @@ from moss_tts.contract.session_requests import SessionRequests
 from moss_tts.contract.text_segments import TextSegmenter
 
 from . import errors
+from .audio_format import seconds
 from .audio_output import NO_AUDIO, AudioOutput
 from .errors import ApiError
 from .session_options import SessionOptions
 from .triton_stream import AUDIO_ONLY, build_inputs
-from .ws_protocol import POLICY, SOCKET_GONE, ProtocolViolation, error_event, seconds
+from .ws_protocol import POLICY, SOCKET_GONE, ProtocolViolation, error_event
 
 log = logging.getLogger("openai_shim")
 

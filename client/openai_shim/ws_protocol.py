@@ -12,7 +12,6 @@ from typing import Optional
 
 from fastapi import WebSocketDisconnect
 
-from .audio_format import SAMPLE_RATE, SAMPLES_PER_FRAME
 from .errors import ApiError, bad_request
 
 # Close codes (RFC 6455): 1000 done or cancelled, 1008 a protocol violation or a limit, 1003 a binary
@@ -42,12 +41,6 @@ def close_code(exc: ApiError) -> int:
 def error_event(exc: ApiError, context_id: Optional[str] = None) -> dict:
     named = {} if context_id is None else {"context_id": context_id}
     return {"type": "error", **named, "status": exc.status, **exc.body()}
-
-
-def seconds(frames: int) -> float:
-    """Where `frames` 80 ms frames end, in seconds: computed from the whole count each time (not
-    summed), so one segment's end_s equals the next one's start_s exactly."""
-    return frames * SAMPLES_PER_FRAME / SAMPLE_RATE
 
 
 def is_context_id(value: object) -> bool:
