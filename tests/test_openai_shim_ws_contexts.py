@@ -172,35 +172,30 @@ def assert_witness_whole(ws, t: Transcript, context="w") -> None:
     assert_whole(t, context, 48000, 2)
 
 
-@pytest.mark.parametrize("context_id", ["", "has space", "x" * 65, 7, None, ["a"]])
-def test_an_invalid_context_id_is_an_error_event(openai_shim, triton, context_id):
+ENDED = [{"type": "text", "context_id": "old", "text": "Over soon."}, {"type": "end", "context_id": "old"}]
+REFUSED = [  # (messages before, the message, the context its error event names, code)
+    *[([], {"type": "text", "context_id": bad, "text": "Hi."}, bad, "invalid_context_id")
+      for bad in ("", "has space", "x" * 65, 7, None, ["a"])],
+    *[([], {"type": kind, "context_id": "nobody"}, "nobody", "unknown_context") for kind in ("flush", "end", "cancel")],
+    ([], {"type": "options", "context_id": "w", **OPTIONS}, "w", "context_exists"),  # a duplicate open
+    *[(ENDED, {"type": kind, "context_id": "old", "text": "Again."}, "old", "context_ended")
+      for kind in ("cancel", "text", "end", "options")],
+]
+
+
+@pytest.mark.parametrize("before, message, context, code", REFUSED)
+def test_a_bad_context_message_is_an_error_event_naming_it_and_the_others_go_on(openai_shim, triton, before,
+                                                                                 message, context, code):
     with connect(ws_url(openai_shim)) as ws:
         t = open_socket(ws, **OPTIONS)
+        for earlier in before:  # a context that has ended
+            ws.send(json.dumps(earlier))
+        if before:
+            t.read(has("done", "old"))
         witness(ws, t)
-        send(ws, type="text", context_id=context_id, text="Hi.")
-        error = t.error(context_id)
-        assert error["error"]["code"] == "invalid_context_id" and error["status"] == 400, error
-        assert_witness_whole(ws, t)
-    all_free(triton)
-
-
-@pytest.mark.parametrize("kind", ["flush", "end", "cancel"])
-def test_an_unknown_context_is_an_error_event(openai_shim, triton, kind):
-    with connect(ws_url(openai_shim)) as ws:
-        t = open_socket(ws, **OPTIONS)
-        witness(ws, t)
-        send(ws, type=kind, context_id="nobody")
-        assert t.error("nobody")["error"]["code"] == "unknown_context"
-        assert_witness_whole(ws, t)
-    all_free(triton)
-
-
-def test_a_duplicate_open_is_an_error_event(openai_shim, triton):
-    with connect(ws_url(openai_shim)) as ws:
-        t = open_socket(ws, **OPTIONS)
-        witness(ws, t)
-        send(ws, type="options", context_id="w", **OPTIONS)
-        assert t.error("w")["error"]["code"] == "context_exists"
+        ws.send(json.dumps(message))
+        error = t.error(context)
+        assert error["error"]["code"] == code and error["status"] == 400, error
         assert_witness_whole(ws, t)
     all_free(triton)
 
@@ -221,20 +216,6 @@ def test_more_contexts_than_the_limit_is_an_error_event_and_the_default_counts(o
         t.read(has("done", "c"))
         assert_witness_whole(ws, t)
         assert_whole(t, "c", 48000, 2)
-    all_free(triton)
-
-
-@pytest.mark.parametrize("kind", ["cancel", "text", "end", "options"])
-def test_a_message_to_an_ended_context_is_an_error_event(openai_shim, triton, kind):
-    with connect(ws_url(openai_shim)) as ws:
-        t = open_socket(ws, **OPTIONS)
-        send(ws, type="text", context_id="old", text="Over soon.")
-        send(ws, type="end", context_id="old")
-        t.read(has("done", "old"))
-        witness(ws, t)
-        send(ws, type=kind, context_id="old", text="Again.")
-        assert t.error("old")["error"]["code"] == "context_ended"
-        assert_witness_whole(ws, t)
     all_free(triton)
 
 
