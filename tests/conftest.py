@@ -84,15 +84,16 @@ def triton(tiny_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def openai_shim(triton, tmp_path_factory):
     """`python -m client.openai_shim` on a free port in front of the `triton` fixture, with small
-    limits so the limit tests stay cheap (a 3 s WebSocket idle timeout), and a reference directory of its own.
-    Two worker processes, so every test that uses it runs against several (--workers)."""
+    limits so the limit tests stay cheap (a 3 s WebSocket idle timeout, 3 contexts per socket), and a
+    reference directory of its own. Two worker processes, so every test that uses it runs against several (--workers)."""
     from shim_server import start_shim, stop_shim
 
     root = tmp_path_factory.mktemp("openai_shim")
     (root / "refs").mkdir()
     shim = start_shim(triton.grpc_url, root / "shim.log", root / "refs", "--max-body-bytes", "1000000",
                       "--max-reference-bytes", "200000", "--max-input-chars", "1000", "--metrics-url", triton.metrics_url,
-                      "--ws-idle-timeout", "3", "--ws-max-buffered-chars", "2000", workers=2)
+                      "--ws-idle-timeout", "3", "--ws-max-buffered-chars", "2000", "--ws-max-contexts", "3",
+                      workers=2)
     yield shim
     stop_shim(shim)
 

@@ -300,7 +300,7 @@ def test_alias_flags():
 
 def test_config_is_validated_once(tmp_path):
     assert ShimConfig(reference_dir=tmp_path / ".").reference_dir == tmp_path.resolve()
-    for bad in (dict(port=70000), dict(max_body_bytes=0), dict(response_timeout_s=float("nan")),
+    for bad in (dict(port=70000), dict(max_body_bytes=0), dict(response_timeout_s=float("nan")), dict(ws_max_contexts=0),
                 dict(model_names=()), dict(model_aliases=(" ",)), dict(reference_dir=tmp_path / "missing")):
         with pytest.raises(ConfigError):
             ShimConfig(**bad)

@@ -56,6 +56,8 @@ def parse_args(argv) -> argparse.Namespace:
                    help="seconds a WebSocket may stay without a client message before it is closed")
     p.add_argument("--ws-max-buffered-chars", type=int, default=defaults.ws_max_buffered_chars,
                    help="characters of WebSocket text not yet spoken before the connection is closed")
+    p.add_argument("--ws-max-contexts", type=int, default=defaults.ws_max_contexts,
+                   help="text sessions (contexts) open at once on one WebSocket; one more gets an error event")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -81,7 +83,8 @@ def main(argv=None) -> int:
             allow_url_references=args.allow_url_references, allow_private_url_hosts=args.allow_private_url_hosts,
             url_timeout_s=args.url_timeout, response_timeout_s=args.response_timeout,
             metrics_url=args.metrics_url, heartbeat_stale_s=args.heartbeat_stale,
-            ws_idle_timeout_s=args.ws_idle_timeout, ws_max_buffered_chars=args.ws_max_buffered_chars)
+            ws_idle_timeout_s=args.ws_idle_timeout, ws_max_buffered_chars=args.ws_max_buffered_chars,
+            ws_max_contexts=args.ws_max_contexts)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

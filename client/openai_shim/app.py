@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..server_health import HeartbeatMonitor
 from . import errors
+from .audio_format import seconds
 from .audio_output import NO_AUDIO, AudioOutput, encode_whole
 from .config import ShimConfig
 from .errors import ApiError
@@ -288,8 +289,8 @@ async def sse_events(first: np.ndarray, stream: AudioStream, output: AudioOutput
         async with aclosing(encoded(first, stream, output)) as pieces:
             async for data in pieces:
                 yield audio_delta(data)
-        frames = output.num_frames
-        yield sse({"type": "speech.audio.done",
+        frames = output.num_frames  # the request is one segment here: docs/websocket.md, "Timestamps"
+        yield sse({"type": "speech.audio.done", "segments": [{"index": 0, "start_s": 0.0, "end_s": seconds(frames)}],
                    "usage": {"input_tokens": 0, "output_tokens": frames, "total_tokens": frames}})
     except ApiError as exc:
         yield sse({"type": "error", **exc.body()})

@@ -33,6 +33,12 @@ SAMPLE_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 CHANNEL_COUNTS = (1, 2)
 
 
+def seconds(frames: int) -> float:
+    """Where `frames` 80 ms frames end, in seconds: computed from the whole count each time (not
+    summed), so one segment's end_s equals the next one's start_s exactly."""
+    return frames * SAMPLES_PER_FRAME / SAMPLE_RATE
+
+
 @dataclass(frozen=True)
 class AudioFormat:
     name: str

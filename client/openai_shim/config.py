@@ -40,10 +40,12 @@ class ShimConfig:
     # None = port 8002 on the host of triton_url, "" = no heartbeat check.
     metrics_url: Optional[str] = None
     heartbeat_stale_s: float = 3.0  # a model heartbeat this old makes /health and every request 503
-    # The WebSocket (speech_ws.py): a connection without a message this long is closed (its session
-    # cancelled); text not yet spoken beyond this many characters closes it too.
+    # The WebSocket (speech_ws.py): a connection without a message this long is closed (its contexts
+    # cancelled); text of a context not yet spoken beyond this many characters closes it too; at most
+    # this many contexts (text sessions) open on one connection at once (ElevenLabs allows 5).
     ws_idle_timeout_s: float = 30.0
     ws_max_buffered_chars: int = 10000
+    ws_max_contexts: int = 8
 
     def __post_init__(self) -> None:
         if not self.model_names or any(not name.strip() for name in self.model_names):
@@ -54,7 +56,8 @@ class ShimConfig:
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
         for flag, value in (("--max-body-bytes", self.max_body_bytes), ("--max-input-chars", self.max_input_chars),
                             ("--max-reference-bytes", self.max_reference_bytes),
-                            ("--ws-max-buffered-chars", self.ws_max_buffered_chars)):
+                            ("--ws-max-buffered-chars", self.ws_max_buffered_chars),
+                            ("--ws-max-contexts", self.ws_max_contexts)):
             if value < 1:
                 raise ConfigError(f"{flag} must be positive, got {value}")
         for flag, value in (("--url-timeout", self.url_timeout_s), ("--response-timeout", self.response_timeout_s),

@@ -30,6 +30,8 @@ class SessionOptions(SpeechRequest):
 
     type: str = Field("options", pattern="^options$")
     input: str = ""
+    # ElevenLabs' range: the socket's idle timeout in seconds (None: --ws-idle-timeout); socket-wide.
+    inactivity_timeout: Optional[float] = Field(None, ge=20, le=180)
     response_format: str = "pcm"
     stream: Optional[bool] = True
 
@@ -48,6 +50,10 @@ class SessionOptions(SpeechRequest):
         return text
 
 
+# One audio format per socket: a named context's options may repeat these, not change them.
+SOCKET_FIELDS = ("response_format", "sample_rate", "channels", "inactivity_timeout")
+
+
 async def session_inputs(data: dict, app: FastAPI, config: ShimConfig) -> tuple[SessionOptions, dict]:
     """The options and the moss_tts inputs of every request (the voice ones go with the first
     only: SessionRequests); ApiError, as the HTTP endpoint would answer, for bad options."""
@@ -62,3 +68,18 @@ async def session_inputs(data: dict, app: FastAPI, config: ShimConfig) -> tuple[
         audio = await load_reference(*speech.reference, config)
         values["REFERENCE_CODES"] = await app.state.triton.encode_reference(audio)
     return speech, values
+
+
+async def context_inputs(data: dict, socket: SessionOptions, app: FastAPI,
+                         config: ShimConfig) -> tuple[SessionOptions, dict]:
+    """A named context's own options (docs/websocket.md, "Contexts"): the whole schema, nothing of
+    the socket's merged in but its output format, which a context may not change (every context's
+    audio is decoded by one client player); ApiError as session_inputs."""
+    spec = socket.output
+    fixed = {"response_format": spec.format.name, "sample_rate": spec.sample_rate, "channels": spec.channels,
+             "inactivity_timeout": socket.inactivity_timeout}
+    for name in SOCKET_FIELDS:
+        if data.get(name) is not None and data[name] != fixed[name]:
+            raise errors.bad_request(f"{name} is the socket's ({fixed[name]!r}, from the first options message) for "
+                                     f"every context; got {data[name]!r}", name, code="socket_option")
+    return await session_inputs({**data, **fixed}, app, config)

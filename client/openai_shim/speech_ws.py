@@ -1,97 +1,77 @@
-"""WS /v1/audio/speech/stream: text in as it is written, one continuous audio stream out, one voice.
+"""WS /v1/audio/speech/stream: text in as it is written, audio out; several contexts on one socket.
 
-One WebSocket connection is one text session (docs/structure.md, "Text sessions"): the text is cut
-by moss_tts.contract.text_segments.TextSegmenter here, each segment is one request on ONE gRPC stream to
-`moss_tts`, all naming one SESSION_ID; the last carries SESSION_END. The protocol
-(docs/websocket.md) is modelled on ElevenLabs' stream-input: options first, then text deltas,
-flush, end; audio comes back as binary frames, events as JSON text frames.
+The protocol (docs/websocket.md) is modelled on ElevenLabs' stream-input and multi-context
+WebSockets: options first, then text deltas, flush, end. A message without `context_id` acts on
+the default context (the one-context protocol: binary audio, and its done closes the socket); a
+message naming a `context_id` acts on that context only (ws_context.SpeechContext: its own text
+session, gRPC stream and audio, sent as JSON `audio` events). Errors naming a context never close
+the socket; protocol violations do (ws_protocol.py).
 
-The connection is read by one task (client messages, idle timeout) while another forwards the
-Triton responses; a client that goes away, a cancel, an idle timeout or a protocol violation
-cancels the gRPC call at once, which makes the server free the session, its engine row and its
-vocoder sequence.
+The connection is read by one task (client messages, the idle timeout); each context's forwarder
+sends its audio as the responses arrive. A client that goes away, a cancel, an idle timeout or a
+protocol violation cancels the contexts' gRPC calls at once, which makes the server free each
+session, its engine row and its vocoder sequence.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import uuid
+from typing import Optional
 
-import grpc
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
-from moss_tts.contract import tensors as contract
-from moss_tts.contract.session_requests import SessionRequests
-from moss_tts.contract.text_segments import TextSegmenter
-
 from . import errors
-from .audio_output import NO_AUDIO, AudioOutput
 from .config import ShimConfig
 from .errors import ApiError
-from .session_options import session_inputs
-from .triton_stream import AUDIO_ONLY, build_inputs
+from .session_options import context_inputs, session_inputs
+from .ws_context import SpeechContext
+from .ws_idle import IdleTimer
+from .ws_protocol import (NORMAL, POLICY, TRY_LATER, UNSUPPORTED_DATA, ProtocolViolation, close_code, context_ended,
+                          context_exists, error_event, input_ended, invalid_context_id, is_context_id,
+                          too_many_contexts, unknown_context, unknown_type)
 
-log = logging.getLogger("openai_shim")
-
-# Close codes (RFC 6455): 1000 done or cancelled, 1008 a protocol violation or a limit, 1003 a binary
-# frame from the client, 1011 the synthesis failed, 1013 the TTS server is unavailable.
-NORMAL, UNSUPPORTED_DATA, POLICY, SERVER_ERROR, TRY_LATER = 1000, 1003, 1008, 1011, 1013
-
-
-class ProtocolViolation(Exception):
-    """Close the connection with `code` and this message as the reason."""
-
-    def __init__(self, code: int, reason: str):
-        super().__init__(reason)
-        self.code = code
-
-
-def error_event(exc: ApiError) -> dict:
-    return {"type": "error", "status": exc.status, **exc.body()}
+# Ended ids are remembered (not reused on a socket) up to this many, the oldest forgotten first:
+# a socket that lives for hours of turns keeps ~64 bytes per id at most this often.
+ENDED_IDS_KEPT = 4096
 
 
 def add_websocket_route(app: FastAPI, config: ShimConfig) -> None:
     @app.websocket("/v1/audio/speech/stream")
     async def speech_stream(websocket: WebSocket):
         await websocket.accept()
-        session = WsSession(websocket, app, config)
+        connection = WsConnection(websocket, app, config)
         try:
-            await session.run()
+            await connection.run()
         except WebSocketDisconnect:
             pass
         finally:
-            await session.cancel()
+            await connection.cancel_all(send_done=False)
 
 
-class WsSession:
+class WsConnection:
     def __init__(self, websocket: WebSocket, app: FastAPI, config: ShimConfig):
         self.ws, self.app, self.config = websocket, app, config
-        self.session_id = uuid.uuid4().hex
-        self.segmenter = TextSegmenter()
-        self.plan = SessionRequests({})  # replaced once the options are known
-        self.requests: asyncio.Queue = asyncio.Queue()
-        self.call = None
-        self.is_ended = False
-        self.is_done = False
+        self.session_id = uuid.uuid4().hex  # the default context's, announced by session.started
+        self.speech = None  # the socket's options (SessionOptions) and their moss_tts inputs
+        self.inputs: dict = {}
+        self.default: Optional[SpeechContext] = None  # made on its first text, flush or end
+        self.default_finished = asyncio.Event()  # its done or error event has left
+        self.contexts: dict[str, SpeechContext] = {}  # the named ones still open
+        self.ended_ids: dict[str, None] = {}  # insertion-ordered set
+        self.idle = IdleTimer(config.ws_idle_timeout_s, "--ws-idle-timeout", self.is_audio_turn)
 
     async def send_event(self, event: dict) -> None:
         await self.ws.send_text(json.dumps(event, separators=(",", ":")))
 
-    async def close(self, code: int, reason: str) -> None:
-        await self.cancel()
-        try:
-            await self.ws.close(code, reason.encode()[:123].decode(errors="ignore"))
-        except (RuntimeError, OSError):  # already closed
-            pass
+    async def send_bytes(self, data: bytes) -> None:
+        await self.ws.send_bytes(data)
 
-    async def cancel(self) -> None:
-        """Stop the gRPC call unless it finished: the server frees the session at once."""
-        if self.call is not None and not self.is_done:
-            self.call.cancel()
-        self.is_done = True
-        self.requests.put_nowait(None)
+    async def send_error(self, exc: ApiError, context_id: Optional[str] = None) -> None:
+        await self.send_event(error_event(exc, context_id))
+
+    # --- the socket's life ------------------------------------------------------------------------
 
     async def run(self) -> None:
         try:
@@ -100,44 +80,69 @@ class WsSession:
             await self.close(exc.code, str(exc))
             return
         reader = asyncio.ensure_future(self.read_messages())
-        forwarder = asyncio.ensure_future(self.forward_audio())
+        ender = asyncio.ensure_future(self.default_finished.wait())
         try:
-            # Done (the forwarder sent `done`), cancelled, a protocol violation, a client gone: the
-            # first to finish ends the session; the reader goes on reading after `end` for a cancel.
-            await asyncio.wait({reader, forwarder}, return_when=asyncio.FIRST_COMPLETED)
+            # The reader ends on cancel, close_socket, a violation or a client gone; the default
+            # context's done or failure ends the socket too (the one-context protocol).
+            await asyncio.wait({reader, ender}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (reader, forwarder):
+            for task in (reader, ender):
                 task.cancel()
-        for task in (reader, forwarder):
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                exc = task.exception()
-                if isinstance(exc, ProtocolViolation):
-                    await self.close(exc.code, str(exc))
-                    return
-                if isinstance(exc, WebSocketDisconnect):
-                    raise exc
-                if isinstance(exc, ApiError):
-                    await self.send_safely(error_event(exc))
-                    code = TRY_LATER if exc.status in (429, 503) else SERVER_ERROR if exc.status >= 500 else POLICY
-                    await self.close(code, exc.message)
-                    return
-                raise exc
+        if not reader.done() or reader.cancelled():
+            failure = self.default.failure
+            if failure is None:
+                await self.close_socket("done")
+            else:
+                await self.close(close_code(failure), failure.message)
+            return
+        exc = reader.exception()
+        if isinstance(exc, ProtocolViolation):
+            await self.close(exc.code, str(exc))
+        elif exc is not None:
+            raise exc
 
-    async def send_safely(self, event: dict) -> None:
+    async def close(self, code: int, reason: str) -> None:
+        await self.cancel_all(send_done=False)
         try:
-            await self.send_event(event)
-        except (RuntimeError, OSError, WebSocketDisconnect):
+            await self.ws.close(code, reason.encode()[:123].decode(errors="ignore"))
+        except (RuntimeError, OSError):  # already closed
             pass
+
+    async def close_socket(self, reason: str) -> None:
+        """Every context still open gets its cancelled done, then a normal close."""
+        await self.cancel_all(send_done=True)
+        await self.close(NORMAL, reason)
+
+    async def cancel_all(self, send_done: bool) -> None:
+        for context in [*self.contexts.values(), self.default]:
+            if context is not None:
+                await context.cancel(send_done)
+
+    def context_over(self, context: SpeechContext) -> None:
+        """A context ended (SpeechContext.on_over): out of the limit, its id never reused; the idle
+        timeout counts again once no context is speaking after its end."""
+        if context.context_id is not None:
+            self.contexts.pop(context.context_id, None)
+            self.ended_ids[context.context_id] = None
+            if len(self.ended_ids) > ENDED_IDS_KEPT:
+                del self.ended_ids[next(iter(self.ended_ids))]
+        self.idle.rearm(audio_ended=context.is_ended)
+
+    @property
+    def num_open(self) -> int:
+        """Contexts that count against --ws-max-contexts: the named open ones, the default in use."""
+        return len(self.contexts) + (self.default is not None and not self.default.is_over)
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def is_audio_turn(self) -> bool:
+        """A context speaks after its end: the idle timeout waits for it."""
+        return any(context is not None and context.is_speaking_after_end
+                   for context in [*self.contexts.values(), self.default])
 
     async def receive(self) -> dict:
         """The next client message as a JSON object; ProtocolViolation for anything else."""
-        idle_timeout_s = None if self.is_ended else self.config.ws_idle_timeout_s  # after `end`: the audio's turn
-        try:
-            async with asyncio.timeout(idle_timeout_s):  # no task per message (wait_for's)
-                message = await self.ws.receive()
-        except TimeoutError:
-            raise ProtocolViolation(POLICY, f"no message for {self.config.ws_idle_timeout_s:g} s "
-                                            f"(--ws-idle-timeout)") from None
+        message = await self.idle.wait(self.ws.receive())
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
         if message.get("text") is None:
@@ -152,7 +157,7 @@ class WsSession:
 
     async def open(self) -> None:
         """Options until valid ones come (each bad one, a bad reference too, gets an error event:
-        session_options.py), then the gRPC stream."""
+        session_options.py); then session.started, and the context the options name, if any."""
         while True:
             data = await self.receive()
             if data.get("type", "options") != "options":
@@ -160,128 +165,134 @@ class WsSession:
                                                 f"{data.get('type')!r}")
             if self.app.state.heartbeat_problem is not None:
                 raise ProtocolViolation(TRY_LATER, "the TTS server is unhealthy")
+            context_id = data.pop("context_id", None)
             try:
-                self.speech, inputs = await session_inputs(data, self.app, self.config)
+                if context_id is not None and not is_context_id(context_id):
+                    raise invalid_context_id(context_id)
+                self.speech, self.inputs = await session_inputs(data, self.app, self.config)
                 break
             except ApiError as exc:
-                await self.send_event(error_event(exc))
-        self.plan = SessionRequests(inputs)
+                await self.send_error(exc, context_id)
+        if self.speech.inactivity_timeout is not None:
+            self.idle.timeout_s, self.idle.flag = self.speech.inactivity_timeout, "inactivity_timeout"
         spec = self.speech.output
-        self.output = AudioOutput(spec)  # one stream for the session: its segments join without a seam
         await self.send_event({"type": "session.started", "session_id": self.session_id,
                                "response_format": spec.format.name, "sample_rate": spec.sample_rate,
                                "channels": spec.channels, "sample_format": "s16le"})
-        if spec.format.name == "wav":  # the header (of unknown length) first, as the HTTP stream sends it
-            await self.ws.send_bytes(self.output.push(NO_AUDIO))
-
-        async def requests():
-            while (request := await self.requests.get()) is not None:
-                yield request
-            # half-closing early would end the stream before the responses: stay open until done
-
-        self.call = self.app.state.triton.stream(requests())
-
-    def send_segments(self, texts: list[str], is_end: bool = False) -> None:
-        for i, text in enumerate(texts):
-            self.request(text, is_end and i == len(texts) - 1)
-        if is_end and not texts:
-            self.request("", True)
-
-    @property
-    def segments(self) -> list[str]:
-        return self.plan.segments
-
-    def request(self, text: str, is_end: bool) -> None:
-        # plan.end_id is set before the send: the closing request's final may come back at once.
-        request_id, options = self.plan.next(text, is_end)
-        values = {"TEXT": text, **options, "SESSION_ID": self.session_id, "SESSION_END": True if is_end else None}
-        self.requests.put_nowait({"model_name": self.app.state.triton.model, "inputs": build_inputs(values),
-                                  "request_id": request_id, "outputs": AUDIO_ONLY,
-                                  "parameters": {"triton_enable_empty_final_response": True}})
+        if context_id is not None:
+            await self.open_context(context_id, None)
 
     async def read_messages(self) -> None:
-        """Text, flush, end, cancel; after `end` only a cancel (or the client going away) counts."""
+        """Every message after the options, routed by context_id; returns once the socket is closed."""
         while True:
             data = await self.receive()
             kind = data.get("type")
-            if self.is_ended and kind in ("text", "flush", "end"):
-                await self.send_event(error_event(errors.bad_request(
-                    f"the input has ended: {kind!r} after 'end' is ignored", "type", code="input_ended")))
-            elif kind == "text":
-                text = data.get("text")
-                if not isinstance(text, str):
-                    await self.send_event(error_event(errors.bad_request("text must be a string", "text")))
-                    continue
-                if len(self.segmenter.buffered) + len(text) > self.config.ws_max_buffered_chars:
-                    raise ProtocolViolation(POLICY, f"more than {self.config.ws_max_buffered_chars} characters "
-                                                    f"of text not yet spoken (--ws-max-buffered-chars)")
-                self.send_segments(self.segmenter.push(text))
-            elif kind == "flush":
-                self.send_segments(self.segmenter.flush())
-            elif kind == "end":
-                self.is_ended = True
-                if not self.segments and not self.segmenter.buffered.strip():
-                    self.is_done = True  # nothing was said: no request at all
-                    self.requests.put_nowait(None)
-                    await self.send_event({"type": "done", "segments": 0, "frames": 0})
-                    await self.ws.close(NORMAL, "done")
-                    return
-                self.send_segments(self.segmenter.end(), is_end=True)
-            elif kind == "cancel":
-                await self.cancel()
-                await self.send_event({"type": "done", "cancelled": True, "segments": len(self.segments)})
-                await self.ws.close(NORMAL, "cancelled")
+            if kind == "close_socket":
+                await self.close_socket("close_socket")
                 return
-            elif kind == "options":
-                await self.send_event(error_event(errors.bad_request(
-                    "the options were set by the first message; open a new connection for other options", "type")))
-            else:
-                await self.send_event(error_event(errors.bad_request(
-                    f"unknown message type {kind!r}: use text, flush, end or cancel", "type",
-                    code="unknown_message_type")))
-
-    async def forward_audio(self) -> None:
-        """Audio as binary frames, a segment.done event after each segment, done after the last."""
-        frames, total = 0, 0
-        while True:
-            try:
-                async with asyncio.timeout(self.config.response_timeout_s):  # no task per chunk (wait_for's)
-                    result = await self.call.__anext__()
-            except TimeoutError:
-                raise errors.timeout(f"tritonserver sent nothing for {self.config.response_timeout_s:g} s "
-                                     f"(--response-timeout); the session was cancelled") from None
-            except grpc.aio.AioRpcError as exc:
-                if self.is_done:
+            if "context_id" not in data:
+                if await self.on_default(kind, data):
                     return
-                raise errors.from_grpc(exc) from None
-            except StopAsyncIteration:
-                if self.is_done:
-                    return
-                raise errors.internal("tritonserver closed the stream without a final response") from None
-            result, error = result
-            if error is not None:
-                self.is_done = True
-                raise errors.from_triton_message(error.message())
-            response = result.get_response()
-            audio = result.as_numpy("AUDIO")
-            if audio is not None and audio.size:
-                frames += audio.shape[1] // contract.SAMPLES_PER_FRAME
-                if data := self.output.push(audio):
-                    await self.ws.send_bytes(data)
-            if not response.parameters["triton_final_response"].bool_param:
                 continue
-            index = self.plan.segment_of(response.id)
-            if index is not None:
-                await self.send_event({"type": "segment.done", "index": index, "text": self.segments[index],
-                                       "frames": frames})
-                total, frames = total + frames, 0
-            if response.id == self.plan.end_id:
-                self.is_done = True
-                self.requests.put_nowait(None)
-                if tail := self.output.finish():  # the resampler's last milliseconds
-                    await self.ws.send_bytes(tail)
-                await self.send_event({"type": "done", "segments": len(self.segments), "frames": total})
-                await self.ws.close(NORMAL, "done")
-                return
+            context_id = data.pop("context_id")
+            if not is_context_id(context_id):
+                await self.send_error(invalid_context_id(context_id), context_id)
+            elif context_id in self.ended_ids:
+                await self.send_error(context_ended(context_id, kind), context_id)
+            else:
+                await self.on_named(kind, context_id, data)
 
+    # --- the default context: the one-context protocol --------------------------------------------
 
+    async def on_default(self, kind, data: dict) -> bool:
+        """One message of the one-context protocol; True once the socket is closed."""
+        context = self.default
+        if context is not None and context.is_ended and kind in ("text", "flush", "end"):
+            await self.send_error(input_ended(kind))
+        elif kind == "text":
+            if not isinstance(data.get("text"), str):
+                await self.send_error(errors.bad_request("text must be a string", "text"))
+            elif (context := await self.use_default()) is not None:
+                context.push_text(data["text"], self.config.ws_max_buffered_chars)
+        elif kind in ("flush", "end"):
+            if (context := await self.use_default()) is None:
+                return False
+            if kind == "flush":
+                context.flush()
+                return False
+            await context.end()
+            if context.is_over:  # nothing was said
+                await self.close_socket("done")
+                return True
+        elif kind == "cancel":
+            if context is not None:
+                await context.cancel()
+            else:
+                await self.send_event({"type": "done", "cancelled": True, "segments": 0})
+            await self.close_socket("cancelled")
+            return True
+        elif kind == "options":
+            await self.send_error(errors.bad_request(
+                "the options were set by the first message; name a context_id to open a context with its own "
+                "options", "type"))
+        else:
+            await self.send_error(unknown_type(kind))
+        return False
+
+    async def use_default(self) -> Optional[SpeechContext]:
+        if self.default is None:
+            if self.num_open >= self.config.ws_max_contexts:
+                await self.send_error(too_many_contexts(self.config.ws_max_contexts))
+                return None
+            self.default = SpeechContext(self, None, self.speech, self.inputs, self.context_over,
+                                         session_id=self.session_id, finished=self.default_finished)
+            await self.default.start()
+        return self.default
+
+    # --- named contexts ---------------------------------------------------------------------------
+
+    async def on_named(self, kind, context_id: str, data: dict) -> None:
+        context = self.contexts.get(context_id)
+        if kind == "options":
+            if context is not None:
+                await self.send_error(context_exists(context_id), context_id)
+            else:
+                await self.open_context(context_id, data)
+        elif kind == "text":
+            if not isinstance(data.get("text"), str):
+                await self.send_error(errors.bad_request("text must be a string", "text"), context_id)
+            elif context is not None and context.is_ended:
+                await self.send_error(input_ended(kind), context_id)
+            elif context is not None or (context := await self.open_context(context_id, None)) is not None:
+                context.push_text(data["text"], self.config.ws_max_buffered_chars)
+        elif kind in ("flush", "end", "cancel"):
+            if context is None:
+                await self.send_error(unknown_context(context_id, kind), context_id)
+            elif kind == "cancel":
+                await context.cancel()
+            elif context.is_ended:
+                await self.send_error(input_ended(kind), context_id)
+            elif kind == "flush":
+                context.flush()
+            else:
+                await context.end()
+        else:
+            await self.send_error(unknown_type(kind), context_id)
+
+    async def open_context(self, context_id: str, data: Optional[dict]) -> Optional[SpeechContext]:
+        """A named context with its own options (`data`) or the socket's (None), announced by
+        context.started; None (after an error event naming it) when it cannot open."""
+        try:
+            if self.num_open >= self.config.ws_max_contexts:
+                raise too_many_contexts(self.config.ws_max_contexts)
+            if self.app.state.heartbeat_problem is not None:
+                raise errors.unavailable(f"the TTS server is unhealthy: {self.app.state.heartbeat_problem}")
+            speech, inputs = ((self.speech, self.inputs) if data is None
+                              else await context_inputs(data, self.speech, self.app, self.config))
+        except ApiError as exc:
+            await self.send_error(exc, context_id)
+            return None
+        context = SpeechContext(self, context_id, speech, inputs, self.context_over)
+        self.contexts[context_id] = context
+        await context.start()
+        return context
