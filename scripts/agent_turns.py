@@ -102,6 +102,10 @@ def p50_ms(values: list) -> str:
     return f"{statistics.median(values) * 1000:.0f}" if values else "-"
 
 
+def max_ms(values: list) -> str:
+    return f"{max(values) * 1000:.0f}"
+
+
 def spread_ms(values: list) -> str:
     values = [v for v in values if v is not None]
     return f"{min(values) * 1000:.0f}-{max(values) * 1000:.0f}" if values else "-"
@@ -117,8 +121,8 @@ def row(framework: str, fresh: list[Run], interrupted: list[Run]) -> tuple[str, 
     line = (f"| {framework} | {len(interrupted)} | {sockets} "
             f"| {sum(r.cancelled for r in interrupted)}/{len(interrupted)} "
             f"| {p50_ms([r.answers[0].audio_s for r in interrupted])} "
-            f"| {max(r.late_server_s for r in interrupted) * 1000:.0f} / {max(r.chunk_s for r in interrupted) * 1000:.0f} "
-            f"| {max(r.late_handed_s for r in interrupted) * 1000:.0f} "
+            f"| {max_ms([r.late_server_s for r in interrupted])} / {max_ms([r.chunk_s for r in interrupted])} "
+            f"| {max_ms([r.late_handed_s for r in interrupted])} "
             f"| {p50_ms([r.cancel_to_done_s for r in interrupted])} "
             f"| {p50_ms(after)} ({spread_ms(after)}) | {p50_ms(first)} ({spread_ms(first)}) "
             f"| {'pass' if ok else 'FAIL'} |")

@@ -11,6 +11,8 @@ bodies and the response headers; the frameworks never know it is there.
 A row passes when every utterance's audio lasts the server's frames x 80 ms within one frame and
 the frames' rate and channels are the ones the response's bytes carry (its X-Sample-Rate and
 X-Channels headers) and the ones the framework declares.
+
+Then this repository's own plugins (plugins/), agent-style: scripts/agent_turns.py.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
+
+from agent_turns import agent_table
 
 FRAME_S = 0.08  # one codec frame
 TEXTS = ("Hello there. This is a check of the speech path.", "Voice agents speak through OpenAI compatible services.",
@@ -236,9 +240,23 @@ async def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shim-url", required=True)
     p.add_argument("--metrics-url", required=True)
-    p.add_argument("--bodies", action="store_true", help="also print each row's request bodies")
+    p.add_argument("--bodies", action="store_true", help="also print each row's request bodies (and each agent run)")
+    p.add_argument("--only", choices=("openai", "agents"), help="only the OpenAI TTS rows, or only the plugins' runs")
+    p.add_argument("--agent-runs", type=int, default=5, help="interrupted and fresh conversations per framework")
+    # The demo checkpoint stops at random: a fixed length per segment makes answer 1 long enough to interrupt.
+    p.add_argument("--agent-options", type=json.loads, default={"seed": 7, "ignore_stop": True, "max_new_tokens": 12},
+                   help="the plugins' options message fields (JSON)")
     args = p.parse_args(argv)
     quiet_frameworks()
+    passed = True
+    if args.only != "agents":
+        passed &= await openai_rows(args)
+    if args.only != "openai":
+        passed &= await agent_table(args.shim_url, args.agent_options, args.agent_runs, args.bodies)
+    return 0 if passed else 1
+
+
+async def openai_rows(args) -> bool:
     proxy = RecordingProxy(args.shim_url)
     base_url = await proxy.start() + "/v1"
     print(f"{len(TEXTS)} utterances per row: {', '.join(repr(t) for t in TEXTS)}\n\n{HEADER}", flush=True)
@@ -257,7 +275,7 @@ async def main(argv=None) -> int:
                                                       for u in utterances), flush=True)
     finally:
         await proxy.stop()
-    return 0 if passed else 1
+    return passed
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,7 @@ class TTS(tts.TTS):
         self._connection: Connection | None = None
         self._connect_lock = asyncio.Lock()
         self._streams = weakref.WeakSet[SynthesizeStream]()
+        self._prewarm_task: asyncio.Task[None] | None = None
 
     @property
     def model(self) -> str:
@@ -92,7 +94,9 @@ class TTS(tts.TTS):
             return connection, False
 
     def prewarm(self) -> None:
-        asyncio.create_task(self._prewarm())
+        """Open the socket before the first answer (the options, a reference too, checked by then)."""
+        if self._prewarm_task is None or self._prewarm_task.done():
+            self._prewarm_task = asyncio.create_task(self._prewarm())
 
     async def _prewarm(self) -> None:
         with contextlib.suppress(Exception):
@@ -108,6 +112,8 @@ class TTS(tts.TTS):
         return stream
 
     async def aclose(self) -> None:
+        if self._prewarm_task is not None:
+            await utils.aio.cancel_and_wait(self._prewarm_task)
         for stream in list(self._streams):
             await stream.aclose()
         if self._connection is not None:
@@ -175,6 +181,9 @@ class SynthesizeStream(tts.SynthesizeStream):
         input_task = asyncio.create_task(send_input())
         try:
             finished = await self._receive(events, output_emitter, input_task, lambda: opened)
+        except APIStatusError:
+            finished = True  # the server ended the context with its error event: nothing to cancel
+            raise
         finally:
             connection.forget_context(context_id)
             await utils.aio.cancel_and_wait(input_task)
@@ -183,7 +192,7 @@ class SynthesizeStream(tts.SynthesizeStream):
                     connection.send({"type": "cancel", "context_id": context_id})
 
     async def _receive(self, events: asyncio.Queue[dict[str, Any]], output_emitter: tts.AudioEmitter,
-                       input_task: asyncio.Task[None], opened) -> bool:
+                       input_task: asyncio.Task[None], opened: Callable[[], bool]) -> bool:
         """Audio on to the emitter until the context's `done`; True once it came (or nothing was
         sent). While text may still come, audio may pause for as long as the LLM does."""
         while True:
