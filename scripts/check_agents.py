@@ -28,10 +28,10 @@ import urllib.request
 import warnings
 from dataclasses import dataclass, field
 
-import aiohttp
 from aiohttp import web
 
 from agent_turns import agent_table
+from ws_recorder import LocalProxy
 
 FRAME_S = 0.08  # one codec frame
 TEXTS = ("Hello there. This is a check of the speech path.", "Voice agents speak through OpenAI compatible services.",
@@ -69,25 +69,14 @@ class Utterance:
         return {(rate, channels) for _, rate, channels in self.frames}
 
 
-class RecordingProxy:
+class RecordingProxy(LocalProxy):
     """Forwards every request to the shim as it is, streams the answer back, records both."""
 
     def __init__(self, shim_url: str):
         self.shim_url, self.exchanges = shim_url.rstrip("/"), []
 
-    async def start(self) -> str:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/{path:.*}", self.forward)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
-        await self._session.close()
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

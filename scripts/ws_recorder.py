@@ -28,20 +28,18 @@ class Message:
     cancelled: bool = False  # a done that says so
 
 
-class WsRecorder:
-    def __init__(self, shim_url: str):
-        self.upstream = shim_url.rstrip("/").replace("http", "ws", 1) + WS_PATH
-        self.messages: list[Message] = []
-        self.sockets = 0
+class LocalProxy:
+    """An aiohttp app on a free local port in front of the shim, with a client session to reach it;
+    a subclass adds its routes (this recorder; check_agents.RecordingProxy for HTTP)."""
 
-    def reset(self) -> None:
-        self.messages, self.sockets = [], 0
+    def add_routes(self, app: web.Application) -> None:
+        raise NotImplementedError
 
     async def start(self) -> str:
-        """The base URL the plugins are given."""
-        self._session = aiohttp.ClientSession()
+        """The base URL the frameworks are given."""
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         app = web.Application()
-        app.router.add_get(WS_PATH, self._relay)
+        self.add_routes(app)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -51,6 +49,19 @@ class WsRecorder:
     async def stop(self) -> None:
         await self._runner.cleanup()
         await self._session.close()
+
+
+class WsRecorder(LocalProxy):
+    def __init__(self, shim_url: str):
+        self.upstream = shim_url.rstrip("/").replace("http", "ws", 1) + WS_PATH
+        self.messages: list[Message] = []
+        self.sockets = 0
+
+    def reset(self) -> None:
+        self.messages, self.sockets = [], 0
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get(WS_PATH, self._relay)
 
     async def _relay(self, request: web.Request) -> web.WebSocketResponse:
         self.sockets += 1
