@@ -47,6 +47,7 @@ class Run:
     chunk_s: float = 0.0  # the largest audio message of answer 1
     cancel_to_done_s: float | None = None
     spoken_to_done: bool = False  # the last answer's done came, not cancelled
+    close_socket: bool = False  # the plugin ended its socket as the protocol asks
 
     @property
     def late_handed_s(self) -> float:
@@ -66,6 +67,7 @@ class Run:
 
 def measured(answers: list[Answer], recorder: WsRecorder) -> Run:
     run = Run(answers, recorder.sockets, recorder.context_ids())
+    run.close_socket = any(m.sender == "client" and m.type == "close_socket" for m in recorder.messages)
     if not run.contexts:
         return run
     last_done = recorder.of(run.contexts[-1], "server", "done")
@@ -152,7 +154,8 @@ async def agent_table(shim_url: str, options: dict, runs: int, verbose: bool = F
                 for r in interrupted:
                     print(f"  sockets {r.sockets}, contexts {len(r.contexts)}, cancelled {r.cancelled}, "
                           f"late {r.late_server_s * 1000:.0f}/{r.chunk_s * 1000:.0f} ms, handed "
-                          f"{r.late_handed_s * 1000:.0f} ms, ttfa {p50_ms([r.last_ttfa_s])} ms", flush=True)
+                          f"{r.late_handed_s * 1000:.0f} ms, ttfa {p50_ms([r.last_ttfa_s])} ms, "
+                          f"close_socket sent {r.close_socket}", flush=True)
     finally:
         await recorder.stop()
     return passed

@@ -101,8 +101,11 @@ class MossTTSService(WebsocketTTSService):
     async def _disconnect_websocket(self):
         try:
             await self.stop_all_metrics()
+            if self._websocket and self._websocket.state is State.OPEN:
+                # As the protocol asks: the server cancels every context still open, then closes.
+                await self._send({"type": "close_socket"})
             if self._websocket:
-                await self._websocket.close()  # the server cancels every context still open
+                await self._websocket.close()
         finally:
             self._websocket = None
             self._open_contexts.clear()

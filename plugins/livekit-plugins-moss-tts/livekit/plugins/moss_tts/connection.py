@@ -1,6 +1,6 @@
 """One WebSocket to the server (WS /v1/audio/speech/stream), shared by every stream of a TTS.
 
-Each stream is a named context on it (docs/websocket.md, "Named contexts"): its messages carry its
+Each stream is a named context on it (docs/websocket.md, "Contexts"): its messages carry its
 context_id, and the server's events for it (context.started, audio, segment.done, done, error)
 are routed to that context's queue. A context that is no longer routed (cancelled, its stream
 gone) has its late events dropped here.
@@ -9,6 +9,7 @@ gone) has its late events dropped here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -73,10 +74,13 @@ class Connection:
         self._outbox.send_nowait(message)
 
     async def aclose(self) -> None:
-        """Close the socket; the server cancels every context still open on it."""
+        """Close the socket as the protocol asks (`close_socket`: the server cancels every context
+        still open on it, then closes)."""
         self._closed = True
         self._outbox.close()
-        if self._ws is not None:
+        if self._ws is not None and not self._ws.closed:
+            with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+                await self._ws.send_str(json.dumps({"type": "close_socket"}))
             await self._ws.close()
         await utils.aio.cancel_and_wait(*self._tasks)
         self._end_contexts()
