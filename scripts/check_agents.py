@@ -11,6 +11,8 @@ bodies and the response headers; the frameworks never know it is there.
 A row passes when every utterance's audio lasts the server's frames x 80 ms within one frame and
 the frames' rate and channels are the ones the response's bytes carry (its X-Sample-Rate and
 X-Channels headers) and the ones the framework declares.
+
+Then this repository's own plugins (plugins/), agent-style: scripts/agent_turns.py.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import urllib.request
 import warnings
 from dataclasses import dataclass, field
 
-import aiohttp
 from aiohttp import web
+
+from agent_turns import agent_table
+from ws_recorder import LocalProxy
 
 FRAME_S = 0.08  # one codec frame
 TEXTS = ("Hello there. This is a check of the speech path.", "Voice agents speak through OpenAI compatible services.",
@@ -65,25 +69,14 @@ class Utterance:
         return {(rate, channels) for _, rate, channels in self.frames}
 
 
-class RecordingProxy:
+class RecordingProxy(LocalProxy):
     """Forwards every request to the shim as it is, streams the answer back, records both."""
 
     def __init__(self, shim_url: str):
         self.shim_url, self.exchanges = shim_url.rstrip("/"), []
 
-    async def start(self) -> str:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/{path:.*}", self.forward)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
-        await self._session.close()
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -236,9 +229,23 @@ async def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shim-url", required=True)
     p.add_argument("--metrics-url", required=True)
-    p.add_argument("--bodies", action="store_true", help="also print each row's request bodies")
+    p.add_argument("--bodies", action="store_true", help="also print each row's request bodies (and each agent run)")
+    p.add_argument("--only", choices=("openai", "agents"), help="only the OpenAI TTS rows, or only the plugins' runs")
+    p.add_argument("--agent-runs", type=int, default=5, help="interrupted and fresh conversations per framework")
+    # The demo checkpoint stops at random: a fixed length per segment makes answer 1 long enough to interrupt.
+    p.add_argument("--agent-options", type=json.loads, default={"seed": 7, "ignore_stop": True, "max_new_tokens": 12},
+                   help="the plugins' options message fields (JSON)")
     args = p.parse_args(argv)
     quiet_frameworks()
+    passed = True
+    if args.only != "agents":
+        passed &= await openai_rows(args)
+    if args.only != "openai":
+        passed &= await agent_table(args.shim_url, args.agent_options, args.agent_runs, args.bodies)
+    return 0 if passed else 1
+
+
+async def openai_rows(args) -> bool:
     proxy = RecordingProxy(args.shim_url)
     base_url = await proxy.start() + "/v1"
     print(f"{len(TEXTS)} utterances per row: {', '.join(repr(t) for t in TEXTS)}\n\n{HEADER}", flush=True)
@@ -257,7 +264,7 @@ async def main(argv=None) -> int:
                                                       for u in utterances), flush=True)
     finally:
         await proxy.stop()
-    return 0 if passed else 1
+    return passed
 
 
 if __name__ == "__main__":

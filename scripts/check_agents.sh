@@ -7,9 +7,12 @@
 #   SHIM_URL=http://HOST:8080 METRICS_URL=http://HOST:8002/metrics scripts/check_agents.sh
 #                                      against a running server (nothing else should use it meanwhile:
 #                                      the frame count is the server's counter)
-#   CHECK_ARGS=--bodies                also print each row's request bodies
-# The frameworks pull numpy 2, so they get their own venv (.agents-venv, requirements-agents.txt);
-# the server's .venv is never touched.
+#   CHECK_ARGS=--bodies                also print each row's request bodies and each agent run
+#   CHECK_ARGS="--only agents"         only the plugins' agent-style runs (or --only openai)
+# Then this repository's plugins (plugins/: LiveKit and Pipecat TTS over the WebSocket's named
+# contexts), agent-style: interrupted mid-answer, the next answer at once (scripts/agent_turns.py).
+# The frameworks pull numpy 2, so they get their own venv (.agents-venv, requirements-agents.txt),
+# and so do the plugins, each pinning its framework; the server's .venv is never touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.agents-venv
@@ -19,6 +22,14 @@ if ! cmp -s requirements-agents.txt "$venv/.installed-requirements"; then
   "${PYTHON:-python$python_minor}" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r requirements-agents.txt
   cp requirements-agents.txt "$venv/.installed-requirements"
+fi
+# The plugins are reinstalled whenever a file of theirs changed (setuptools builds in their build/).
+plugins_sum="$(find plugins -type f \( -name '*.py' -o -name pyproject.toml \) -not -path '*/build/*' | sort | xargs sha256sum)"
+if [ "$plugins_sum" != "$(cat "$venv/.installed-plugins" 2>/dev/null)" ]; then
+  rm -rf plugins/*/build
+  "$venv/bin/pip" install -q --disable-pip-version-check ./plugins/livekit-plugins-moss-tts ./plugins/pipecat-moss-tts
+  rm -rf plugins/*/build
+  printf '%s\n' "$plugins_sum" >"$venv/.installed-plugins"
 fi
 if [ -z "${SHIM_URL:-}" ]; then
   read -r HTTP_PORT GRPC_PORT METRICS_PORT SHIM_PORT < <(python3 -c "
