@@ -93,3 +93,22 @@ def test_token_prefix_and_tokens_parameter():
 def test_bad_prompts_are_rejected_clearly(builder, spec, message):
     with pytest.raises(PromptError, match=message):
         builder.build(spec)
+
+
+def test_the_rust_tokenizer_path_gives_transformers_ids(builder, tiny_tokenizer):
+    """PromptBuilder encodes with the tokenizer's Rust backend (no transformers Python per call):
+    the same ids as transformers' encode, special-token text, whitespace and scripts included."""
+    import random
+
+    assert builder._backend is not None  # the fast path is the one tested
+    rng = random.Random(0)
+    pieces = ["Hello", " world", "[pause 1.5s]", "你好", "ni3 hao3", "ˈwɜːld", "<|im_start|>", "<|im_end|>", "\n",
+              "\t", "  ", "Ünïcödé", "123.45", "!?", "${token:40}", "</user_inst>", "é́", "🙂"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(300)]
+    for text in texts:
+        assert builder._encode(text) == enc(tiny_tokenizer, text), repr(text)
+    # the fields block, cached per rendered text, is each spec's own
+    for language in ("English", "Chinese", "English"):
+        fields = PromptFields(language=language)
+        rows = builder.build(PromptSpec("Hi there.", fields=fields))
+        assert rows[:, 0].tolist() == expected_text_ids(tiny_tokenizer, "Hi there.", fields)

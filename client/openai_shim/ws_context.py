@@ -84,7 +84,12 @@ class SpeechContext:
                                               "audio": base64.b64encode(data).decode("ascii")})
 
     async def start(self) -> None:
-        """context.started (named), then the wav header of unknown length (as the HTTP stream's)."""
+        """The gRPC stream, context.started (named), then the wav header of unknown length (as the
+        HTTP stream's). The stream opens here, before any text is complete, not with the first
+        request: 128 sessions completing their first sentence at once would each open a stream in
+        that instant, on the shim and on tritonserver's gRPC front end, before its request goes."""
+        self.call = self.connection.app.state.triton.stream(self._request_stream())
+        self.forwarder = asyncio.ensure_future(self._forward())
         if self.context_id is not None:
             await self.emit({"type": "context.started", "session_id": self.session_id})
         if self.output.spec.format.name == "wav":
@@ -135,9 +140,6 @@ class SpeechContext:
         self.requests.put_nowait({"model_name": app.state.triton.model, "inputs": build_inputs(values),
                                   "request_id": request_id, "outputs": AUDIO_ONLY,
                                   "parameters": {"triton_enable_empty_final_response": True}})
-        if self.call is None:  # the stream opens with its first request
-            self.call = app.state.triton.stream(self._request_stream())
-            self.forwarder = asyncio.ensure_future(self._forward())
 
     async def _request_stream(self):
         while (request := await self.requests.get()) is not None:

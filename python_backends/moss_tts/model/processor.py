@@ -7,6 +7,9 @@ kept verbatim: `[pause 1.5s]`, pinyin and IPA are what the model was trained on.
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 from ..contract.prompt_fields import (MAX_TEXT_CHARS, TOKEN_PREFIX, PromptError, PromptFields, PromptSpec,  # noqa: F401
@@ -25,6 +28,13 @@ class PromptBuilder:
     def __init__(self, tokenizer, cfg: MossTTSConfig) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
+        # The Rust tokenizer behind transformers' fast one gives the same ids without transformers'
+        # per-call Python (_encode_plus, _convert_encoding): the prompt is built in each stream's
+        # thread, and 128 text sessions completing a sentence at once built 128 prompts under one
+        # GIL, PromptBuilder.build 17% of the GIL's time on the H200 (perf/RESULTS.md, issue 31).
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # The fields block (language, instruction, duration...) repeats across requests: once each.
+        self._fields_ids = functools.lru_cache(maxsize=256)(lambda text: tuple(self._encode(text)))
         # Fixed pieces are tokenized once; only the fields block and the texts vary.
         self._prefix = [cfg.im_start_token_id] + self._encode(USER_PREFIX) + self._encode(REFERENCE_HEADER)
         self._none = self._encode(NO_REFERENCE)
@@ -32,12 +42,14 @@ class PromptBuilder:
                         + [cfg.im_start_token_id] + self._encode(ASSISTANT_PREFIX) + [cfg.audio_start_token_id])
 
     def _encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def text_rows(self, ids: list[int]) -> torch.Tensor:
-        rows = torch.full((len(ids), self.cfg.row_width), self.cfg.audio_pad_code, dtype=torch.long)
-        rows[:, 0] = torch.tensor(ids, dtype=torch.long)
-        return rows
+        rows = np.full((len(ids), self.cfg.row_width), self.cfg.audio_pad_code, dtype=np.int64)
+        rows[:, 0] = ids  # numpy: a few µs where two small torch ops took tens under a busy GIL
+        return torch.from_numpy(rows)
 
     def audio_rows(self, codes: torch.Tensor, slot_token: int) -> torch.Tensor:
         rows = torch.empty((codes.shape[0], self.cfg.row_width), dtype=torch.long)
@@ -65,7 +77,7 @@ class PromptBuilder:
         if len(spec.text) > MAX_TEXT_CHARS:
             raise PromptError(f"text has {len(spec.text)} characters, the limit is {MAX_TEXT_CHARS}")
         codes = None if spec.reference_codes is None else self.check_codes(spec.reference_codes)
-        fields = self._encode(spec.fields.render())
+        fields = list(self._fields_ids(spec.fields.render()))
         cfg = self.cfg
         if spec.mode == "continuation":
             if codes is None:
