@@ -20,49 +20,17 @@ import argparse
 import json
 import os
 import platform
-import signal
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from perf.fake_tts_server import FakePace, start_fake_server
 from perf.shim_load import TRANSPORTS, Load, markdown, parse_list, run_levels
-from tests.triton_server import free_port
+from tests.shim_server import start_shim, stop_shim
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def start_shim(grpc_url: str, port: int, workers: int, log_path: Path) -> subprocess.Popen:
-    """The shim's CLI as scripts/serve.sh starts it (but for the heartbeat check, which reads
-    tritonserver's metrics from a poller, not per request), once GET /health answers 200."""
-    command = [sys.executable, "-m", "client.openai_shim", "--host", "127.0.0.1", "--port", str(port),
-               "--triton-url", grpc_url, "--workers", str(workers), "--log-level", "warning",
-               "--metrics-url", ""]  # the fake publishes no model heartbeats: that check is off
-    process = subprocess.Popen(command, cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-                return process
-        except OSError:
-            time.sleep(0.2)
-    stop_shim(process)
-    raise RuntimeError(f"the shim did not become healthy: {log_path.read_text()[-2000:]}")
-
-
-def stop_shim(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def machine() -> dict:
@@ -106,13 +74,17 @@ def main(argv=None) -> int:
         try:
             grpc_url = f"127.0.0.1:{fake.grpc}"
             for workers in parse_list(args.workers, int):
-                port = free_port()
-                shim = start_shim(grpc_url, port, workers, Path(tmp) / f"shim_{workers}.log")
+                # The CLI as scripts/serve.sh starts it, but for the heartbeat check (it reads
+                # tritonserver's metrics, and the fake publishes no model heartbeats).
+                refs = Path(tmp) / "refs"
+                refs.mkdir(exist_ok=True)
+                shim = start_shim(grpc_url, Path(tmp) / f"shim_{workers}.log", refs, "--metrics-url", "",
+                                  workers=workers)
                 try:
-                    load = Load(shim_url=f"http://127.0.0.1:{port}", grpc_url=grpc_url, words_per_s=args.words_per_s)
+                    load = Load(shim_url=shim.url, grpc_url=grpc_url, words_per_s=args.words_per_s)
                     print(f"--- shim with {workers} worker(s)", flush=True)
                     result = run_levels(load, transports, parse_list(args.concurrency, int), args.requests,
-                                        args.processes, (shim.pid,))
+                                        args.processes, (shim.process.pid,))
                 finally:
                     stop_shim(shim)
                 runs.append({"shim_workers": workers, **result})

@@ -101,6 +101,19 @@ stop_server() {
   pkill -9 -f tritonserver; pkill -9 -f triton_python_backend_stub; sleep 2
 }
 
+# wait_ready URL...: until every URL answers 200 (tritonserver's readiness, the shim's health), for
+# at most 8 minutes; 1 (not ready) as soon as the server that $W/server.pid names has died.
+wait_ready() {
+  local urls="$*"
+  for _ in $(seq 480); do
+    python3 -c "import sys, urllib.request; [urllib.request.urlopen(u, timeout=2) for u in sys.argv[1:]]" $urls \
+      2>/dev/null && return 0
+    kill -0 "$(cat "$W/server.pid")" 2>/dev/null || return 1
+    sleep 1
+  done
+  return 1
+}
+
 # py-spy dumps of the moss_tts and vocoder stubs at PYSPY seconds into the levels (comma-separated;
 # carry .whl with the py-spy wheel): where the stubs' threads are while the load runs.
 dump_stubs() {
@@ -174,11 +187,7 @@ layout() {
       MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh "${extra[@]}" > "$W/server_$name.log" 2>&1 < /dev/null &
     echo $! > "$W/server.pid"
     local ready=0
-    for _ in $(seq 480); do
-      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)" 2>/dev/null && { ready=1; break; }
-      kill -0 "$(cat "$W/server.pid")" 2>/dev/null || break
-      sleep 1
-    done
+    wait_ready http://127.0.0.1:8000/v2/health/ready && ready=1
     cp "$W/server_$name.log" "$R/"
     if [ $ready = 0 ]; then log "layout $name: server not ready"; tail -40 "$W/server_$name.log"; stop_server; continue; fi
     log "layout $name: ready after $((SECONDS - t0)) s"
@@ -277,11 +286,7 @@ soak() {
   CUDA_VISIBLE_DEVICES=0 MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
     MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh > "$W/server_$n.log" 2>&1 < /dev/null &
   echo $! > "$W/server.pid"
-  for _ in $(seq 480); do
-    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)" 2>/dev/null && break
-    kill -0 "$(cat "$W/server.pid")" 2>/dev/null || { log "$n: server died"; cp "$W/server_$n.log" "$R/"; return 1; }
-    sleep 1
-  done
+  wait_ready http://127.0.0.1:8000/v2/health/ready || { log "$n: server died or not ready"; cp "$W/server_$n.log" "$R/"; stop_server; return 1; }
   log "$n: ready after $((SECONDS - t0)) s; ${CONCURRENCY:-256} streams for $1 s"
   # BENCH=1: first the layout's bench levels (REPEAT runs, LEVELS, MODE) against this same server,
   # so one call measures both within the device tool's 10 minutes (bench_soak_K.json).
@@ -354,12 +359,7 @@ shim() {
     MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=8080 VOICES_DIR="$W/voices" setsid scripts/serve.sh \
     > "$W/server_$n.log" 2>&1 < /dev/null &
   echo $! > "$W/server.pid"
-  for _ in $(seq 480); do
-    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2); urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)" \
-      2>/dev/null && { ready=1; break; }
-    kill -0 "$(cat "$W/server.pid")" 2>/dev/null || break
-    sleep 1
-  done
+  wait_ready http://127.0.0.1:8000/v2/health/ready http://127.0.0.1:8080/health && ready=1
   cp "$W/server_$n.log" "$R/"
   if [ $ready = 0 ]; then log "$n: server or shim not ready"; tail -40 "$W/server_$n.log"; stop_server; return 1; fi
   pid=$(pgrep -of "client.openai_shim")

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from triton_server import ROOT, _free_port
+# tests.triton_server, not triton_server: perf/bench_shim.py starts its shim here too, from the
+# repository root (conftest puts it on sys.path); free_port keeps no state, so the module being
+# imported under both names costs nothing.
+from tests.triton_server import ROOT, free_port as _free_port
 
 
 @dataclass
