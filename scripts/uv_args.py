@@ -36,7 +36,7 @@ def uv_args(config_list: str, environ: dict[str, str]) -> list[str]:
         match = _LINE.match(line.strip())
         if not match or match.group(1) not in found or not match.group(2):
             continue
-        for value in shlex.split(match.group(2))[0].split():
+        for value in " ".join(shlex.split(match.group(2))).split():  # 'a b' (pip's quoting) or a b
             if value not in found[match.group(1)]:
                 found[match.group(1)].append(value)
     indexes = (found["index-url"] or [PYPI]) + found["extra-index-url"]

@@ -3,8 +3,8 @@ one continuous audio stream.
 
 The text is cut by moss_tts.contract.text_segments.TextSegmenter here; each segment is one request
 on the context's ONE gRPC stream to `moss_tts`, all naming its SESSION_ID (SessionRequests), the
-last carrying SESSION_END. The stream opens with the first request; a forwarder task then sends
-the audio as the responses arrive. The default context (no context_id, today's protocol) sends
+last carrying SESSION_END. The stream opens when the context starts (`start`), before its first
+segment is complete; a forwarder task then sends the audio as the responses arrive. The default context (no context_id, today's protocol) sends
 audio as binary frames; a named one as JSON `audio` events carrying its id, since a binary frame
 cannot name a context.
 
