@@ -304,6 +304,27 @@ def profile_step(steps: Steps, shape: tuple[int, int], codebook_size: int) -> di
     return {"shape": f"{rows}x{frames}", "table": text}
 
 
+def profile_round(steps: Steps, rows: int, codebook_size: int, seed: int = 11) -> dict:
+    """Where a served round's time goes: one packed step of `rows` rows bringing 1..max_frames
+    frames (the `rounds` section's mix), run uncaptured through the padded static-buffer path
+    (the graphs' kernels and shapes, one launch each): GPU time per kernel name, as text."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, steps.graphs.max_frames + 1, (rows,), generator=g).tolist()
+    host = host_codes([random_codes(1, n, codebook_size, seed + i)[0] for i, n in enumerate(lengths)])
+    slots = list(range(rows))
+    steps.reset(rows)
+    to_host(steps.padded.run(slots, host))  # warm
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        to_host(steps.padded.run(slots, host))
+    events = prof.key_averages()
+    text = events.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
+    print(text, flush=True)
+    total_ms = sum(e.self_device_time_total for e in events) / 1e3
+    return {"rows": rows, "frames": sum(lengths), "kernel_ms": total_ms, "table": text}
+
+
 def table(results: dict) -> str:
     lines = [f"vocoder on {results['meta']['device_name']} ({results['meta']['codec']})"]
     if results.get("capture"):
@@ -346,6 +367,8 @@ def parse_args(argv):
     ap.add_argument("--max-graph-frames", type=int, default=10)
     ap.add_argument("--profile", default="", help="ROWSxFRAMES: also profile one eager step of that shape "
                     "(torch.profiler; the top CUDA kernels and ops go to the results)")
+    ap.add_argument("--profile-round", type=int, default=0, help="ROWS: also profile one packed round of that "
+                    "many rows (the rounds section's mix), uncaptured: GPU time per kernel")
     ap.add_argument("--attention-sweep", action="store_true", help="also time window_attention per stage "
                     "shape under several tile configs (CUDA only)")
     ap.add_argument("--iters", type=int, default=20)
@@ -382,6 +405,8 @@ def main(argv=None) -> int:
         sections.append(("attention_sweep", lambda: attention_sweep(device)))
     if args.profile:
         sections.append(("profile", lambda: profile_step(steps, parse_shapes(args.profile)[0], size)))
+    if args.profile_round and device.type == "cuda":
+        sections.append(("profile_round", lambda: profile_round(steps, args.profile_round, size)))
     for name, run in sections:
         try:
             results[name] = run()
