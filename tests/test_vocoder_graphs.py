@@ -16,7 +16,7 @@ import torch
 
 from moss_tts.codec import load_codec
 from moss_tts.vocoder.config import NoFreeSlot, VocoderConfig
-from moss_tts.vocoder.graphs import VocoderGraphs, row_buckets
+from moss_tts.vocoder.graphs import VocoderGraphs, frame_buckets, row_buckets
 from moss_tts.vocoder.sessions import VocoderSessions
 
 SPF = 3840  # samples per channel per codec frame
@@ -100,6 +100,17 @@ def test_buckets_are_powers_of_two_then_halves_and_max_rows():
     for max_rows in (33, 100, 256, 288):  # from 32 rows on, padding adds less than half
         buckets = row_buckets(max_rows)
         assert all(b / n < 1.5 for n in range(33, max_rows + 1) for b in [min(x for x in buckets if x >= n)])
+
+
+def test_frame_buckets_are_row_buckets_to_64_then_quarter_steps():
+    assert frame_buckets(1) == (1,)
+    assert frame_buckets(40) == row_buckets(40)
+    assert frame_buckets(100) == (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 100)
+    assert frame_buckets(2560)[7:] == (64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896,
+                                       1024, 1280, 1536, 1792, 2048, 2560)
+    for max_frames in (65, 100, 1000, 2560, 2880):  # from 64 frames on, padding adds less than a quarter
+        buckets = frame_buckets(max_frames)
+        assert all(b / n < 1.25 for n in range(65, max_frames + 1) for b in [min(x for x in buckets if x >= n)])
 
 
 @pytest.mark.parametrize("kwargs, field", [({"max_graph_frames": 0}, "max_graph_frames"),

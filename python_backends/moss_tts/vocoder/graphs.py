@@ -7,9 +7,11 @@ and written in place in the shared `CodecDecodeState`, so a graph holds no copy 
 only the step's activations. VocoderSessions owns that state and the slot bookkeeping; this class
 owns only static buffers and graphs, and makes no policy decisions.
 
-Buckets are powers of two up to 32, then steps of half a power of two (48, 64, 96, 128, 192,
-256, ...) and the maximum itself, for rows (up to `max_rows`) and for the step's frames (up to
-max_rows x `max_frames`), so padding adds less than half from 32 on. A row brings 1 ..
+Row buckets are powers of two up to 32, then steps of half a power of two (48, 64, 96, 128, 192,
+256, ...) and the maximum itself (up to `max_rows`), so padding adds less than half from 32 on.
+Frame buckets (up to max_rows x `max_frames`) are finer from 64 on, quarter steps (64, 80, 96,
+112, 128, 160, ...): a padding frame costs what a real one does in every op but attention, and
+the half steps padded a served round of 100-2,560 frames by 17% on average, quarter steps by 9%. A row brings 1 ..
 `max_frames` frames (longer chunks come in pieces). A call of n rows and N frames runs the
 smallest buckets b >= n and F >= N: rows n..b-1 point at the state's scratch row (its last row,
 never a sequence's slot) with 0 frames, so they decode nothing, and frames N..F-1 belong to no
@@ -62,6 +64,18 @@ def row_buckets(max_rows: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
+def frame_buckets(max_frames: int) -> tuple[int, ...]:
+    """row_buckets' ladder up to 64, then steps of a quarter power of two (80, 96, 112, 128, 160,
+    ...) below max_frames, and max_frames: a step of more than 64 frames pads to less than 1.25
+    times its frames."""
+    sizes = {size for size in row_buckets(max_frames) if size <= 64} | {max_frames}
+    size = 64
+    while size < max_frames:
+        sizes.update(s for s in (size, size * 5 // 4, size * 3 // 2, size * 7 // 4) if s < max_frames)
+        size *= 2
+    return tuple(sorted(sizes))
+
+
 def reachable_shapes(row_bucket_sizes: tuple[int, ...], frame_bucket_sizes: tuple[int, ...],
                      max_frames: int) -> list[tuple[int, int]]:
     """The (row bucket, frame bucket) pairs some call can reach: n rows bring n .. n x max_frames
@@ -88,7 +102,7 @@ class VocoderGraphs:
         self.max_rows = max_rows
         self.scratch_row = state.batch_size - 1
         self.buckets = row_buckets(max_rows)
-        self.frame_buckets = row_buckets(max_rows * max_frames)
+        self.frame_buckets = frame_buckets(max_rows * max_frames)
         self.max_frames = max_frames
         self.device = state.frames.device
         self._is_cuda = self.device.type == "cuda"
