@@ -371,6 +371,7 @@ def parse_args(argv):
                     "many rows (the rounds section's mix), uncaptured: GPU time per kernel")
     ap.add_argument("--attention-sweep", action="store_true", help="also time window_attention per stage "
                     "shape under several tile configs (CUDA only)")
+    ap.add_argument("--skip", default="", help="comma-separated sections not to run (e.g. offline,streaming)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     return ap.parse_args(argv)
@@ -407,7 +408,10 @@ def main(argv=None) -> int:
         sections.append(("profile", lambda: profile_step(steps, parse_shapes(args.profile)[0], size)))
     if args.profile_round and device.type == "cuda":
         sections.append(("profile_round", lambda: profile_round(steps, args.profile_round, size)))
+    skip = set(filter(None, args.skip.split(",")))
     for name, run in sections:
+        if name in skip:
+            continue
         try:
             results[name] = run()
         except Exception:  # keep the other sections' numbers
