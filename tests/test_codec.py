@@ -346,3 +346,22 @@ def test_packed_step_refuses_codes_that_do_not_match_the_packing(codec, codes50)
         codec.decode_step_packed(codes50[0, :4], state, torch.tensor([0, 1]), _packing([2, 3], 10))
     with pytest.raises(ValueError, match=r"integer tensor \[N, n_q\]"):
         codec.decode_step_packed(codes50[:, :4], state, torch.tensor([0, 1]), _packing([2, 2], 10))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, rel", [(torch.float32, 1e-4), (torch.bfloat16, 0.03)])
+def test_serving_form_on_a_gpu_runs_the_norms_and_gelu_inside_the_gemms(ckpt, codes50, dtype, rel):
+    """On a GPU the serving form also moves every LayerNorm and GELU into the GEMMs
+    (kernels/fused_linear.py): offline and streamed audio still agree with the loaded form
+    (fp32: within rounding; bf16: within the bf16 tolerance of the codec's other GPU checks)."""
+    loaded = load_codec(ckpt, "cuda", dtype)
+    served = load_codec(ckpt, "cuda", dtype).serving_form_()
+    served.serving_form_()  # idempotent: the weights are repacked once
+    layers = [m for m in served.modules() if hasattr(m, "norms_fused")]
+    assert layers and all(layer.norms_fused for layer in layers)
+    codes = codes50.cuda()
+    expected = loaded.decode(codes).float()
+    assert_close_to_peak(served.decode(codes).float(), expected, rel=rel)
+    state = served.new_decode_state(2)
+    streamed = torch.cat([served.decode_step(codes[:, i:i + 10], state) for i in range(0, 50, 10)], dim=-1)
+    assert_close_to_peak(streamed.float(), expected, rel=rel)

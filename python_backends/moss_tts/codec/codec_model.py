@@ -69,12 +69,16 @@ class MossAudioCodec(nn.Module):
         - every transformer layer folds its LayerScale into the weights that end its residual
           branches (TransformerLayer.fold_layer_scale_), so the adds run inside the GEMMs;
         - the quantizer's weight-normed projections become plain weights, computed once here
-          instead of on every decode (~40 small kernels a step).
+          instead of on every decode (~40 small kernels a step);
+        - on a GPU, every layer's LayerNorms and GELU run inside its GEMMs
+          (TransformerLayer.fuse_norms_, kernels/fused_linear.py), so call this after the
+          codec is on its device.
         Rounding differs from the loaded form, and the quantizer's on-disk names (original0/1)
         are gone from state_dict. Idempotent; returns self."""
         for module in self.modules():
             if isinstance(module, TransformerLayer):
                 module.fold_layer_scale_()
+                module.fuse_norms_()
         self.quantizer.freeze_weight_norm_()
         return self
 

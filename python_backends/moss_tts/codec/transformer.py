@@ -14,6 +14,10 @@ LayerScale + residual is one addcmul (fp32 math, one rounding) rather than a mul
 in the serving form (`fold_layer_scale_`) LayerScale lives in the weights that end each residual
 branch and the add happens inside that GEMM (addmm_ into the residual stream), so no elementwise
 pass remains for it. Both forms round differently from upstream, never compute differently.
+Where kernels/fused_linear.py runs (the serving form on a GPU, `fuse_norms_`), each LayerNorm
+happens inside the GEMM after it (norm1 in in_proj, norm2 in ffn[0]) and the GELU in ffn[0]'s
+epilogue: three full passes over the activations fewer per layer, the same values up to fp32
+rounding order (the GEMMs see the bf16 values the norms would have written).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels import fused_linear
 from ..kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, window_attention
 from .config import TransformerStage
 from .streaming import Packing
@@ -36,6 +41,10 @@ class Attention(nn.Module):
     def attend(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
         """Everything before out_proj: [B, T, d] -> [B, T, d]."""
         return window_attention(self.in_proj(x), rope, self.num_heads, self.context, ring)
+
+    def attend_qkv(self, qkv: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
+        """attend() from in_proj's output qkv [B, T, 3d] (computed by the caller)."""
+        return window_attention(qkv, rope, self.num_heads, self.context, ring)
 
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
         return self.out_proj(self.attend(x, rope, ring))
@@ -61,6 +70,7 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1 = LayerScale(s.d_model, s.layer_scale)
         self.layer_scale_2 = LayerScale(s.d_model, s.layer_scale)
         self.scale_folded = False
+        self.norms_fused = False
 
     @torch.no_grad()
     def fold_layer_scale_(self) -> None:
@@ -74,7 +84,31 @@ class TransformerLayer(nn.Module):
             weight.copy_((weight.float() * scale.scale.float()[:, None]).to(weight.dtype))
         self.scale_folded = True
 
+    @torch.no_grad()
+    def fuse_norms_(self) -> bool:
+        """Serving form on a GPU: norm1 runs inside in_proj's GEMM, norm2 and the GELU inside
+        ffn[0]'s (kernels/fused_linear.py), whose weights are stored once in the layout that
+        kernel reads fastest (same values; nn.Linear and addmm read it too). Where that kernel
+        cannot run (CPU, no Triton) nothing changes. Returns whether it runs. Idempotent."""
+        if self.norms_fused:
+            return True
+        weights = (self.self_attn.in_proj.weight, self.ffn[0].weight)
+        probe = weights[0].new_empty(1, weights[0].shape[1])
+        if not all(fused_linear.is_supported(probe, w) for w in weights):
+            return False
+        for w in weights:
+            w.data = fused_linear.prepare_weight(w.data)
+        self.norms_fused = True
+        return True
+
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
+        if self.norms_fused:
+            n1, n2 = self.norm1, self.norm2
+            qkv = fused_linear.fused_linear(x, self.self_attn.in_proj.weight, n1.weight, n1.bias, n1.eps)
+            x = self._residual(x, self.self_attn.attend_qkv(qkv, rope, ring), self.self_attn.out_proj,
+                               self.layer_scale_1)
+            hidden = fused_linear.fused_linear(x, self.ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True)
+            return self._residual(x, hidden, self.ffn[2], self.layer_scale_2)
         x = self._residual(x, self.self_attn.attend(self.norm1(x), rope, ring), self.self_attn.out_proj,
                            self.layer_scale_1)
         return self._residual(x, self.ffn[1](self.ffn[0](self.norm2(x))), self.ffn[2], self.layer_scale_2)
