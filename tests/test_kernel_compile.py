@@ -4,7 +4,8 @@ The interpreter tests (test_window_attention.py) check what the kernels compute,
 interpreter runs their Python: a construct that only the compiler refuses (a type that does not
 unify across a loop, a scalar where a block is needed) would pass them and fail at the server's
 first graph capture. GPU time is scarce, so each code path of the codec's launches is compiled to a
-cubin here with Triton's own ptxas.
+cubin here with Triton's own ptxas. For the fused-linear GEMM, ptxas's report is checked too: each
+tile of its table compiles without spills and without serialized wgmma (its table is chosen so).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib.util
 
 import pytest
 
+from moss_tts.kernels import fused_linear as fl
 from moss_tts.kernels import window_attention as wa
 
 if importlib.util.find_spec("triton") is None:
@@ -21,20 +23,24 @@ if importlib.util.find_spec("triton") is None:
 H200 = (90, 32)  # compute capability, warp size
 
 
-def compile_for_h200(fn, signature: dict, constants: dict, num_warps: int, num_stages: int) -> bytes:
+def compile_for_h200(fn, signature: dict, constants: dict, num_warps: int, num_stages: int,
+                     divisible: tuple[str, ...] = ()):
+    """The compiled kernel (asm["cubin"], asm["ptx"], ...). `divisible`: arguments that a launch
+    sees as multiples of 16 (Triton specializes them so; it decides vector widths and pipelining)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = {**signature, **{name: "constexpr" for name in constants}}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
     try:
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
                                 target=GPUTarget("cuda", *H200), options={"num_warps": num_warps, "num_stages": num_stages})
     except RuntimeError as exc:
         if "ptxas" in str(exc) and "not found" in str(exc):  # a triton build without the CUDA toolchain
             pytest.skip(f"this triton cannot compile for CUDA here: {exc}")
         raise
-    return kernel.asm["cubin"]
+    return kernel
 
 
 def attention_signature(dtype: str) -> dict:
@@ -60,7 +66,7 @@ def test_attention_kernel_compiles_for_the_h200(layout, tokens, dtype):
     constants = {"HAS_RING": layout != "offline", "PACKED": layout == "packed", "HEAD_DIM": 64,
                  "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "ONE_LOOP": one_loop}
     assert compile_for_h200(wa._attention_kernel, attention_signature(dtype), constants, config.num_warps,
-                            config.num_stages)
+                            config.num_stages).asm["cubin"]
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -74,3 +80,61 @@ def test_ring_write_kernel_compiles_for_the_h200(packed):
              "stride_rs", "stride_rh", "stride_rw")
     assert compile_for_h200(wa._ring_write_kernel, {name: signature[name] for name in order},
                             {"PACKED": packed, "HEAD_DIM": 64, "BLOCK_T": wa.RING_WRITE_BLOCK_T}, wa.NUM_WARPS, 2)
+
+
+# ------------------------------------------------------------------ fused_linear
+def ptxas_report(ptx: str, tmp_path) -> str:
+    """What ptxas -v says of the kernel for sm_90a: registers, spills, and the C7515 warning when
+    it has to serialize the wgmmas."""
+    import subprocess
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    source = tmp_path / "kernel.ptx"
+    source.write_text(ptx)
+    proc = subprocess.run([get_ptxas(H200[0]).path, "-arch=sm_90a", "-v", str(source), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True, check=True)
+    return proc.stdout + proc.stderr
+
+
+def compile_fused_linear(config: fl.GemmConfig, has_norm: bool, gelu: bool, dtype: str = "bf16", n_major: bool = True,
+                         even_k: bool = True):
+    """As the codec launches it: strides and sizes multiples of 16, W's unit stride specialized."""
+    tensor = f"*{dtype}"
+    signature = {"x_ptr": tensor, "w_ptr": tensor, "y_ptr": tensor, "gamma_ptr": tensor, "beta_ptr": tensor,
+                 **{name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_wk", "stride_wn", "stride_ym")},
+                 "eps": "fp32"}
+    unit_stride = "stride_wn" if n_major else "stride_wk"
+    del signature[unit_stride]
+    constants = {unit_stride: 1, "HAS_NORM": has_norm, "HAS_GELU": gelu, "EVEN_K": even_k, "BLOCK_M": config.block_m,
+                 "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m}
+    divisible = [name for name in ("x_ptr", "w_ptr", "y_ptr", "gamma_ptr", "beta_ptr", "N", "K", "stride_xm",
+                                   "stride_wk", "stride_wn", "stride_ym") if name in signature]
+    return compile_for_h200(fl._fused_linear_kernel, signature, constants, config.num_warps, config.num_stages,
+                            tuple(divisible))
+
+
+# Every tile of the table in each use it serves (plain: the comparison GEMM; norm: in_proj without
+# and ffn[0] with GELU), bf16 with the prepared (N-major) weight: ~5 s each on the 2-core machine.
+FUSED_LINEAR_CASES = [(kind, rows, config, gelu) for kind, table in fl.CONFIG_TABLE.items() for rows, config in table
+                      for gelu in ((False, True) if kind == "norm" else (False,))]
+
+
+FUSED_LINEAR_IDS = [f"{kind}-{rows if rows < 2**62 else 'rest'}-{'gelu' if gelu else 'linear'}"
+                    for kind, rows, _, gelu in FUSED_LINEAR_CASES]
+
+
+@pytest.mark.parametrize("kind, rows, config, gelu", FUSED_LINEAR_CASES, ids=FUSED_LINEAR_IDS)
+def test_fused_linear_tiles_compile_without_spills_or_serialized_wgmma(kind, rows, config, gelu, tmp_path):
+    kernel = compile_fused_linear(config, kind == "norm", gelu)
+    report = ptxas_report(kernel.asm["ptx"], tmp_path)
+    assert "0 bytes spill stores" in report and "C7515" not in report, report
+    if kind == "norm" and config.block_m >= 64:  # the normalized tile feeds wgmma from registers
+        assert "ttng.warp_group_dot" in kernel.asm["ttgir"]
+
+
+def test_fused_linear_compiles_for_float32_nn_linear_layout_and_ragged_k():
+    """The paths the codec's bf16 serving never takes, each once."""
+    assert compile_fused_linear(fl.gemm_config(10_000, True), True, True, dtype="fp32").asm["cubin"]
+    assert compile_fused_linear(fl.gemm_config(10_000, False), False, False, n_major=False).asm["cubin"]
+    assert compile_fused_linear(fl.gemm_config(10_000, True), True, True, even_k=False).asm["cubin"]

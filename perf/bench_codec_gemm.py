@@ -1,0 +1,251 @@
+"""Codec GEMM benchmark: torch's LayerNorm -> cuBLAS linear (-> GELU) against kernels/fused_linear.py.
+
+    PYTHONPATH=python_backends python3 perf/bench_codec_gemm.py --out gemm.json            # H200, ~1-2 min
+    PYTHONPATH=python_backends python3 perf/bench_codec_gemm.py --sweep --out sweep.json   # + tile sweep, ~4 min
+    PYTHONPATH=python_backends python3 perf/bench_codec_gemm.py --device cpu --tiny        # CPU smoke of the script
+    (TRITON_INTERPRET=1 in front of the last runs the kernel itself in the interpreter: slow, fp32.)
+
+Per codec stage shape (d 1280 / ff 5120, the first decoder stage; d 768 / ff 3072, the five after
+it) and per token count M, three GEMMs of a layer:
+  in_proj  norm1 -> in_proj       [M, d] x [3d, d]^T   fused: LayerNorm prologue
+  ffn0     norm2 -> ffn[0] -> GELU [M, d] x [ff, d]^T   fused: LayerNorm prologue + GELU epilogue
+  plain    in_proj's GEMM alone                          the kernel's GEMM core against cuBLAS
+Columns: torch (F.layer_norm, F.linear with W as nn.Linear stores it, F.gelu), fused with the
+prepared N-major weight (what the integration would serve), fused_k with nn.Linear's layout; ms per
+call (median of --iters replays of a CUDA graph of --reps calls), TFLOP/s of the GEMM
+(2 M N K / time), and max |fused - torch| relative to max |torch|. Every call reads a fresh
+copy of its operands, rotating over >= 128 MiB of them, so few-token GEMMs read W from HBM as
+the codec's layers do, not from L2.
+--sweep times candidate tiles (fused, N-major) per (shape, op, M) and prints, per kernel kind,
+the table that minimizes the summed time at each M, ready to paste into CONFIG_TABLE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from moss_tts.kernels.fused_linear import (GemmConfig, fused_linear, gemm_config, is_supported, kernel_kind,
+                                           prepare_weight, reference_fused_linear)
+
+CODEC_SHAPES = ((1280, 5120), (768, 3072))  # (d, ff)
+ROWS = (2, 64, 640, 2560, 10240, 40960, 81920)
+TINY_SHAPES, TINY_ROWS = ((64, 128),), (2, 37)
+OPS = {"in_proj": (True, False), "ffn0": (True, True), "plain": (False, False)}  # op -> (norm, gelu)
+ROTATE_BYTES = 128 * 2**20  # operands cycled per graph: over twice the H200's 50 MB L2
+EPS = 1e-5
+# Tile candidates of the sweep, by regime: few rows are bound by reading W (narrow tiles, many
+# programs), many rows by the tensor cores (wide tiles). Kept short: each compiles per kernel kind.
+FEW_ROWS = 64
+SWEEP_FEW = (GemmConfig(64, 32, 128, 4, 4), GemmConfig(64, 64, 64, 4, 4), GemmConfig(64, 64, 128, 4, 4),
+             GemmConfig(64, 128, 64, 4, 4))
+SWEEP_MANY = (GemmConfig(64, 128, 64, 4, 4), GemmConfig(128, 128, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4),
+              GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 256, 64, 8, 4))
+
+
+@dataclass(frozen=True)
+class Case:
+    d: int
+    ff: int
+    op: str
+    rows: int
+
+    @property
+    def k(self) -> int:
+        return self.d
+
+    @property
+    def n(self) -> int:
+        return self.ff if self.op == "ffn0" else 3 * self.d
+
+    @property
+    def has_norm(self) -> bool:
+        return OPS[self.op][0]
+
+    @property
+    def gelu(self) -> bool:
+        return OPS[self.op][1]
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.rows * self.n * self.k
+
+
+@dataclass(frozen=True)
+class Operands:
+    x: torch.Tensor
+    weight: torch.Tensor  # nn.Linear's layout, [N, K] K-contiguous
+    weight_n_major: torch.Tensor  # prepare_weight(weight)
+    norm: tuple  # (gamma, beta) or (None, None)
+
+
+def make_operands(case: Case, dtype: torch.dtype, device: torch.device) -> list[Operands]:
+    """Enough independent copies that one graph's calls stream >= ROTATE_BYTES."""
+    size = torch.empty((), dtype=dtype).element_size()
+    per_call = (case.rows * case.k + case.n * case.k + case.rows * case.n) * size
+    gen = torch.Generator(device).manual_seed(0)
+
+    def randn(*shape):  # on the device: ~1 GB of operands per case would take seconds on the host
+        return torch.randn(*shape, generator=gen, device=device)
+
+    copies = []
+    for _ in range(max(1, min(32, math.ceil(ROTATE_BYTES / per_call)))):
+        x = (randn(case.rows, case.k) * 2).to(dtype)
+        weight = (randn(case.n, case.k) / case.k ** 0.5).to(dtype)
+        gamma = (1 + 0.2 * randn(case.k)).to(dtype)
+        beta = (0.2 * randn(case.k)).to(dtype)
+        copies.append(Operands(x, weight, prepare_weight(weight), (gamma, beta) if case.has_norm else (None, None)))
+    return copies
+
+
+def torch_call(case: Case, ops: Operands) -> torch.Tensor:
+    return reference_fused_linear(ops.x, ops.weight, *ops.norm, EPS, case.gelu)
+
+
+def fused_call(case: Case, ops: Operands, n_major: bool = True, config: GemmConfig | None = None) -> torch.Tensor:
+    weight = ops.weight_n_major if n_major else ops.weight
+    return fused_linear(ops.x, weight, *ops.norm, EPS, case.gelu, config)
+
+
+def ms_per_call(call, copies: list[Operands], device: torch.device, reps: int, iters: int) -> float:
+    """Median over `iters` of (time of `reps` calls, cycling over the copies) / reps. CUDA: one
+    graph of the reps calls (no launch gaps, as the server's graphs), timed by events."""
+    call(copies[0])  # compiles outside any capture
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            for i in range(reps):
+                call(copies[i % len(copies)])
+            times.append((time.perf_counter() - start) * 1e3 / reps)
+        return statistics.median(times)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(reps):
+                call(copies[i % len(copies)])
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()  # warm-up
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    del graph
+    return statistics.median(times)
+
+
+def measure(case: Case, dtype, device, reps: int, iters: int) -> dict:
+    copies = make_operands(case, dtype, device)
+    expected, got = torch_call(case, copies[0]).float(), fused_call(case, copies[0]).float()
+    row = {**asdict(case), "n": case.n, "k": case.k, "copies": len(copies),
+           "kernel": "triton" if is_supported(copies[0].x, copies[0].weight) else "reference",
+           "config": str(gemm_config(case.rows, case.has_norm)),
+           "max_abs_diff": (got - expected).abs().max().item(), "max_abs_torch": expected.abs().max().item()}
+    row["rel_diff"] = row["max_abs_diff"] / max(row["max_abs_torch"], 1e-30)
+    for name, call in (("torch", lambda o: torch_call(case, o)), ("fused", lambda o: fused_call(case, o)),
+                       ("fused_k", lambda o: fused_call(case, o, n_major=False))):
+        ms = ms_per_call(call, copies, device, reps, iters)
+        row[f"{name}_ms"], row[f"{name}_tflops"] = ms, case.flops / ms / 1e9
+    return row
+
+
+def sweep(case: Case, dtype, device, reps: int, iters: int) -> dict:
+    copies = make_operands(case, dtype, device)
+    candidates = SWEEP_FEW if case.rows <= FEW_ROWS else SWEEP_MANY
+    times = {str(c): ms_per_call(lambda o, c=c: fused_call(case, o, config=c), copies, device, reps, iters)
+             for c in candidates}
+    return {**asdict(case), "kind": kernel_kind(case.has_norm), "ms": times, "best": min(times, key=times.get)}
+
+
+def best_table(sweeps: list[dict]) -> dict[str, list[tuple[int, str]]]:
+    """Per kernel kind: at each M the candidate of least summed time over its shapes and ops,
+    consecutive Ms with the same winner merged into one (most rows, tiles) entry."""
+    table = {}
+    for kind in sorted({s["kind"] for s in sweeps}):
+        entries: list[tuple[int, str]] = []
+        for rows in sorted({s["rows"] for s in sweeps if s["kind"] == kind}):
+            ofs = [s["ms"] for s in sweeps if s["kind"] == kind and s["rows"] == rows]
+            best = min(ofs[0], key=lambda c: sum(ms[c] for ms in ofs))
+            if entries and entries[-1][1] == best:
+                entries.pop()
+            entries.append((rows, best))
+        table[kind] = entries[:-1] + [(2**62, entries[-1][1])]
+    return table
+
+
+def format_rows(rows: list[dict]) -> str:
+    head = (f"{'d':>5} {'op':>8} {'M':>6} {'torch ms':>9} {'fused ms':>9} {'fused_k':>9} {'speedup':>7} "
+            f"{'torch TF/s':>10} {'fused TF/s':>10} {'rel diff':>9}  tiles")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['d']:>5} {r['op']:>8} {r['rows']:>6} {r['torch_ms']:>9.4f} {r['fused_ms']:>9.4f} "
+                     f"{r['fused_k_ms']:>9.4f} {r['torch_ms'] / r['fused_ms']:>7.2f} {r['torch_tflops']:>10.1f} "
+                     f"{r['fused_tflops']:>10.1f} {r['rel_diff']:>9.2e}  {r['config']}")
+    return "\n".join(lines)
+
+
+def format_table(table: dict[str, list[tuple[int, str]]]) -> str:
+    """The sweep's table as fused_linear.CONFIG_TABLE's source."""
+    by_name = {str(c): c for c in SWEEP_FEW + SWEEP_MANY}
+    lines = ["# least summed time per M, from perf/bench_codec_gemm.py --sweep", "CONFIG_TABLE = {"]
+    for kind, entries in table.items():
+        items = [f"({'2**62' if rows == 2**62 else rows}, GemmConfig({c.block_m}, {c.block_n}, {c.block_k}, "
+                 f"{c.num_warps}, {c.num_stages}))" for rows, c in ((r, by_name[t]) for r, t in entries)]
+        lines.append(f'    "{kind}": (' + ",\n".ljust(len(kind) + 11).join(items) + ",),")  # a tuple even of one
+    return "\n".join(lines + ["}"])
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="one tiny shape in fp32 (CPU smoke)")
+    p.add_argument("--rows", default=None, help="comma-separated token counts M (default: the codec's list)")
+    p.add_argument("--reps", type=int, default=20, help="calls per timed graph")
+    p.add_argument("--iters", type=int, default=10, help="timed replays (median)")
+    p.add_argument("--sweep", action="store_true", help="also time the candidate tiles and print the best table")
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    shapes = TINY_SHAPES if args.tiny else CODEC_SHAPES
+    rows_list = [int(r) for r in args.rows.split(",")] if args.rows else (TINY_ROWS if args.tiny else ROWS)
+    cases = [Case(d, ff, op, rows) for d, ff in shapes for op in OPS for rows in rows_list]
+    start = time.perf_counter()
+    results = {"meta": {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                        "torch": torch.__version__, "dtype": str(dtype), "reps": args.reps, "iters": args.iters}}
+    results["rows"] = [measure(case, dtype, device, args.reps, args.iters) for case in cases]
+    print(f"kernel: {results['rows'][0]['kernel']}, {dtype}, {results['meta']['device']}")
+    print(format_rows(results["rows"]), flush=True)
+    if args.sweep:
+        results["sweep"] = [sweep(case, dtype, device, max(1, args.reps // 2), max(1, args.iters // 2))
+                            for case in cases]
+        results["table"] = best_table(results["sweep"])
+        print(format_table(results["table"]), flush=True)
+    results["meta"]["seconds"] = time.perf_counter() - start
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+    print(f"{results['meta']['seconds']:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

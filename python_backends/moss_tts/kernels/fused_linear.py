@@ -1,0 +1,230 @@
+"""The codec's projections with their LayerNorm and GELU inside the GEMM: y = gelu?(norm?(x) @ W^T).
+
+A codec layer runs LayerNorm -> in_proj and LayerNorm -> ffn[0] -> GELU; torch spends a
+bandwidth-bound kernel on each norm and on the GELU, each reading and writing a full activation
+(H200 profile of a codec step: 17.7 of 85 ms, 40% as much as its GEMMs). Here one Triton GEMM
+does all of it:
+- LayerNorm prologue: a program first reads its BLOCK_M rows of x once for their moments (fp32,
+  Welford per tile merged with Chan's formula, biased variance, rstd = 1/sqrt(var + eps), as
+  torch's kernel computes them), then normalizes each A tile of the main loop in fp32
+  (gamma * ((a - mean) * rstd) + beta, torch's order) and ROUNDS it to x's dtype before tl.dot,
+  so the GEMM multiplies the very values F.layer_norm would have written, up to fp32 rounding;
+- exact (erf) GELU on the fp32 accumulator, as nn.GELU(), then one rounding to x's dtype (torch
+  rounds the linear output first, then the GELU: the two differ by one rounding).
+What the norm costs on Hopper (from the sm_90 TTGIR; H200 timings in bench_codec_gemm.py): the
+normalized tile reaches wgmma from registers, and Triton 3.6 cannot move the shared-to-register
+layout conversion above the rounding, so each A tile makes one extra round trip through shared
+memory (the wgmmas stay asynchronous); the moments pass is pipelined but runs before the GEMM.
+W is read through both its strides, so nn.Linear's [N, K] works as stored; `prepare_weight`
+repacks it once (same shape and values, N contiguous), the layout for which ptxas keeps the
+wgmma pipeline asynchronous at 128x256 tiles (with W K-contiguous it reports the wgmmas
+serialized, C7515). Tiles come from a small explicit table (`gemm_config`), never from run-time
+autotuning: the server captures CUDA graphs and must not benchmark at start-up. Grid and
+allocation depend on shapes only, nothing is read back to the host: capturable. On CPU (no
+Triton) `reference_fused_linear` runs; it is also the tests' oracle.
+
+Proposed integration (not wired yet: the lead measures first), in the serving form: the
+fold step also runs `w.data = prepare_weight(w)` on in_proj.weight and ffn[0].weight; then
+TransformerLayer.forward calls fused_linear(x, in_proj.weight, norm1.weight, norm1.bias, 1e-5)
+where it called self_attn.in_proj(self.norm1(x)) (attend takes qkv), and fused_linear(x,
+ffn[0].weight, norm2.weight, norm2.bias, 1e-5, gelu=True) for ffn[1](ffn[0](norm2(x))).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .triton_setup import INTERPRET, jit, tl, triton
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int  # rows of x per program (wgmma: a multiple of 64 per 4 warps)
+    block_n: int  # output columns per program
+    block_k: int  # reduction step, also the LayerNorm moments' step
+    num_warps: int
+    num_stages: int
+    group_m: int = 8  # row blocks that share one sweep over W's column blocks (L2 reuse of W)
+
+    def __str__(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
+                f" g{self.group_m}")
+
+
+# (most rows, tiles) per kernel kind, first match wins. Provisional until an H200 sweep
+# (perf/bench_codec_gemm.py --sweep prints a table to paste here); chosen from what ptxas reports
+# for sm_90 with W prepared (N-contiguous): no spills and no serialized wgmma.
+# - Few rows (a step's first stage): reading W bounds the time, so narrow column tiles spread it
+#   over more SMs.
+# - Many rows, plain: 128x256, the widest tile that fits (8 warps: 128 fp32 accumulators each).
+# - Many rows, norm: the normalized A tile lives in registers beside the accumulators; at 128x256
+#   ptxas spills (with GELU) or serializes the wgmmas (without), at 128x128 it does neither. A
+#   BLOCK_K of 128 serializes them too (64 rows and 128).
+CONFIG_TABLE: dict[str, tuple[tuple[int, GemmConfig], ...]] = {
+    "plain": ((64, GemmConfig(64, 64, 128, 4, 4)),
+              (1024, GemmConfig(128, 128, 64, 8, 4)),
+              (2**62, GemmConfig(128, 256, 64, 8, 3))),
+    "norm": ((64, GemmConfig(64, 64, 64, 4, 4)),
+             (2**62, GemmConfig(128, 128, 64, 8, 3))),
+}
+
+
+def kernel_kind(has_norm: bool) -> str:
+    return "norm" if has_norm else "plain"
+
+
+def gemm_config(num_rows: int, has_norm: bool) -> GemmConfig:
+    """The table's tiles for a call with num_rows rows of x (the tokens of a step)."""
+    return next(config for most, config in CONFIG_TABLE[kernel_kind(has_norm)] if num_rows <= most)
+
+
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+                 norm_bias: torch.Tensor | None = None, eps: float = 1e-5, gelu: bool = False,
+                 config: GemmConfig | None = None) -> torch.Tensor:
+    """x [..., K], weight [N, K] (nn.Linear's, bias-free) -> [..., N] in x's dtype:
+    gelu?(layer_norm?(x) @ weight^T). The LayerNorm (over K) runs when norm_weight is given
+    (norm_bias with it, as nn.LayerNorm keeps both); gelu is the exact erf form. `config`
+    overrides the table's tiles (benchmarks, tests)."""
+    _check_norm(norm_weight, norm_bias)
+    if is_supported(x, weight):
+        return _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config)
+    return reference_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu)
+
+
+def is_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when the Triton kernel can run here: triton importable, tensors on CUDA (or
+    TRITON_INTERPRET=1, for CPU tests), one dtype of fp16/bf16/fp32, x K-contiguous and W
+    contiguous along K (as nn.Linear stores it) or along N (`prepare_weight`)."""
+    if triton is None or not (INTERPRET or x.is_cuda):
+        return False
+    dtypes_ok = x.dtype == weight.dtype and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    shapes_ok = weight.dim() == 2 and x.shape[-1] == weight.shape[1]
+    return dtypes_ok and shapes_ok and x.stride(-1) == 1 and 1 in weight.stride()
+
+
+def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] with the same values stored N-contiguous (strides (1, N)): the kernel's faster
+    layout (module docstring). Once, at the serving form; F.linear and addmm read it as well."""
+    return weight.t().contiguous().t()
+
+
+def _check_norm(norm_weight, norm_bias) -> None:
+    if (norm_weight is None) != (norm_bias is None):
+        raise ValueError("fused_linear: give the LayerNorm's weight and bias together (nn.LayerNorm keeps both), "
+                         "or neither for no norm")
+
+
+# ------------------------------------------------------------------------------------ reference
+def reference_fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+                           norm_bias: torch.Tensor | None = None, eps: float = 1e-5,
+                           gelu: bool = False) -> torch.Tensor:
+    """Same contract in plain torch, the modules' own ops: the CPU path and the tests' oracle."""
+    _check_norm(norm_weight, norm_bias)
+    if norm_weight is not None:
+        x = F.layer_norm(x, (x.shape[-1],), norm_weight, norm_bias, eps)
+    y = F.linear(x, weight)
+    return F.gelu(y) if gelu else y
+
+
+# ------------------------------------------------------------------------------------ Triton
+def _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config: GemmConfig | None):
+    n, k = weight.shape
+    rows = x.reshape(-1, k)  # a view for the codec's contiguous activations
+    m = rows.shape[0]
+    out = rows.new_empty(m, n)
+    if m == 0:
+        return out.view(*x.shape[:-1], n)
+    has_norm = norm_weight is not None
+    c = config or gemm_config(m, has_norm)
+    grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
+    gamma, beta = (norm_weight, norm_bias) if has_norm else (weight, weight)  # never read without the norm
+    _fused_linear_kernel[grid](
+        rows, weight, out, gamma, beta, m, n, k, rows.stride(0), weight.stride(1), weight.stride(0), out.stride(0),
+        eps, HAS_NORM=has_norm, HAS_GELU=gelu, EVEN_K=k % c.block_k == 0, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k, GROUP_M=c.group_m, num_warps=c.num_warps, num_stages=c.num_stages)
+    return out.view(*x.shape[:-1], n)
+
+
+@jit
+def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stride_xm, stride_wk, stride_wn, stride_ym,
+                         eps, HAS_NORM: tl.constexpr, HAS_GELU: tl.constexpr, EVEN_K: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] tile of y, programs in grouped order: GROUP_M row blocks walk the
+    column blocks together, so the W columns they share are read from L2, not HBM. W is read
+    through both strides: Triton specializes a stride of 1, so either layout gets its own code."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * num_pid_n)
+    first_m = group * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_rows
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_rows
+
+    # Rows and columns past the edge wrap around to real ones, so the main loop's loads need no
+    # row/column mask (their results are never stored); `%` rather than a clamp keeps the column
+    # offsets provably contiguous for vector loads. Row offsets in int64: M x K passes 2**31 at
+    # ~1.7 M tokens of d=1280.
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + (offs_m % M).to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1]
+    w_cols = w_ptr + (offs_n % N)[None, :] * stride_wn  # [1, BLOCK_N]
+
+    if HAS_NORM:
+        mean, rstd = _row_moments(x_rows, K, eps, EVEN_K, BLOCK_M, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        if EVEN_K:
+            a = tl.load(x_rows + k[None, :])
+            b = tl.load(w_cols + k[:, None] * stride_wk)
+        else:  # zeros past K in both operands add nothing
+            a = tl.load(x_rows + k[None, :], mask=(k < K)[None, :], other=0.0)
+            b = tl.load(w_cols + k[:, None] * stride_wk, mask=(k < K)[:, None], other=0.0)
+        if HAS_NORM:
+            # gamma and beta read as 0 past K, so the normalized padding is 0 too
+            gamma = tl.load(gamma_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            beta = tl.load(beta_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            normed = gamma[None, :] * ((a.to(tl.float32) - mean[:, None]) * rstd[:, None]) + beta[None, :]
+            a = normed.to(x_ptr.dtype.element_ty)  # the values F.layer_norm would have stored
+        acc = tl.dot(a, b, acc, input_precision="ieee")  # "ieee": fp32 stays fp32, as in torch
+    if HAS_GELU:
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # erf(y / sqrt(2))
+
+    y = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+
+
+@jit
+def _row_moments(x_rows, K, eps, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Mean and 1/sqrt(biased var + eps) [BLOCK_M] fp32 of the rows over K. Each tile's own mean
+    and squared deviations are exact two-pass sums; tiles merge by Chan's formula, so a row mean
+    far from zero does not cancel its variance away (no E[x^2] - E[x]^2)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=3):  # asked for: a loop without tl.dot is not pipelined
+        k = k0 + offs_k
+        if EVEN_K:
+            a = tl.load(x_rows + k[None, :]).to(tl.float32)
+            count = BLOCK_K * 1.0
+            tile_mean = tl.sum(a, 1) / count
+            dev = a - tile_mean[:, None]
+        else:
+            valid = (k < K)[None, :]
+            a = tl.load(x_rows + k[None, :], mask=valid, other=0.0).to(tl.float32)
+            count = tl.minimum(K - k0, BLOCK_K) * 1.0
+            tile_mean = tl.sum(a, 1) / count
+            dev = tl.where(valid, a - tile_mean[:, None], 0.0)
+        seen = k0 * 1.0
+        total = seen + count
+        delta = tile_mean - mean
+        mean += delta * (count / total)
+        m2 += tl.sum(dev * dev, 1) + delta * delta * (seen * count / total)
+    rstd = tl.math.rsqrt(m2 / K + eps)  # torch: rsqrtf (compat::rsqrt), the same instruction
+    return mean, rstd

@@ -1,0 +1,196 @@
+"""The codec's fused LayerNorm -> GEMM -> GELU kernel against its torch reference.
+
+On CPU through Triton's interpreter (tiny shapes with ragged edges, one subprocess, since
+TRITON_INTERPRET must be set before triton is imported), and on a GPU at the codec's real
+shapes in bf16, where it must be as accurate as torch's own LayerNorm -> cuBLAS -> GELU chain.
+That it compiles for the H200 without spills is test_kernel_compile.py's job.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moss_tts.kernels.fused_linear import (GemmConfig, fused_linear, gemm_config, is_supported, prepare_weight,
+                                           reference_fused_linear)
+from triton_interpreter import interpreter_json
+
+INTERPRETER_TIMEOUT_S = 300
+SMALL = GemmConfig(16, 32, 32, num_warps=4, num_stages=2, group_m=2)  # tl.dot needs blocks >= 16
+
+# name -> (rows M, K, N, tiles or None for the table's, x mean, N-major weight). Every edge is
+# ragged somewhere: M, N and (where K % BLOCK_K != 0) K are not multiples of their blocks.
+INTERPRETER_CASES = {
+    "ragged_m": (37, 64, 96, SMALL, 0.0, False),
+    "ragged_k": (37, 80, 96, SMALL, 0.0, False),
+    "ragged_n": (37, 64, 40, SMALL, 0.0, False),
+    "two_rows": (2, 64, 48, SMALL, 0.0, False),
+    "groups_of_three": (70, 32, 64, GemmConfig(16, 16, 16, 4, 2, group_m=3), 0.0, False),
+    "n_major_weight": (37, 80, 96, SMALL, 0.0, True),
+    "mean_far_from_zero": (37, 64, 96, SMALL, 1000.0, False),  # moments without cancellation
+    "table_tiles": (37, 64, 96, None, 0.0, True),  # 64-row tiles, K < BLOCK_K
+}
+MODES = {"plain": (False, False), "norm": (True, False), "norm_gelu": (True, True), "gelu": (False, True)}
+FP32_TOLERANCE = 1e-5  # max |diff| / max |reference|: fp32 on both sides, only the order of sums differs
+# Rows around 1000 with std 2: fp32 resolves x to 6e-5 there, so two correct ways of summing
+# differ by ~4e-5; the moments as E[x^2] - E[x]^2 would be off by ~3e-2 (cancellation).
+FAR_MEAN_TOLERANCE = 1e-4
+
+
+def make_inputs(m, k, n, mean=0.0, dtype=torch.float32, device="cpu", seed=0):
+    """x [m, k] (std 2 around `mean`), W [n, k] ~ 1/sqrt(k), LayerNorm weight and bias."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen) * 2 + mean
+    weight = torch.randn(n, k, generator=gen) / k ** 0.5
+    gamma = 1 + 0.2 * torch.randn(k, generator=gen)
+    beta = 0.2 * torch.randn(k, generator=gen)
+    return tuple(t.to(device, dtype) for t in (x, weight, gamma, beta))
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+
+
+def case_error(case, mode: str, dtype=torch.float32) -> float:
+    m, k, n, config, mean, n_major = case
+    has_norm, gelu = MODES[mode]
+    x, weight, gamma, beta = make_inputs(m, k, n, mean, dtype)
+    norm = (gamma, beta) if has_norm else (None, None)
+    if n_major:
+        weight = prepare_weight(weight)
+    assert is_supported(x, weight)
+    got = fused_linear(x, weight, *norm, 1e-5, gelu, config)
+    assert got.shape == (m, n) and got.dtype == dtype
+    return relative_error(got, reference_fused_linear(x, weight, *norm, 1e-5, gelu))
+
+
+def fp16_ulps(case) -> float:
+    """LayerNorm + GELU in fp16: the largest distance, in fp16 ulps of the result, from an oracle
+    that rounds the normalized activations to fp16 (as F.layer_norm stores them) and then computes
+    in fp32 with one final rounding, as the kernel does."""
+    m, k, n, config, mean, n_major = case
+    x, weight, gamma, beta = make_inputs(m, k, n, mean, torch.float16)
+    got = fused_linear(x, weight, gamma, beta, 1e-5, True, config)
+    normed = F.layer_norm(x.float(), (k,), gamma.float(), beta.float(), 1e-5).half().float()
+    expected = F.gelu(normed @ weight.float().t()).half()
+    spacing = np.spacing(np.abs(expected.numpy()))
+    return float((np.abs(got.float().numpy() - expected.float().numpy()) / spacing).max())
+
+
+def interpreter_main() -> None:
+    errors = {f"{name}/{mode}": case_error(case, mode) for name, case in INTERPRETER_CASES.items() for mode in MODES}
+    errors.update({f"{name}/fp16_ulps": fp16_ulps(INTERPRETER_CASES[name]) for name in ("ragged_m", "ragged_k")})
+    print(json.dumps(errors))
+
+
+@pytest.fixture(scope="module")
+def interpreter_errors() -> dict[str, float]:
+    return interpreter_json("test_fused_linear", INTERPRETER_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("name", list(INTERPRETER_CASES))
+def test_interpreter_kernel_matches_reference(interpreter_errors, name, mode):
+    tolerance = FAR_MEAN_TOLERANCE if name == "mean_far_from_zero" else FP32_TOLERANCE
+    assert interpreter_errors[f"{name}/{mode}"] <= tolerance
+
+
+# No bf16 case on the interpreter: Triton 3.6's interpreter multiplies bf16 tl.dot operands as
+# their raw bits (see test_decode_attention.py); fp16 checks the rounding of the normalized tile.
+@pytest.mark.parametrize("name", ["ragged_m", "ragged_k"])
+def test_interpreter_fp16_rounds_like_layer_norm_then_once(interpreter_errors, name):
+    assert interpreter_errors[f"{name}/fp16_ulps"] <= 1.0  # only the final rounding may differ
+
+
+# ------------------------------------------------------------------ CPU contract
+def test_cpu_falls_back_to_the_reference():
+    x, weight, gamma, beta = make_inputs(5, 16, 8)
+    assert not is_supported(x, weight)  # no TRITON_INTERPRET in this process, no GPU
+    assert torch.equal(fused_linear(x, weight, gamma, beta, gelu=True),
+                       F.gelu(F.linear(F.layer_norm(x, (16,), gamma, beta, 1e-5), weight)))
+
+
+def test_prepared_weight_has_the_same_values():
+    weight = make_inputs(1, 16, 8)[1]
+    prepared = prepare_weight(weight)
+    assert torch.equal(prepared, weight) and prepared.stride() == (1, 8)
+
+
+def test_norm_weight_without_bias_is_refused():
+    x, weight, gamma, _ = make_inputs(5, 16, 8)
+    with pytest.raises(ValueError, match="together"):
+        fused_linear(x, weight, gamma)
+
+
+def test_the_table_covers_every_row_count():
+    for rows in (1, 64, 65, 1024, 1025, 10**7):
+        for has_norm in (False, True):
+            assert gemm_config(rows, has_norm).block_m in (64, 128)
+
+
+# ------------------------------------------------------------------ GPU, the codec's shapes, bf16
+# (d, ff): the first decoder stage and the five after it. Row counts: a few tokens, one table
+# regime each, and a ragged large one.
+CODEC_SHAPES = [(1280, 5120), (768, 3072)]
+GPU_ROWS = [2, 640, 10_001]
+# Torch rounds the GEMM output to bf16 and then the GELU's; the kernel rounds once. So the two
+# differ by up to ~1.5 bf16 ulps at the largest output, 2^-7 of it relative; 2^-6 leaves room
+# for the rare normalized value that rounds to the neighbouring bf16 (fp32 op order).
+BF16_TOLERANCE = 2 ** -6
+ACCURACY_SLACK = 1.1  # mean error vs the fp32 oracle, kernel over torch
+
+
+def codec_case(d, ff, mode, rows, n_major=True):
+    """The kernel's inputs for one of the layer's GEMMs: (x, weight, norm, gelu)."""
+    has_norm, gelu = MODES[mode]
+    k, n = (ff, d) if mode == "plain" else (d, 3 * d if mode == "norm" else ff)  # plain: ffn[2]'s shape
+    x, weight, gamma, beta = make_inputs(rows, k, n, dtype=torch.bfloat16, device="cuda")
+    weight = prepare_weight(weight) if n_major else weight
+    return x, weight, (gamma, beta) if has_norm else (None, None), gelu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_major", [True, False])
+@pytest.mark.parametrize("rows", GPU_ROWS)
+@pytest.mark.parametrize("mode", ["norm", "norm_gelu", "plain"])
+@pytest.mark.parametrize("d, ff", CODEC_SHAPES)
+def test_gpu_bf16_matches_torch_and_is_as_accurate(d, ff, mode, rows, n_major):
+    x, weight, norm, gelu = codec_case(d, ff, mode, rows, n_major)
+    got = fused_linear(x, weight, *norm, 1e-5, gelu)
+    torch_chain = reference_fused_linear(x, weight, *norm, 1e-5, gelu)
+    assert relative_error(got, torch_chain) <= BF16_TOLERANCE
+    # The oracle: F.layer_norm's bf16 output, then everything in fp32.
+    normed = x if norm[0] is None else F.layer_norm(x, (x.shape[-1],), *norm, 1e-5)
+    exact = normed.float() @ weight.float().t()
+    exact = F.gelu(exact) if gelu else exact
+    kernel_error = (got.float() - exact).abs().mean().item()
+    torch_error = (torch_chain.float() - exact).abs().mean().item()
+    assert kernel_error <= ACCURACY_SLACK * torch_error, (kernel_error, torch_error)
+
+
+@pytest.mark.gpu
+def test_gpu_float32_is_not_tf32():
+    x, weight, gamma, beta = make_inputs(300, 256, 384, device="cuda")
+    got = fused_linear(x, weight, gamma, beta, 1e-5, True, GemmConfig(64, 64, 32, 4, 2))
+    assert relative_error(got, reference_fused_linear(x, weight, gamma, beta, 1e-5, True)) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_follows_new_inputs():
+    x, weight, norm, gelu = codec_case(768, 3072, "norm_gelu", 640)
+    static_x = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fused_linear(static_x, weight, *norm, 1e-5, gelu)  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_linear(static_x, weight, *norm, 1e-5, gelu)
+    static_x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(out, fused_linear(static_x, weight, *norm, 1e-5, gelu))
