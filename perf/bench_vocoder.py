@@ -61,9 +61,9 @@ def build(args) -> tuple[torch.nn.Module, torch.device]:
         torch.cuda.set_device(device)
     if args.tiny:
         config = CodecConfig.from_dict(tiny_codec_config_dict(), "tiny_codec_config_dict()")
-        return init_random_(build_codec(config, device, torch.float32), seed=0).serving_form_(), device
+        return init_random_(build_codec(config, device, torch.float32), seed=0).serving_form_(args.fusion), device
     # The form the vocoder serves (and what the offline section times): codec.serving_form_().
-    return build_real_size_codec(device, torch.bfloat16).serving_form_(), device
+    return build_real_size_codec(device, torch.bfloat16).serving_form_(args.fusion), device
 
 
 def sync(device: torch.device) -> None:
@@ -371,6 +371,7 @@ def parse_args(argv):
                     "many rows (the rounds section's mix), uncaptured: GPU time per kernel")
     ap.add_argument("--attention-sweep", action="store_true", help="also time window_attention per stage "
                     "shape under several tile configs (CUDA only)")
+    ap.add_argument("--fusion", default="norm_gelu", help="codec.serving_form_'s fusion: none, gelu, norm_gelu")
     ap.add_argument("--skip", default="", help="comma-separated sections not to run (e.g. offline,streaming)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -386,6 +387,7 @@ def main(argv=None) -> int:
     codec, device = build(args)
     results = {"meta": {"device": str(device), "torch": torch.__version__,
                         "stack": os.environ.get("MOSS_STACK", "unchecked (not under the device pack's env.sh)"),
+                        "fusion": args.fusion,
                         "codec": "tiny fp32" if args.tiny else
                         "real-size bf16", "codec_build_s": time.perf_counter() - start,
                         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},

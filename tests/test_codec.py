@@ -348,6 +348,13 @@ def test_packed_step_refuses_codes_that_do_not_match_the_packing(codec, codes50)
         codec.decode_step_packed(codes50[:, :4], state, torch.tensor([0, 1]), _packing([2, 2], 10))
 
 
+def test_fusion_is_checked_and_changes_nothing_where_its_kernel_cannot_run(ckpt):
+    with pytest.raises(ValueError, match="fusion must be one of"):
+        load_codec(ckpt).serving_form_(fusion="all")
+    served = load_codec(ckpt).serving_form_()  # CPU: the kernel cannot run, the layers stay as they are
+    assert {m.fusion for m in served.modules() if hasattr(m, "fusion")} == {"none"}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, rel", [(torch.float32, 1e-4), (torch.bfloat16, 0.03)])
 def test_serving_form_on_a_gpu_runs_the_norms_and_gelu_inside_the_gemms(ckpt, codes50, dtype, rel):
@@ -357,8 +364,8 @@ def test_serving_form_on_a_gpu_runs_the_norms_and_gelu_inside_the_gemms(ckpt, co
     loaded = load_codec(ckpt, "cuda", dtype)
     served = load_codec(ckpt, "cuda", dtype).serving_form_()
     served.serving_form_()  # idempotent: the weights are repacked once
-    layers = [m for m in served.modules() if hasattr(m, "norms_fused")]
-    assert layers and all(layer.norms_fused for layer in layers)
+    layers = [m for m in served.modules() if hasattr(m, "fusion")]
+    assert layers and all(layer.fusion == "norm_gelu" for layer in layers)
     codes = codes50.cuda()
     expected = loaded.decode(codes).float()
     assert_close_to_peak(served.decode(codes).float(), expected, rel=rel)

@@ -64,21 +64,21 @@ class MossAudioCodec(nn.Module):
     def codebook_size(self) -> int:
         return self.config.quantizer.codebook_size
 
-    def serving_form_(self) -> "MossAudioCodec":
+    def serving_form_(self, fusion: str = "norm_gelu") -> "MossAudioCodec":
         """The form the vocoder serves: the same function in fewer passes and kernels per step.
         - every transformer layer folds its LayerScale into the weights that end its residual
           branches (TransformerLayer.fold_layer_scale_), so the adds run inside the GEMMs;
         - the quantizer's weight-normed projections become plain weights, computed once here
           instead of on every decode (~40 small kernels a step);
-        - on a GPU, every layer's LayerNorms and GELU run inside its GEMMs
-          (TransformerLayer.fuse_norms_, kernels/fused_linear.py), so call this after the
-          codec is on its device.
+        - on a GPU, every layer's LayerNorms and GELU run inside its GEMMs as `fusion` says
+          (TransformerLayer.fuse_, kernels/fused_linear.py), so call this once the codec is
+          on its device.
         Rounding differs from the loaded form, and the quantizer's on-disk names (original0/1)
         are gone from state_dict. Idempotent; returns self."""
         for module in self.modules():
             if isinstance(module, TransformerLayer):
                 module.fold_layer_scale_()
-                module.fuse_norms_()
+                module.fuse_(fusion)
         self.quantizer.freeze_weight_norm_()
         return self
 

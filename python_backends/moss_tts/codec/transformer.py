@@ -31,6 +31,10 @@ from .config import TransformerStage
 from .streaming import Packing
 
 
+# What TransformerLayer.fuse_ may move into the GEMMs (kernels/fused_linear.py), least first.
+FUSIONS = ("none", "gelu", "norm_gelu")
+
+
 class Attention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, context: int):
         super().__init__()
@@ -70,7 +74,7 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1 = LayerScale(s.d_model, s.layer_scale)
         self.layer_scale_2 = LayerScale(s.d_model, s.layer_scale)
         self.scale_folded = False
-        self.norms_fused = False
+        self.fusion = "none"  # fuse_: which norms/activations run inside the GEMMs
 
     @torch.no_grad()
     def fold_layer_scale_(self) -> None:
@@ -85,33 +89,41 @@ class TransformerLayer(nn.Module):
         self.scale_folded = True
 
     @torch.no_grad()
-    def fuse_norms_(self) -> bool:
-        """Serving form on a GPU: norm1 runs inside in_proj's GEMM, norm2 and the GELU inside
-        ffn[0]'s (kernels/fused_linear.py), whose weights are stored once in the layout that
-        kernel reads fastest (same values; nn.Linear and addmm read it too). Where that kernel
-        cannot run (CPU, no Triton) nothing changes. Returns whether it runs. Idempotent."""
-        if self.norms_fused:
-            return True
-        weights = (self.self_attn.in_proj.weight, self.ffn[0].weight)
+    def fuse_(self, fusion: str) -> str:
+        """Serving form on a GPU (kernels/fused_linear.py): "norm_gelu" runs norm1 inside
+        in_proj's GEMM and norm2 and the GELU inside ffn[0]'s; "gelu" only the GELU, in ffn[0]'s
+        epilogue; "none" neither. The weights those GEMMs read are stored once in the layout the
+        kernel reads fastest (same values; nn.Linear and addmm read it too). Where the kernel
+        cannot run (CPU, no Triton) nothing changes. Returns the fusion that runs; once chosen it
+        stays (a second call returns it)."""
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
+        if self.fusion != "none" or fusion == "none":
+            return self.fusion
+        weights = [self.ffn[0].weight] + ([self.self_attn.in_proj.weight] if fusion == "norm_gelu" else [])
         probe = weights[0].new_empty(1, weights[0].shape[1])
         if not all(fused_linear.is_supported(probe, w) for w in weights):
-            return False
+            return self.fusion
         for w in weights:
             w.data = fused_linear.prepare_weight(w.data)
-        self.norms_fused = True
-        return True
+        self.fusion = fusion
+        return fusion
 
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
-        if self.norms_fused:
-            n1, n2 = self.norm1, self.norm2
-            qkv = fused_linear.fused_linear(x, self.self_attn.in_proj.weight, n1.weight, n1.bias, n1.eps)
-            x = self._residual(x, self.self_attn.attend_qkv(qkv, rope, ring), self.self_attn.out_proj,
-                               self.layer_scale_1)
-            hidden = fused_linear.fused_linear(x, self.ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True)
-            return self._residual(x, hidden, self.ffn[2], self.layer_scale_2)
-        x = self._residual(x, self.self_attn.attend(self.norm1(x), rope, ring), self.self_attn.out_proj,
-                           self.layer_scale_1)
-        return self._residual(x, self.ffn[1](self.ffn[0](self.norm2(x))), self.ffn[2], self.layer_scale_2)
+        attn, ffn, n1, n2 = self.self_attn, self.ffn, self.norm1, self.norm2
+        norms_inside = self.fusion == "norm_gelu"
+        if norms_inside:
+            qkv = fused_linear.fused_linear(x, attn.in_proj.weight, n1.weight, n1.bias, n1.eps)
+        else:
+            qkv = attn.in_proj(n1(x))
+        x = self._residual(x, attn.attend_qkv(qkv, rope, ring), attn.out_proj, self.layer_scale_1)
+        if norms_inside:
+            hidden = fused_linear.fused_linear(x, ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True)
+        elif self.fusion == "gelu":
+            hidden = fused_linear.fused_linear(n2(x), ffn[0].weight, gelu=True)
+        else:
+            hidden = ffn[1](ffn[0](n2(x)))
+        return self._residual(x, hidden, ffn[2], self.layer_scale_2)
 
     def _residual(self, x: torch.Tensor, branch: torch.Tensor, linear: nn.Linear, scale: LayerScale) -> torch.Tensor:
         if self.scale_folded:
