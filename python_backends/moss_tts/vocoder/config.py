@@ -9,6 +9,7 @@ from typing import Mapping
 
 import torch
 
+from ..codec.transformer import FUSIONS
 from ..contract.parameters import config_fields
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -79,8 +80,13 @@ class VocoderPlacement:
     # in_process: sequences per round, the most urgent first (0 = vocoder_step_rows). Shorter
     # rounds let a new stream's chunks in sooner; each round is still one wide step.
     vocoder_round_rows: int = 128
+    # in_process: what runs inside the codec's GEMMs (codec.transformer.FUSIONS): "norm_gelu"
+    # both LayerNorms and the GELU, "gelu" only the GELU, "none" neither (torch's own kernels).
+    vocoder_fusion: str = "norm_gelu"
 
     def __post_init__(self):
+        if self.vocoder_fusion not in FUSIONS:
+            raise ValueError(f"parameter vocoder_fusion must be one of {', '.join(FUSIONS)}, got {self.vocoder_fusion!r}")
         if self.vocoder not in PLACEMENTS:
             raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
         if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0 \
@@ -91,7 +97,7 @@ class VocoderPlacement:
 
     @classmethod
     def from_parameters(cls, parameters) -> "VocoderPlacement":
-        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device") if k in parameters}
+        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device", "vocoder_fusion") if k in parameters}
         return cls(**{**config_fields(cls, parameters, skip=tuple(strings)), **strings})
 
     @property
