@@ -371,7 +371,7 @@ def parse_args(argv):
                     "many rows (the rounds section's mix), uncaptured: GPU time per kernel")
     ap.add_argument("--attention-sweep", action="store_true", help="also time window_attention per stage "
                     "shape under several tile configs (CUDA only)")
-    ap.add_argument("--fusion", default="norm_gelu", help="codec.serving_form_'s fusion: none, gelu, norm_gelu")
+    ap.add_argument("--fusion", default="none", help="codec.serving_form_'s fusion: none, gelu, norm_gelu")
     ap.add_argument("--skip", default="", help="comma-separated sections not to run (e.g. offline,streaming)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)

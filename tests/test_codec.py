@@ -351,7 +351,7 @@ def test_packed_step_refuses_codes_that_do_not_match_the_packing(codec, codes50)
 def test_fusion_is_checked_and_changes_nothing_where_its_kernel_cannot_run(ckpt):
     with pytest.raises(ValueError, match="fusion must be one of"):
         load_codec(ckpt).serving_form_(fusion="all")
-    served = load_codec(ckpt).serving_form_()  # CPU: the kernel cannot run, the layers stay as they are
+    served = load_codec(ckpt).serving_form_("norm_gelu")  # CPU: the kernel cannot run, the layers stay as they are
     assert {m.fusion for m in served.modules() if hasattr(m, "fusion")} == {"none"}
 
 
@@ -362,8 +362,8 @@ def test_serving_form_on_a_gpu_runs_the_norms_and_gelu_inside_the_gemms(ckpt, co
     (kernels/fused_linear.py): offline and streamed audio still agree with the loaded form
     (fp32: within rounding; bf16: within the bf16 tolerance of the codec's other GPU checks)."""
     loaded = load_codec(ckpt, "cuda", dtype)
-    served = load_codec(ckpt, "cuda", dtype).serving_form_()
-    served.serving_form_()  # idempotent: the weights are repacked once
+    served = load_codec(ckpt, "cuda", dtype).serving_form_("norm_gelu")
+    served.serving_form_("norm_gelu")  # idempotent: the weights are repacked once
     layers = [m for m in served.modules() if hasattr(m, "fusion")]
     assert layers and all(layer.fusion == "norm_gelu" for layer in layers)
     codes = codes50.cuda()

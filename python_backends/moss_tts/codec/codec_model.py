@@ -64,7 +64,7 @@ class MossAudioCodec(nn.Module):
     def codebook_size(self) -> int:
         return self.config.quantizer.codebook_size
 
-    def serving_form_(self, fusion: str = "norm_gelu") -> "MossAudioCodec":
+    def serving_form_(self, fusion: str = "none") -> "MossAudioCodec":
         """The form the vocoder serves: the same function in fewer passes and kernels per step.
         - every transformer layer folds its LayerScale into the weights that end its residual
           branches (TransformerLayer.fold_layer_scale_), so the adds run inside the GEMMs;

@@ -82,7 +82,7 @@ class VocoderPlacement:
     vocoder_round_rows: int = 128
     # in_process: what runs inside the codec's GEMMs (codec.transformer.FUSIONS): "norm_gelu"
     # both LayerNorms and the GELU, "gelu" only the GELU, "none" neither (torch's own kernels).
-    vocoder_fusion: str = "norm_gelu"
+    vocoder_fusion: str = "none"
 
     def __post_init__(self):
         if self.vocoder_fusion not in FUSIONS:
