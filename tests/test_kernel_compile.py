@@ -45,11 +45,10 @@ def compile_for_h200(fn, signature: dict, constants: dict, num_warps: int, num_s
 
 def attention_signature(dtype: str) -> dict:
     tensor, index = f"*{dtype}", "*i64"
-    return {"qkv_ptr": tensor, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "k_ring_ptr": tensor, "v_ring_ptr": tensor,
-            "rows_ptr": index, "offsets_ptr": index, "starts_ptr": index, "lengths_ptr": index, "out_ptr": tensor,
-            "T_max": "i32", "H": "i32", "W": "i32",
-            **{name: "i32" for name in ("stride_n", "stride_t", "stride_rn", "stride_rt", "stride_rs", "stride_rh",
-                                        "stride_rw", "stride_on", "stride_ot")}, "qk_scale": "fp32"}
+    return {"qkv_ptr": tensor, "k_ring_ptr": tensor, "v_ring_ptr": tensor, "rows_ptr": index, "offsets_ptr": index,
+            "starts_ptr": index, "lengths_ptr": index, "out_ptr": tensor, "T_max": "i32", "H": "i32", "W": "i32",
+            **{name: "i32" for name in ("stride_n", "stride_t", "stride_rs", "stride_rh", "stride_rw", "stride_on",
+                                        "stride_ot")}, "qk_scale": "fp32"}
 
 
 # Each compile takes ~5 s on the 2-core CI machine, so the cases are the distinct code paths: both
@@ -75,11 +74,18 @@ def test_ring_write_kernel_compiles_for_the_h200(packed):
     signature = {name: kind for name, kind in attention_signature(dtype).items()
                  if name not in ("out_ptr", "T_max", "stride_on", "stride_ot", "qk_scale")}
     signature = {**signature, "T_max": "i32", "kept_max": "i32"}
-    order = ("qkv_ptr", "cos_ptr", "sin_ptr", "k_ring_ptr", "v_ring_ptr", "rows_ptr", "offsets_ptr", "starts_ptr",
-             "lengths_ptr", "T_max", "kept_max", "H", "W", "stride_n", "stride_t", "stride_rn", "stride_rt",
-             "stride_rs", "stride_rh", "stride_rw")
-    assert compile_for_h200(wa._ring_write_kernel, {name: signature[name] for name in order},
-                            {"PACKED": packed, "HEAD_DIM": 64, "BLOCK_T": wa.RING_WRITE_BLOCK_T}, wa.NUM_WARPS, 2)
+    order = ("qkv_ptr", "k_ring_ptr", "v_ring_ptr", "rows_ptr", "offsets_ptr", "starts_ptr", "lengths_ptr", "T_max",
+             "kept_max", "H", "W", "stride_n", "stride_t", "stride_rs", "stride_rh", "stride_rw")
+    kernel = compile_for_h200(wa._ring_write_kernel, {name: signature[name] for name in order},
+                              {"PACKED": packed, "HEAD_DIM": 64, "BLOCK_T": wa.ROPE_BLOCK_T}, wa.NUM_WARPS, 2)
+    assert kernel.asm["cubin"]
+
+
+def test_rope_kernel_compiles_for_the_h200():
+    signature = {"qkv_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                 **{name: "i32" for name in ("T", "num_heads", "stride_n", "stride_t", "stride_rn", "stride_rt")}}
+    assert compile_for_h200(wa._rope_kernel, signature, {"HEAD_DIM": 64, "BLOCK_T": wa.ROPE_BLOCK_T}, wa.NUM_WARPS,
+                            2).asm["cubin"]
 
 
 # ------------------------------------------------------------------ fused_linear

@@ -18,10 +18,9 @@ their output is 0 and they are never read or written to a ring.
 
 Inputs come straight from the fused in_proj output qkv [n, T, 3*H*Dh] (per token: the q heads,
 then the k heads, then the v heads) and the output [n, T, H*Dh] is what out_proj reads, so no
-permute copies either. On CUDA (or with TRITON_INTERPRET=1 for CPU tests) two Triton kernels
-run, each rotating q/k tiles in registers as it loads them (no RoPE pass over qkv, which stays
-as it is): flash attention over the two key sources (ring, then the chunk's own keys) with an
-online softmax, and the ring write, which stores keys rotated.
+permute copies either. On CUDA (or with TRITON_INTERPRET=1 for CPU tests) three Triton kernels
+run: RoPE in place on the q/k part of qkv (the caller's temporary), flash attention over the two
+key sources (ring, then the chunk's own keys) with an online softmax, and the ring write.
 Elsewhere `reference_window_attention` runs in plain torch; it is also the tests' oracle.
 Grids and allocations depend only on shapes, nothing is read back to the host: capturable.
 """
@@ -36,12 +35,12 @@ import torch.nn.functional as F
 
 from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
-# Over 300 lines (a kernel file): its two Triton kernels, their launcher and the torch reference
+# Over 300 lines (a kernel file): its three Triton kernels, their launcher and the torch reference
 # that CPUs run and tests compare against share one layout (Rope, Ring, packed rows); apart, each
 # file would have to restate it.
 
 BLOCK_N = 64  # keys per inner-loop tile
-RING_WRITE_BLOCK_T = 32  # tokens per ring-write program
+ROPE_BLOCK_T = 32  # tokens per RoPE / ring-write program
 NUM_WARPS = 4
 NUM_STAGES = 2
 
@@ -107,9 +106,10 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, max_period: float) -> t
 
 def window_attention(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int, ring: Ring | None = None,
                      scale: float | None = None) -> torch.Tensor:
-    """qkv [n, T, 3*H*Dh] (in_proj output, left as it is) -> [n, T, H*Dh]. Query t (stream
-    position offset + t) sees keys t-window+1 .. t; with `ring`, keys before the chunk come from
-    the ring and the chunk's last min(T, window) keys/values are written into it (keys rotated). A packed ring (module docstring) takes qkv [1, N, ...] and the rope table
+    """qkv [n, T, 3*H*Dh] (in_proj output; the Triton path rotates its q/k part in place) ->
+    [n, T, H*Dh]. Query t (stream position offset + t) sees keys t-window+1 .. t; with `ring`,
+    keys before the chunk come from the ring and the chunk's last min(T, window) keys/values are
+    written into it. A packed ring (module docstring) takes qkv [1, N, ...] and the rope table
     of every token's own position. Default scale 1/sqrt(Dh)."""
     if is_supported(qkv, num_heads, ring):
         return _triton_window_attention(qkv, rope, num_heads, window, ring, scale)
@@ -255,6 +255,9 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: 
     packed = ring is not None and ring.is_packed
     cos, sin = rope.cos.contiguous(), rope.sin.contiguous()
     stride_rn = cos.stride(0) if cos.shape[0] > 1 else 0  # one table shared by every row (offline)
+    _rope_kernel[(_cdiv(t, ROPE_BLOCK_T), n)](
+        qkv, cos, sin, t, num_heads, qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1),
+        HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
     # Packed: tokens no row covers (padding) are never stored, so they read as 0, not garbage.
     out = (qkv.new_zeros if packed else qkv.new_empty)(n, t, num_heads * head_dim)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E  # softmax in exp2
@@ -271,32 +274,53 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: 
     num_rows, per_row = (rows.shape[0], ring.max_len) if packed else (n, t)
     c = config or attention_config(per_row)
     _attention_kernel[(_cdiv(per_row, c.block_m), num_rows * num_heads)](
-        qkv, cos, sin, keys, values, rows, offsets, starts, lengths, out, per_row, num_heads, window,
-        qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1), *ring_strides, out.stride(0), out.stride(1),
-        qk_scale, HAS_RING=ring is not None, PACKED=packed, HEAD_DIM=head_dim, BLOCK_M=c.block_m,
-        BLOCK_N=c.block_n, ONE_LOOP=c.one_loop, num_warps=c.num_warps, num_stages=c.num_stages)
+        qkv, keys, values, rows, offsets, starts, lengths, out, per_row, num_heads, window,
+        qkv.stride(0), qkv.stride(1), *ring_strides, out.stride(0), out.stride(1), qk_scale,
+        HAS_RING=ring is not None, PACKED=packed, HEAD_DIM=head_dim, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        ONE_LOOP=c.one_loop, num_warps=c.num_warps, num_stages=c.num_stages)
     if ring is not None:
         kept = min(per_row, window)
-        _ring_write_kernel[(_cdiv(kept, RING_WRITE_BLOCK_T), num_rows, num_heads)](
-            qkv, cos, sin, keys, values, rows, offsets, starts, lengths, per_row, kept, num_heads, window,
-            qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1), *ring_strides,
-            PACKED=packed, HEAD_DIM=head_dim, BLOCK_T=RING_WRITE_BLOCK_T, num_warps=NUM_WARPS)
+        _ring_write_kernel[(_cdiv(kept, ROPE_BLOCK_T), num_rows, num_heads)](
+            qkv, keys, values, rows, offsets, starts, lengths, per_row, kept, num_heads, window,
+            qkv.stride(0), qkv.stride(1), *ring_strides,
+            PACKED=packed, HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
     return out
 
 
 @jit
-def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, starts_ptr,
-                      lengths_ptr, out_ptr, T_max, H, W, stride_n, stride_t, stride_rn, stride_rt, stride_rs,
-                      stride_rh, stride_rw, stride_on, stride_ot, qk_scale, HAS_RING: tl.constexpr,
-                      PACKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      ONE_LOOP: tl.constexpr):
+def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, num_heads, stride_n, stride_t, stride_rn, stride_rt,
+                 HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One (token block, row): rotate every q and k head of those tokens in place. The table is
+    loaded once for all heads, and each head's [BLOCK_T, HEAD_DIM] tile is read and written
+    contiguously; its (real, imag) pairs are split apart in registers."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    n = tl.program_id(1).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_half = tl.arange(0, HEAD_DIM // 2)
+    valid = (tok < T)[:, None]
+    tok64 = tok.to(tl.int64)  # token x stride passes 2**31 past ~0.9 M tokens in one row (39 min of audio)
+    table = n * stride_rn + tok64[:, None] * stride_rt + offs_half[None, :]
+    cos = tl.load(cos_ptr + table, mask=valid, other=0.0)
+    sin = tl.load(sin_ptr + table, mask=valid, other=0.0)
+    tile = qkv_ptr + n * stride_n + tok64[:, None] * stride_t + offs_d[None, :]
+    for head in range(2 * num_heads):  # heads 0..H-1 are q, H..2H-1 are k
+        x = tl.load(tile + head * HEAD_DIM, mask=valid, other=0.0).to(tl.float32)
+        real, imag = tl.split(tl.reshape(x, [BLOCK_T, HEAD_DIM // 2, 2]))
+        out = tl.join(real * cos - imag * sin, real * sin + imag * cos)
+        tl.store(tile + head * HEAD_DIM, tl.reshape(out, [BLOCK_T, HEAD_DIM]).to(qkv_ptr.dtype.element_ty),
+                 mask=valid)
+
+
+@jit
+def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, starts_ptr, lengths_ptr, out_ptr,
+                      T_max, H, W, stride_n, stride_t, stride_rs, stride_rh, stride_rw, stride_on, stride_ot,
+                      qk_scale, HAS_RING: tl.constexpr, PACKED: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_LOOP: tl.constexpr):
     """One (query block, row x head): online softmax over the ring keys, then the chunk's keys.
     Chunk-relative key index j < 0 is the ring (position offset + j), j >= 0 the chunk itself.
     ONE_LOOP walks both sources in one loop, each tile's rows loaded from whichever holds them
     (one software pipeline instead of two short ones). PACKED: the row's tokens start at
-    starts[n] of the one sequence and number lengths[n] (T_max bounds them all).
-    RoPE happens here, on the tiles in registers: q once, each chunk key tile as it is loaded;
-    ring keys were stored rotated. A separate pass over qkv would cost a full read and write."""
+    starts[n] of the one sequence and number lengths[n] (T_max bounds them all)."""
     first_q = tl.program_id(0) * BLOCK_M
     n = tl.program_id(1) // H
     h = tl.program_id(1) % H
@@ -309,21 +333,16 @@ def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ring_ptr, v_ring_ptr, rows_pt
         T = tl.load(lengths_ptr + n).to(tl.int32)
         token = qkv_ptr + start * stride_t
         out_row = out_ptr + start * stride_ot
-        table = start * stride_rt  # the packed table [1, N, Dh/2] is indexed by token
     else:
         T = T_max
         token = qkv_ptr + n64 * stride_n
         out_row = out_ptr + n64 * stride_on
-        table = n64 * stride_rn  # stride_rn 0: one table shared by every row
-    cos_row, sin_row = cos_ptr + table, sin_ptr + table
     # A block past its row's last token (packed rows shorter than T_max) has nothing to do: its
     # loops below run empty and it stores nothing.
     active = first_q < T
-    is_query = (offs_m < T)[:, None]
     # token x stride in int64: it passes 2**31 past ~0.9 M tokens in one row (39 min of audio)
     q = tl.load(token + offs_m.to(tl.int64)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :],
-                mask=is_query, other=0.0)
-    q = _rotated(q, cos_row, sin_row, offs_m, is_query, stride_rt, HEAD_DIM)
+                mask=(offs_m < T)[:, None], other=0.0)
     k_base = token + (H + h) * HEAD_DIM
     v_base = token + (2 * H + h) * HEAD_DIM
 
@@ -352,8 +371,6 @@ def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ring_ptr, v_ring_ptr, rows_pt
             is_key = (j < hi)[:, None]
             k = tl.load(tl.where(in_ring[:, None], ring_k + slot[:, None] * stride_rw, k_base + row[:, None] * stride_t)
                         + offs_d[None, :], mask=is_key, other=0.0)
-            in_chunk = is_key & ~in_ring[:, None]
-            k = tl.where(in_ring[:, None], k, _rotated(k, cos_row, sin_row, row, in_chunk, stride_rt, HEAD_DIM))
             v = tl.load(tl.where(in_ring[:, None], ring_v + slot[:, None] * stride_rw, v_base + row[:, None] * stride_t)
                         + offs_d[None, :], mask=is_key, other=0.0)
             delta = offs_m[:, None] - j[None, :]
@@ -375,7 +392,6 @@ def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ring_ptr, v_ring_ptr, rows_pt
             j = first + offs_n
             is_key = j < hi
             k = tl.load(k_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
-            k = _rotated(k, cos_row, sin_row, j, is_key[:, None], stride_rt, HEAD_DIM)
             v = tl.load(v_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
             delta = offs_m[:, None] - j[None, :]
             visible = is_key[None, :] & (delta >= 0) & (delta < W)
@@ -400,43 +416,26 @@ def _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc):
 
 
 @jit
-def _rotated(x, cos_row, sin_row, tokens, valid, stride_rt, HEAD_DIM: tl.constexpr):
-    """x [B, HEAD_DIM] (of the given chunk tokens) rotated by those tokens' table rows: adjacent
-    (real, imag) pairs split apart in registers, fp32 math, and rounded back to x's dtype, as
-    the values a rotated copy in memory would hold (so results do not depend on where RoPE ran)."""
-    table = tokens.to(tl.int64)[:, None] * stride_rt + tl.arange(0, HEAD_DIM // 2)[None, :]
-    cos = tl.load(cos_row + table, mask=valid, other=0.0)
-    sin = tl.load(sin_row + table, mask=valid, other=0.0)
-    real, imag = tl.split(tl.reshape(x.to(tl.float32), [x.shape[0], HEAD_DIM // 2, 2]))
-    out = tl.join(real * cos - imag * sin, real * sin + imag * cos)
-    return tl.reshape(out, [x.shape[0], HEAD_DIM]).to(x.dtype)
-
-
-@jit
-def _ring_write_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, starts_ptr,
-                       lengths_ptr, T_max, kept_max, H, W, stride_n, stride_t, stride_rn, stride_rt, stride_rs,
-                       stride_rh, stride_rw, PACKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
-    """One (token block, row, head): the chunk's last `kept` keys, rotated here (qkv holds them
-    unrotated), and values into the ring; kept = min(T, W), of the row's own T when PACKED."""
+def _ring_write_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, starts_ptr, lengths_ptr, T_max,
+                       kept_max, H, W, stride_n, stride_t, stride_rs, stride_rh, stride_rw,
+                       PACKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One (token block, row, head): the chunk's last `kept` keys (rotated) and values into the
+    ring; kept = min(T, W), of the row's own T when PACKED."""
     n = tl.program_id(1)
     h = tl.program_id(2)
     if PACKED:
         T = tl.load(lengths_ptr + n).to(tl.int32)
         kept = tl.minimum(T, W)
-        start = tl.load(starts_ptr + n).to(tl.int64)
-        row_base = qkv_ptr + start * stride_t
-        table = start * stride_rt  # the packed table [1, N, Dh/2] is indexed by token
+        row_base = qkv_ptr + tl.load(starts_ptr + n).to(tl.int64) * stride_t
     else:
         T = T_max
         kept = kept_max
         row_base = qkv_ptr + n.to(tl.int64) * stride_n
-        table = n.to(tl.int64) * stride_rn
     j = T - kept + tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, HEAD_DIM)
     valid = (j < T)[:, None]
     token = row_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :]
     k = tl.load(token + (H + h) * HEAD_DIM, mask=valid, other=0.0)
-    k = _rotated(k, cos_ptr + table, sin_ptr + table, j, valid, stride_rt, HEAD_DIM)
     v = tl.load(token + (2 * H + h) * HEAD_DIM, mask=valid, other=0.0)
     first_slot = (tl.load(offsets_ptr + n).to(tl.int64) % W).to(tl.int32)  # the position is int64
     slot = (first_slot + j) % W  # j >= 0
