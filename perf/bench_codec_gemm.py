@@ -1,8 +1,8 @@
 """Codec GEMM benchmark: torch's LayerNorm -> cuBLAS linear (-> GELU) against kernels/fused_linear.py.
 
-    PYTHONPATH=python_backends python3 perf/bench_codec_gemm.py --out gemm.json            # H200, ~1-2 min
-    PYTHONPATH=python_backends python3 perf/bench_codec_gemm.py --sweep --out sweep.json   # + tile sweep, ~4 min
-    PYTHONPATH=python_backends python3 perf/bench_codec_gemm.py --device cpu --tiny        # CPU smoke of the script
+    PYTHONPATH=python_backends:. python3 perf/bench_codec_gemm.py --out gemm.json            # H200, ~1-2 min
+    PYTHONPATH=python_backends:. python3 perf/bench_codec_gemm.py --sweep --out sweep.json   # + tile sweep, ~4 min
+    PYTHONPATH=python_backends:. python3 perf/bench_codec_gemm.py --device cpu --tiny        # CPU smoke of the script
     (TRITON_INTERPRET=1 in front of the last runs the kernel itself in the interpreter: slow, fp32.)
 
 Per codec stage shape (d 1280 / ff 5120, the first decoder stage; d 768 / ff 3072, the five after
@@ -35,6 +35,7 @@ import torch
 
 from moss_tts.kernels.fused_linear import (GemmConfig, fused_linear, gemm_config, is_supported, kernel_kind,
                                            prepare_weight, reference_fused_linear)
+from perf.graph_timing import graph_ms
 
 CODEC_SHAPES = ((1280, 5120), (768, 3072))  # (d, ff)
 ROWS = (2, 64, 640, 2560, 10240, 40960, 81920)
@@ -118,8 +119,8 @@ def fused_call(case: Case, ops: Operands, n_major: bool = True, config: GemmConf
 def ms_per_call(call, copies: list[Operands], device: torch.device, reps: int, iters: int) -> float:
     """Median over `iters` of (time of `reps` calls, cycling over the copies) / reps. CUDA: one
     graph of the reps calls (no launch gaps, as the server's graphs), timed by events."""
-    call(copies[0])  # compiles outside any capture
     if device.type != "cuda":
+        call(copies[0])  # as on CUDA: the first call (compilation) is not timed
         times = []
         for _ in range(iters):
             start = time.perf_counter()
@@ -127,25 +128,7 @@ def ms_per_call(call, copies: list[Operands], device: torch.device, reps: int, i
                 call(copies[i % len(copies)])
             times.append((time.perf_counter() - start) * 1e3 / reps)
         return statistics.median(times)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(reps):
-                call(copies[i % len(copies)])
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()  # warm-up
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    del graph
-    return statistics.median(times)
+    return graph_ms(lambda i: call(copies[i % len(copies)]), reps, iters)
 
 
 def measure(case: Case, dtype, device, reps: int, iters: int) -> dict:

@@ -1,7 +1,7 @@
 """Vocoder benchmark: one streaming codec step, eager vs CUDA-graphed (VocoderGraphs), in-process.
 
-    PYTHONPATH=python_backends python3 perf/bench_vocoder.py --out vocoder.json   # GPU, real-size codec, ~3 min
-    PYTHONPATH=python_backends python3 perf/bench_vocoder.py --device cpu --tiny  # CPU smoke of the script
+    PYTHONPATH=python_backends:. python3 perf/bench_vocoder.py --out vocoder.json   # GPU, real-size codec, ~3 min
+    PYTHONPATH=python_backends:. python3 perf/bench_vocoder.py --device cpu --tiny  # CPU smoke of the script
 
 The real-size MOSS-Audio-Tokenizer-v2 decoder with seeded random weights (bf16), one decode
 state of max(rows) + 1 slots as VocoderSessions allocates it, random codes. A step is what
@@ -43,6 +43,7 @@ from moss_tts.codec import CodecConfig, build_codec, build_real_size_codec, init
 from moss_tts.codec.config import tiny_codec_config_dict
 from moss_tts.vocoder.graphs import VocoderGraphs
 from moss_tts.vocoder.step_buffers import to_host
+from perf.graph_timing import graph_ms
 
 FRAME_RATE = 12.5  # codec frames per second of audio
 N_VQ = 12  # codebooks the pipeline sends
@@ -178,25 +179,7 @@ SWEEP = ((16, 64, 4, 2, 0), (16, 64, 2, 2, 0), (16, 128, 4, 2, 0), (16, 64, 2, 2
 
 def _graph_ms(call, reps: int = 10, iters: int = 10) -> float:
     """Median ms of one call, from replays of a CUDA graph of `reps` calls (no launch gaps)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # compiles outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            call()
-    graph.replay()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return statistics.median(times)
+    return graph_ms(lambda _: call(), reps, iters)
 
 
 def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 32) -> list[dict]:
@@ -252,15 +235,20 @@ def step_times(steps: Steps, shapes: list[tuple[int, int]], codebook_size: int, 
     return out
 
 
+def round_codes(rows: int, max_frames: int, codebook_size: int, seed: int) -> tuple[list[int], list]:
+    """A seeded round's mix: each row's frame count (uniform in 1..max_frames) and its host codes."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_frames + 1, (rows,), generator=g).tolist()
+    return lengths, host_codes([random_codes(1, n, codebook_size, seed + i)[0] for i, n in enumerate(lengths)])
+
+
 def rounds(steps: Steps, rows: int, codebook_size: int, iters: int, warmup: int, seed: int = 11) -> dict:
     """A vocoder round of `rows` sequences bringing 1..max_frames frames each: one packed graph
     step, against one graph step per distinct length (before packing, VocoderSessions grouped a
     round by chunk length; the per-length steps here replay the packed graphs of those shapes,
     the same kernels)."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, steps.graphs.max_frames + 1, (rows,), generator=g).tolist()
-    codes = [random_codes(1, n, codebook_size, seed + i)[0] for i, n in enumerate(lengths)]
-    slots, host = list(range(rows)), host_codes(codes)
+    lengths, host = round_codes(rows, steps.graphs.max_frames, codebook_size, seed)
+    slots = list(range(rows))
     groups: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
         groups.setdefault(n, []).append(i)
@@ -310,9 +298,7 @@ def profile_round(steps: Steps, rows: int, codebook_size: int, seed: int = 11) -
     (the graphs' kernels and shapes, one launch each): GPU time per kernel name, as text."""
     from torch.profiler import ProfilerActivity, profile
 
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, steps.graphs.max_frames + 1, (rows,), generator=g).tolist()
-    host = host_codes([random_codes(1, n, codebook_size, seed + i)[0] for i, n in enumerate(lengths)])
+    lengths, host = round_codes(rows, steps.graphs.max_frames, codebook_size, seed)
     slots = list(range(rows))
     steps.reset(rows)
     to_host(steps.padded.run(slots, host))  # warm
