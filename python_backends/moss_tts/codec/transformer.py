@@ -14,10 +14,11 @@ LayerScale + residual is one addcmul (fp32 math, one rounding) rather than a mul
 in the serving form (`fold_layer_scale_`) LayerScale lives in the weights that end each residual
 branch and the add happens inside that GEMM (addmm_ into the residual stream), so no elementwise
 pass remains for it. Both forms round differently from upstream, never compute differently.
-Where kernels/fused_linear.py runs (the serving form on a GPU, `fuse_norms_`), each LayerNorm
-happens inside the GEMM after it (norm1 in in_proj, norm2 in ffn[0]) and the GELU in ffn[0]'s
-epilogue: three full passes over the activations fewer per layer, the same values up to fp32
-rounding order (the GEMMs see the bf16 values the norms would have written).
+Asked for (`fuse_`, the serving form on a GPU; off by default, as on the H200 that Triton GEMM
+is still slower than cuBLAS plus torch's passes), kernels/fused_linear.py runs each LayerNorm
+inside the GEMM after it (norm1 in in_proj, norm2 in ffn[0]) and the GELU in ffn[0]'s epilogue:
+three full passes over the activations fewer per layer, the same values up to fp32 rounding order
+(the GEMMs see the bf16 values the norms would have written).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Attention(nn.Module):
 
     def attend(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
         """Everything before out_proj: [B, T, d] -> [B, T, d]."""
-        return window_attention(self.in_proj(x), rope, self.num_heads, self.context, ring)
+        return self.attend_qkv(self.in_proj(x), rope, ring)
 
     def attend_qkv(self, qkv: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
         """attend() from in_proj's output qkv [B, T, 3d] (computed by the caller)."""

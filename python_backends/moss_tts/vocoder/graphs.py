@@ -11,8 +11,8 @@ Row buckets are powers of two up to 32, then steps of half a power of two (48, 6
 256, ...) and the maximum itself (up to `max_rows`), so padding adds less than half from 32 on.
 Frame buckets (up to max_rows x `max_frames`) are finer from 64 on, quarter steps (64, 80, 96,
 112, 128, 160, ...): a padding frame costs what a real one does in every op but attention, and
-the half steps padded a served round of 100-2,560 frames by 17% on average, quarter steps by 9%. A row brings 1 ..
-`max_frames` frames (longer chunks come in pieces). A call of n rows and N frames runs the
+the half steps padded a served round of 100-2,560 frames by 17% on average, quarter steps by 9%.
+A row brings 1 .. `max_frames` frames (longer chunks come in pieces). A call of n rows and N frames runs the
 smallest buckets b >= n and F >= N: rows n..b-1 point at the state's scratch row (its last row,
 never a sequence's slot) with 0 frames, so they decode nothing, and frames N..F-1 belong to no
 row: computed (every op but attention works frame by frame), never kept, never in a ring. Only
