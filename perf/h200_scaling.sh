@@ -351,11 +351,15 @@ soak() {
 # and the same utterance as the shim's streamed pcm, then text sessions fed at 20 words/s straight
 # over gRPC and over the shim's WebSocket, at SHIM_LEVELS (1,64,128); shim_K.json each, with the
 # shim's CPU seconds (the parent and its workers, from /proc). RECORD as for the soak (carry .whl).
+# The server traces every request's first audio (TRACE=0: not) and perf/trace_phases.py cuts the
+# trace by level: trace_phases.json, where each level's first audio went inside moss_tts.
 shim() {
   env_pack
   prepare_repo
-  local t0=$SECONDS n=shim pid ready=0
+  local t0=$SECONDS n=shim pid ready=0 trace=""
+  [ "${TRACE:-1}" = 1 ] && trace="$R/first_audio_trace.jsonl"
   CUDA_VISIBLE_DEVICES=0 MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
+    MOSS_TTS_FIRST_AUDIO_TRACE="$trace" \
     MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=8080 VOICES_DIR="$W/voices" setsid scripts/serve.sh \
     > "$W/server_$n.log" 2>&1 < /dev/null &
   echo $! > "$W/server.pid"
@@ -380,6 +384,10 @@ shim() {
   log "$n: stopped after $((SECONDS - t0)) s; left: $(pgrep -fc 'client.openai_shim|tritonserver|triton_python_backend_stub')"
   cp "$W/server_$n.log" "$R/"
   pkill -9 -f client.openai_shim; stop_server
+  if [ -n "$trace" ] && [ -s "$trace" ]; then
+    python3 -m perf.trace_phases --trace "$trace" "$R"/shim_*.json --out "$R/trace_phases.json" 2>&1 | tee -a "$R/scaling.log"
+    cp "$R/trace_phases.json" "$OUT/" 2>/dev/null
+  fi
 }
 
 all() {

@@ -134,6 +134,8 @@ def run_level(load: Load, transport: str, concurrency: int, requests: int, proce
     report["first_audio_ms"] = report.pop("ttfa_ms")
     report["audio_s_per_s"] = round(report["audio_s"] / wall, 2) if wall else 0.0
     report["client_cpu_s"] = round(sum(p[3] for p in parts), 2)
+    # The level's span (wall clock): perf/trace_phases.py picks the server's traces inside it.
+    report["wall_start"], report["wall_end"] = min(p[1] for p in parts), max(p[2] for p in parts)
     if shim_pids and transport in GRPC_TWIN:
         report["shim_cpu_s"] = round(shim_cpu_s, 2)
         report["audio_s_per_shim_cpu_s"] = round(report["audio_s"] / shim_cpu_s, 1) if shim_cpu_s > 0 else None

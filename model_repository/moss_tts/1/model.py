@@ -32,6 +32,7 @@ from moss_tts.engine.stats import EngineStats
 from moss_tts.model.loading import load_model, load_tokenizer
 from moss_tts.model.processor import PromptBuilder
 from moss_tts.pipeline.engine_streams import EngineStreams
+from moss_tts.pipeline.first_audio_trace import TraceLog
 from moss_tts.pipeline.speech_requests import SpeechRequests, requested_outputs
 from moss_tts.pipeline.speech_stream import new_sequence_id
 from moss_tts.pipeline.synthesis_request import parse_session_inputs
@@ -89,7 +90,7 @@ class TritonPythonModel:
             self.streams, builder,
             lambda codes: TritonChildren(codes, self.key, self.watch, self.worker, self.pool.is_stopping),
             lambda audio: encode_reference(audio, self.watch), lambda record: self.metrics.observe(record),
-            self.pool.is_stopping)
+            self.pool.is_stopping, TraceLog.from_env())
         self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
         # Session requests that reached another instance of this server come here to be spoken
         # (several instances: sessions/relay.py).
@@ -197,6 +198,8 @@ class TritonPythonModel:
         self.relay_server.stop()
         self.sessions.stop()
         self.streams.shutdown(STOP_TIMEOUT_S)
+        if self.requests.trace_log is not None:
+            self.requests.trace_log.close()
         self.stop_watch.stop()
         if self.worker is not None:
             self.worker.stop(STOP_TIMEOUT_S)

@@ -72,7 +72,7 @@ class EngineCodes:
                     self._check(event)
                     return
                 else:
-                    yield CodesChunk(event.codes, NO_CODES)
+                    yield CodesChunk(event.codes, NO_CODES, feed.queued_at, feed.first_codes_at)
         finally:
             if not feed.is_finished:
                 self.abort()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Optional, Union
 
 from ..engine.engine import Engine
@@ -24,8 +25,14 @@ class CodesFeed:
         self.request_id = request_id
         self._events: "queue.Queue[EngineEvent]" = queue.Queue()
         self.is_finished = False  # set by the reader once it has taken the Finished
+        # For the first-audio trace (first_audio_trace.py): when the request entered the engine's
+        # queue, and when the engine put its first codes here (the engine thread's moment).
+        self.queued_at = time.monotonic()
+        self.first_codes_at = 0.0
 
     def put(self, event: EngineEvent) -> None:
+        if not self.first_codes_at and isinstance(event, CodesChunk):
+            self.first_codes_at = time.monotonic()
         self._events.put(event)
 
     def next(self, timeout: float) -> Optional[Union[CodesChunk, Finished]]:

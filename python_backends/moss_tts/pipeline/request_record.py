@@ -18,6 +18,7 @@ import numpy as np
 
 from ..contract.errors import ErrorKind
 from ..contract.tensors import FRAME_RATE
+from .first_audio_trace import FirstAudioTrace, TraceLog
 
 log = logging.getLogger(__name__)
 # Histogram buckets (seconds / ratio), also written in README and the Grafana dashboard.
@@ -44,13 +45,17 @@ class RequestRecord:
 
 class RecordingClient:
     def __init__(self, client, on_end: Callable[[RequestRecord], None], started: Optional[float] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, trace_log: Optional[TraceLog] = None,
+                 session_index: Optional[int] = None) -> None:
         self.client = client
         self.on_end = on_end
         self.clock = clock
         self.started = clock() if started is None else started
         self._first: Optional[float] = None
         self._frames = 0
+        self.trace_log = trace_log
+        # Its moments to first audio (first_audio_trace.py), when the trace is on.
+        self.trace = None if trace_log is None else FirstAudioTrace(self.started, session_index)
 
     def send(self, audio, codes: np.ndarray, context, final: bool) -> None:
         frames = int(codes.shape[0]) if codes is not None else 0
@@ -58,6 +63,8 @@ class RecordingClient:
             self._first = self.clock() - self.started
         self._frames += frames
         self.client.send(audio, codes, context, final)
+        if self.trace is not None and audio is not None and frames:
+            self.trace.mark("sent")
         if final:
             self._end("ok")
 
@@ -76,5 +83,7 @@ class RecordingClient:
         record = RequestRecord(outcome, self._first, self.clock() - self.started, self._frames / FRAME_RATE)
         try:
             self.on_end(record)
+            if self.trace is not None:
+                self.trace_log.write(self.trace, outcome)
         except Exception:  # metrics must never cost a request its (already sent) final response
             log.exception("recording a request's metrics failed")

@@ -19,6 +19,7 @@ import numpy as np
 from ..contract.errors import InvalidRequest
 from ..contract.tensors import MOSS_TTS_OUTPUTS, N_VQ
 from .engine_streams import EngineStreams
+from .first_audio_trace import TraceLog
 from .request_record import RecordingClient, RequestRecord
 from .segmented_codes import SegmentedCodes, codes_for
 from .speech_stream import Children, Client, SpeechStream, new_sequence_id
@@ -36,13 +37,14 @@ def requested_outputs(names) -> set:
 class SpeechRequests:
     def __init__(self, streams: EngineStreams, builder, children: Callable[[object], Children],
                  encode_reference: Callable[[bytes], np.ndarray], observe: Callable[[RequestRecord], None],
-                 is_stopping: Callable[[], bool]) -> None:
+                 is_stopping: Callable[[], bool], trace_log: Optional[TraceLog] = None) -> None:
         self.streams = streams
         self.builder = builder  # model.processor.PromptBuilder
         self.children = children
         self.encode_reference = encode_reference
         self.observe = observe
         self.is_stopping = is_stopping
+        self.trace_log = trace_log  # first_audio_trace.TraceLog, or None (the trace is off)
 
     def stream(self, get: Getter, request_id: str, requested: set, client: Client,
                started: float) -> tuple[SpeechStream, str]:
@@ -53,8 +55,9 @@ class SpeechRequests:
         codes = self.codes(synthesis, reference)  # long text: one request per segment
         path = ("long_form" if isinstance(codes, SegmentedCodes) else "codes" if "AUDIO" not in requested
                 else "stream" if synthesis.stream else "offline")
-        stream = SpeechStream(self.children(codes), self.record(client, started), synthesis.stream,
-                              "AUDIO" in requested, self.is_stopping)
+        recording = self.record(client, started)
+        stream = SpeechStream(self.children(codes), recording, synthesis.stream, "AUDIO" in requested,
+                              self.is_stopping, recording.trace)
         return stream, path
 
     @staticmethod
@@ -80,6 +83,6 @@ class SpeechRequests:
         """EngineCodes, or SegmentedCodes for a long text."""
         return codes_for(self.streams, self.builder, synthesis, reference)
 
-    def record(self, client: Client, started: float) -> RecordingClient:
+    def record(self, client: Client, started: float, session_index: Optional[int] = None) -> RecordingClient:
         """`client`, recording what the request did for the operator's metrics (request_record.py)."""
-        return RecordingClient(client, self.observe, started)
+        return RecordingClient(client, self.observe, started, trace_log=self.trace_log, session_index=session_index)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
 from ..contract.tensors import N_VQ, SAMPLE_RATE, SAMPLES_PER_FRAME
+from .first_audio_trace import FirstAudioTrace
 
 log = logging.getLogger(__name__)
 NO_CODES = np.zeros((0, N_VQ), np.int32)
@@ -38,6 +39,10 @@ NO_CODES = np.zeros((0, N_VQ), np.int32)
 class CodesChunk:
     codes: np.ndarray  # [frames, 12] int32
     context: np.ndarray  # [frames, 12] int32; non-empty only on a continuation's first chunk
+    # time.monotonic() of its request's entry into the engine's queue and of the engine's first
+    # codes for it (0: not known): only the first-audio trace reads them.
+    queued_at: float = 0.0
+    first_codes_at: float = 0.0
 
 
 class Pending(Protocol):
@@ -105,7 +110,7 @@ END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then th
 
 class SpeechStream:
     def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
-                 is_stopping: Callable[[], bool] = lambda: False) -> None:
+                 is_stopping: Callable[[], bool] = lambda: False, trace: Optional[FirstAudioTrace] = None) -> None:
         self.children = children
         self.client = client
         self.stream = stream
@@ -122,8 +127,11 @@ class SpeechStream:
         # the vocoder since: each call's deadline is when playback would run dry without it.
         self._play_start: Optional[float] = None
         self._frames_submitted = 0
+        self.trace = trace  # None unless the first-audio trace is on
 
     def run(self) -> None:
+        if self.trace is not None:
+            self.trace.mark("thread")
         try:
             ended = self._pump()
             if ended is None:
@@ -158,6 +166,8 @@ class SpeechStream:
                     continue
                 if chunk.context.size:
                     self._context = chunk.context
+                if self.trace is not None and chunk.codes.shape[0]:
+                    self.trace.codes_read(chunk.queued_at, chunk.first_codes_at)
                 if self.stream:
                     self._stream_chunk(chunk.codes)
                 else:
@@ -218,6 +228,8 @@ class SpeechStream:
                     continue
             self._in_flight.popleft()
             audio = pending.result()  # raises the call's ChildError
+            if self.trace is not None and codes is not None:
+                self.trace.audio_ready(getattr(pending, "finished_at", 0.0))
             if codes is not None:
                 self.client.send(audio, codes, self._take_context(), final=False)
                 if self._play_start is None:

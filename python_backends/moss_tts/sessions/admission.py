@@ -107,7 +107,8 @@ class SessionAdmission:
 
     def _session_request(self, base_client, synthesis, reference, inputs, session, ticket, started) -> SessionRequest:
         on_final = (lambda: self.sessions.close(session, "ended")) if inputs.is_end else (lambda: None)
-        client = SessionClient(self.requests.record(base_client, started), on_final)
+        recording = self.requests.record(base_client, started, ticket)
+        client = SessionClient(recording, on_final)
         stream = None
         is_first = ticket == 0  # the session's first request: its reference, or its first frames, is the voice
         if synthesis is not None:
@@ -118,5 +119,5 @@ class SessionAdmission:
             children = self.requests.children(SessionCodes(codes, session, is_first))
             children.sequence_id = session.sequence_id
             stream = SpeechStream(SessionChildren(children, session, inputs.is_end, client), client, True, True,
-                                  self.pool.is_stopping)
+                                  self.pool.is_stopping, recording.trace)
         return SessionRequest(self.sessions, session, ticket, stream, client, self.pool.is_stopping)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Hashable, Optional
@@ -37,6 +38,7 @@ class VocodeJob:
         self.position = 0  # frames decoded and back on the host so far
         self.parts: list[np.ndarray] = []
         self.is_cancelled = False
+        self.finished_at = 0.0  # time.monotonic() when it completed (the first-audio trace reads it)
         self._done = threading.Event()
         self._audio: Optional[np.ndarray] = None
         self._error: Optional[ChildError] = None
@@ -73,6 +75,7 @@ class VocodeJob:
             return
         self._audio, self._error = audio, error
         self.parts = []
+        self.finished_at = time.monotonic()
         self._done.set()
         try:
             self.on_done()
