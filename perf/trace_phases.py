@@ -7,7 +7,7 @@ perf/shim_load.py's JSONs (their wall_start/wall_end), as p50 / p95 ms per phase
 Phases (each from the moment before it): thread (execute -> its stream thread started it; a
 session's request also waits for its turn there), queued (prompt built, in the engine's queue),
 engine (admission, prefill and the first frames, to the first codes), read (the stream thread
-took them), vocoded (the vocoder decoded them), noticed (the stream thread saw it), sent (the
+took them), launched (waiting for a vocoder round), vocoded (the round decoded them), noticed (the stream thread saw it), sent (the
 first audio response left); total = execute -> sent. A text session's level counts its first
 requests only (session_index 0: the first sentence, the one the client's first audio times).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-PHASES = ("thread", "queued", "engine", "read", "vocoded", "noticed", "sent")
+PHASES = ("thread", "queued", "engine", "read", "launched", "vocoded", "noticed", "sent")
 SESSION_TRANSPORTS = ("grpc_session", "ws")
 
 

@@ -23,6 +23,7 @@ class TimedChildren(FakeChildren):
 
     def vocode(self, c, start, end, deadline=None):
         ready = super().vocode(c, start, end, deadline)
+        ready.launched_at = time.monotonic()
         ready.finished_at = time.monotonic()
         return ready
 
@@ -45,7 +46,7 @@ def test_a_streamed_request_writes_its_moments_in_order(tmp_path):
     ms = line["ms"]
     assert list(ms) == list(MOMENTS)  # every moment happened, listed in the order of MOMENTS
     assert ms["queued"] == 1.0 and ms["engine"] == 2.0
-    values = [ms[m] for m in ("engine", "read", "vocoded", "noticed", "sent")]
+    values = [ms[m] for m in ("engine", "read", "launched", "vocoded", "noticed", "sent")]
     assert values == sorted(values) and ms["thread"] <= ms["read"]
 
 
@@ -84,7 +85,7 @@ def test_the_feed_keeps_the_engines_first_codes_moment_and_the_job_its_end():
     feed.put(Finished("r", "stop", None, 4))
     assert feed.first_codes_at == first
     job = VocodeJob("s", codes(2), True, False, lambda: None, deadline=0.0)
-    assert job.finished_at == 0.0
+    assert job.launched_at == job.finished_at == 0.0
     job._finish(np.zeros((2, 8), np.float32), None)
     assert job.finished_at >= first and job.result().shape == (2, 8)
     assert Ready(np.zeros((2, 0), np.float32)).done()

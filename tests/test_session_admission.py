@@ -120,6 +120,8 @@ def test_the_first_request_opens_the_session_on_its_sequence_and_later_ones_clon
     assert first.stream.children.inner.sequence_id == first.session.sequence_id  # the session's one sequence
     later = prepare(door, dict(TEXT="Two.", SESSION_ID="s"))
     assert later.ticket == 1 and later.session is first.session
+    # One listener: the requests' chunks are due by the session's clock (pipeline/playback.py).
+    assert first.stream.playback is later.stream.playback is first.session.playback
     codes = later.stream.children.inner.codes.inner  # SessionCodes around what codes_for made
     assert codes.synthesis.mode == "clone" and codes.reference == first.session.voice_codes
     with pytest.raises(InvalidRequest, match="REFERENCE_AUDIO: the voice of text session 's' is set by its first"):

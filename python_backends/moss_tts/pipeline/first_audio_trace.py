@@ -10,6 +10,7 @@ received it:
   queued     it entered the engine's queue (prompt built)
   engine     the engine put its first codes on the request's feed (admission, prefill, first frames)
   read       the stream thread took those codes (and handed them to the vocoder)
+  launched   a vocoder round carried them to the GPU (the in-process vocoder's worker thread)
   vocoded    the vocoder finished decoding them (the worker's thread)
   noticed    the stream thread saw that
   sent       the first audio response had left (Triton's send returned)
@@ -31,7 +32,7 @@ from typing import IO, Optional
 
 log = logging.getLogger(__name__)
 ENV = "MOSS_TTS_FIRST_AUDIO_TRACE"
-MOMENTS = ("thread", "queued", "engine", "read", "vocoded", "noticed", "sent")
+MOMENTS = ("thread", "queued", "engine", "read", "launched", "vocoded", "noticed", "sent")
 
 
 class FirstAudioTrace:
@@ -53,8 +54,9 @@ class FirstAudioTrace:
         self.mark("engine", first_codes_at)
         self.mark("read")
 
-    def audio_ready(self, vocoded_at: float) -> None:
-        """The stream thread found decoded audio to send (the vocoder's moment came with it)."""
+    def audio_ready(self, launched_at: float, vocoded_at: float) -> None:
+        """The stream thread found decoded audio to send (the vocoder's moments came with it)."""
+        self.mark("launched", launched_at)
         self.mark("vocoded", vocoded_at)
         self.mark("noticed")
 

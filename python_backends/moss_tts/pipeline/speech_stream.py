@@ -30,8 +30,9 @@ from typing import Callable, Iterator, Optional, Protocol
 import numpy as np
 
 from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
-from ..contract.tensors import N_VQ, SAMPLE_RATE, SAMPLES_PER_FRAME
+from ..contract.tensors import N_VQ
 from .first_audio_trace import FirstAudioTrace
+from .playback import Playback
 
 log = logging.getLogger(__name__)
 NO_CODES = np.zeros((0, N_VQ), np.int32)
@@ -104,13 +105,13 @@ def new_sequence_id() -> int:
 
 
 WAIT_S = 1.0  # how often a stream waiting for the vocoder checks for a cancel
-FRAME_S = SAMPLES_PER_FRAME / SAMPLE_RATE  # seconds of audio per codec frame (0.08)
 END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then the idle timeout frees it)
 
 
 class SpeechStream:
     def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
-                 is_stopping: Callable[[], bool] = lambda: False, trace: Optional[FirstAudioTrace] = None) -> None:
+                 is_stopping: Callable[[], bool] = lambda: False, trace: Optional[FirstAudioTrace] = None,
+                 playback: Optional[Playback] = None) -> None:
         self.children = children
         self.client = client
         self.stream = stream
@@ -123,10 +124,10 @@ class SpeechStream:
         self._gathered: list[np.ndarray] = []
         self._context: Optional[np.ndarray] = None
         self._is_context_sent = False
-        # When the listener started playing (the first audio sent) and how much audio went to
-        # the vocoder since: each call's deadline is when playback would run dry without it.
-        self._play_start: Optional[float] = None
-        self._frames_submitted = 0
+        # When the listener's audio runs out: each call's deadline (a text session's requests
+        # share the session's Playback: one listener).
+        self.playback = playback if playback is not None else Playback()
+        self._is_playback_begun = False
         self.trace = trace  # None unless the first-audio trace is on
 
     def run(self) -> None:
@@ -184,11 +185,14 @@ class SpeechStream:
 
     def _vocode(self, codes: np.ndarray, start: bool, end: bool, send: Optional[np.ndarray]) -> Pending:
         # Due when the audio already on its way has played out (a first chunk: now).
-        playing = self._play_start if self._play_start is not None else time.monotonic()
-        pending = self.children.vocode(codes, start=start, end=end, deadline=playing + self._frames_submitted * FRAME_S)
+        now = time.monotonic()
+        if not self._is_playback_begun:
+            self._is_playback_begun = True
+            self.playback.begin(now)
+        pending = self.children.vocode(codes, start=start, end=end, deadline=self.playback.due(now))
         self._in_flight.append((pending, send))
         if send is not None:
-            self._frames_submitted += send.shape[0]
+            self.playback.submitted(send.shape[0])
         return pending
 
     def _open_vocoder(self, codes: np.ndarray, send: Optional[np.ndarray], end: bool = False) -> Pending:
@@ -229,11 +233,10 @@ class SpeechStream:
             self._in_flight.popleft()
             audio = pending.result()  # raises the call's ChildError
             if self.trace is not None and codes is not None:
-                self.trace.audio_ready(getattr(pending, "finished_at", 0.0))
+                self.trace.audio_ready(getattr(pending, "launched_at", 0.0), getattr(pending, "finished_at", 0.0))
             if codes is not None:
                 self.client.send(audio, codes, self._take_context(), final=False)
-                if self._play_start is None:
-                    self._play_start = time.monotonic()
+                self.playback.sent(time.monotonic())
         return None
 
     def _finish(self) -> Optional[str]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..contract.errors import ErrorKind, InvalidRequest, ServingError
 from ..contract.parameters import config_fields
+from ..pipeline.playback import Playback
 from ..pipeline.segmented_codes import VoiceFrames
 from .claims import SessionClaims
 
@@ -73,6 +74,7 @@ class TextSession:
         self.sequence_id = sequence_id  # the vocoder sequence of the whole session
         self.reference: Optional[np.ndarray] = None  # the first request's reference codes, if it had one
         self.voice = VoiceFrames()  # else the first segment's frames
+        self.playback = Playback()  # its listener's clock, shared by its requests (pipeline/playback.py)
         self.is_vocoder_open = False  # START sent, END not yet
         self.last_active = now
         self.closed: Optional[str] = None  # a REASONS value once closed

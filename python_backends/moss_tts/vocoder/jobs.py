@@ -38,7 +38,9 @@ class VocodeJob:
         self.position = 0  # frames decoded and back on the host so far
         self.parts: list[np.ndarray] = []
         self.is_cancelled = False
-        self.finished_at = 0.0  # time.monotonic() when it completed (the first-audio trace reads it)
+        # time.monotonic() when a round first carried its frames, and when it completed (the
+        # first-audio trace reads them: waiting for a round, then the round).
+        self.launched_at = self.finished_at = 0.0
         self._done = threading.Event()
         self._audio: Optional[np.ndarray] = None
         self._error: Optional[ChildError] = None
