@@ -220,11 +220,9 @@ class VocoderWorker:
             self._fail([spans[0][0] for spans in plan.values()],
                        ChildError(f"vocoder decode failed: {error_text(exc)}; the stream was ended", kind))
             return None
-        launched_at = time.monotonic()
-        for spans in plan.values():
-            for job, take in spans:
-                job.launched += take
-                job.launched_at = job.launched_at or launched_at
+        now = time.monotonic()
+        for job, take in (span for spans in plan.values() for span in spans):
+            job.launched, job.launched_at = job.launched + take, job.launched_at or now
         return Round(plan, pending)
 
     def _land(self, round_: "Round") -> None:
