@@ -127,13 +127,13 @@ dump_stubs() {
   done
 }
 
-# Engine and in-process vocoder counters every 0.5 s while the levels run (rates per level), with
+# Engine, in-process vocoder and garbage-collection counters every 0.5 s while the levels run (rates per level), with
 # each model's heartbeat and moss_tts's queue in Triton (a stall shows which side stopped).
 sample_metrics() {
   while :; do
     echo "t $(date +%s.%N)"
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=2).read().decode())" \
-      2>/dev/null | grep -E '^moss_(engine|tts_vocoder)\{|^moss_heartbeat_total|^nv_inference_pending_request_count\{model="moss_tts"' \
+      2>/dev/null | grep -E '^moss_(engine|tts_vocoder|tts_gc)\{|^moss_heartbeat_total|^nv_inference_pending_request_count\{model="moss_tts"' \
       | sed -E 's/\{model_instance="[^"]*",stat="([a-z_]+)"\}/ \1/'
     sleep 0.5
   done > "$R/metrics_series_$1.txt"

@@ -37,6 +37,7 @@ from moss_tts.pipeline.speech_requests import SpeechRequests, requested_outputs
 from moss_tts.pipeline.speech_stream import new_sequence_id
 from moss_tts.pipeline.synthesis_request import parse_session_inputs
 from moss_tts.serving import metrics, triton_io as io
+from moss_tts.serving.gc_watch import GcStats, GcWatch, freeze_loaded
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_ledger import LedgerStats, RequestLedger
 from moss_tts.serving.stall_watch import StallWatch
@@ -105,6 +106,8 @@ class TritonPythonModel:
         # The server's shutdown reaches the streams: over BLS a refused call said so, in process
         # nothing does (streams would run on until Triton's exit timeout).
         self.stop_watch = ServerStopWatch(io.ask_missing_model, self._server_stopping)
+        # Last: what is loaded now is never walked by a garbage collection again (gc_watch.py).
+        log.info("moss_tts: %d objects frozen out of garbage collection", freeze_loaded())
 
     def _start_gauges(self, instance):
         self.ledger_gauges = metrics.Gauges(
@@ -119,6 +122,10 @@ class TritonPythonModel:
                                ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
         self.gauges = metrics.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
                                      after=self._flush_metrics, instance=instance)
+        self.gc_watch = GcWatch().start()
+        self.gc_gauges = metrics.Gauges("moss_tts_gc", "moss_tts stub's garbage collections: counts, pauses (ms)",
+                                        stat_names(GcStats), lambda: vars(self.gc_watch.stats()), interval_s=0.5,
+                                        instance=instance)
         self.vocoder_gauges = None
         if self.worker is not None:
             rows = metrics.HistogramGauges("moss_tts_vocoder_round_rows",
@@ -203,6 +210,7 @@ class TritonPythonModel:
         self.stop_watch.stop()
         if self.worker is not None:
             self.worker.stop(STOP_TIMEOUT_S)
+        self.gc_watch.stop()
         # Last: the heartbeat, every gauge and request metric (a metric alive after finalize
         # crashes the stub at unload: serving/metrics.MetricHolder).
         metrics.release_metrics()
