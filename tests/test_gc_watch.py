@@ -21,7 +21,7 @@ def test_collections_are_counted_and_timed_and_the_watch_detaches():
         gc.collect()
         gc.collect(0)
         after = watch.stats()
-        assert after.collections_gen2 == before.collections_gen2 + 1
+        assert after.collections_gen2 >= before.collections_gen2 + 1
         assert after.collections_gen0 >= before.collections_gen0 + 1
         assert after.pause_ms_gen2 >= before.pause_ms_gen2 and after.pause_ms_max >= 0
     finally:
@@ -36,7 +36,9 @@ def test_freezing_moves_what_is_alive_out_of_the_collections():
     kept = [{"i": i} for i in range(20000)]
     try:
         frozen = freeze_loaded()
-        assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+        # Frozen objects still die by reference count (another thread of this process may free
+        # some meanwhile): the count can only fall.
+        assert frozen >= len(kept) and len(kept) <= gc.get_freeze_count() <= frozen
         assert not any(obj is kept for obj in gc.get_objects())  # a collection no longer walks it
     finally:
         gc.unfreeze()  # this test process goes on collecting as before
