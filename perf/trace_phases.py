@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-PHASES = ("thread", "queued", "engine", "read", "launched", "vocoded", "noticed", "sent")
+from moss_tts.pipeline.first_audio_trace import MOMENTS
+
+PHASES = MOMENTS  # each phase ends at the trace's moment of that name
 SESSION_TRANSPORTS = ("grpc_session", "ws")
 
 

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from moss_tts.serving.gc_watch import GcWatch, freeze_loaded
+from moss_tts.serving.gc_watch import GcWatch
 
 
 def test_collections_are_counted_and_timed_and_the_watch_detaches():
@@ -35,7 +35,10 @@ def test_collections_are_counted_and_timed_and_the_watch_detaches():
 def test_freezing_moves_what_is_alive_out_of_the_collections():
     kept = [{"i": i} for i in range(20000)]
     try:
-        frozen = freeze_loaded()
+        watch = GcWatch()
+        frozen = watch.freeze_loaded()
+        stats = watch.stats()  # the start-up collection is timed apart, not counted as a serving one
+        assert stats.freeze_pause_ms >= 0 and stats.collections_gen2 == 0 and stats.frozen_objects <= frozen
         # Frozen objects still die by reference count (another thread of this process may free
         # some meanwhile): the count can only fall.
         assert frozen >= len(kept) and len(kept) <= gc.get_freeze_count() <= frozen
@@ -48,5 +51,5 @@ def test_freezing_moves_what_is_alive_out_of_the_collections():
 def test_the_served_model_publishes_its_collections_with_what_it_froze(triton):
     values = triton.wait_for_metrics(lambda m: 'moss_tts_gc{stat="frozen_objects"}' in m, timeout=5)
     assert values['moss_tts_gc{stat="frozen_objects"}'] > 50_000  # torch, the tokenizer, the model
-    for stat in ("collections_gen0", "collections_gen2", "pause_ms_gen2", "pause_ms_max"):
+    for stat in ("collections_gen0", "collections_gen2", "pause_ms_gen2", "pause_ms_max", "freeze_pause_ms"):
         assert f'moss_tts_gc{{stat="{stat}"}}' in values

@@ -37,7 +37,7 @@ from moss_tts.pipeline.speech_requests import SpeechRequests, requested_outputs
 from moss_tts.pipeline.speech_stream import new_sequence_id
 from moss_tts.pipeline.synthesis_request import parse_session_inputs
 from moss_tts.serving import metrics, triton_io as io
-from moss_tts.serving.gc_watch import GcStats, GcWatch, freeze_loaded
+from moss_tts.serving.gc_watch import GcStats, GcWatch
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_ledger import LedgerStats, RequestLedger
 from moss_tts.serving.stall_watch import StallWatch
@@ -106,8 +106,10 @@ class TritonPythonModel:
         # The server's shutdown reaches the streams: over BLS a refused call said so, in process
         # nothing does (streams would run on until Triton's exit timeout).
         self.stop_watch = ServerStopWatch(io.ask_missing_model, self._server_stopping)
-        # Last: what is loaded now is never walked by a garbage collection again (gc_watch.py).
-        log.info("moss_tts: %d objects frozen out of garbage collection", freeze_loaded())
+        # Last: what is loaded now is never walked by a garbage collection again (gc_watch.py);
+        # the collections from here on are the serving ones, counted and timed.
+        log.info("moss_tts: %d objects frozen out of garbage collection", self.gc_watch.freeze_loaded())
+        self.gc_watch.start()
 
     def _start_gauges(self, instance):
         self.ledger_gauges = metrics.Gauges(
@@ -122,7 +124,7 @@ class TritonPythonModel:
                                ("step_ms", "milliseconds per engine step", STEP_MS_BUCKETS))}
         self.gauges = metrics.Gauges("moss_engine", "moss_tts engine counters and gauges", STATS, self._stats,
                                      after=self._flush_metrics, instance=instance)
-        self.gc_watch = GcWatch().start()
+        self.gc_watch = GcWatch()  # started once what is loaded is frozen (end of initialize)
         self.gc_gauges = metrics.Gauges("moss_tts_gc", "moss_tts stub's garbage collections: counts, pauses (ms)",
                                         stat_names(GcStats), lambda: vars(self.gc_watch.stats()), interval_s=0.5,
                                         instance=instance)

@@ -10,10 +10,12 @@ sessions) the engine's first codes and the vocoder's rounds stopped for ~0.5 s a
 the engine's host time 779 ms over 27 steps: a pause of the whole process. Whether collections
 caused that one was not measured (these gauges say it next time).
 
-`freeze_loaded()`, at the end of `initialize`: one collection, then `gc.freeze()` moves every
-object alive to the permanent generation, which no collection scans; a full collection then
-walks only what requests created since. `GcWatch` times each collection (gc.callbacks: the
-callback runs in whichever thread triggered it, with the GIL, so it only adds to counters).
+`GcWatch.freeze_loaded()`, at the end of `initialize`: one collection (timed: what a full one
+of the loaded stub costs), then `gc.freeze()` moves every object alive to the permanent
+generation, which no collection scans; a full collection then walks only what requests created
+since. `GcWatch.start()`, after that: every later collection is timed (gc.callbacks: the callback
+runs in whichever thread triggered it, with the GIL, so it only adds to counters), so the
+serving counts and pauses never include the start-up collection.
 No Triton import.
 """
 
@@ -32,13 +34,7 @@ class GcStats:
     pause_ms_gen2: int  # all full collections together
     pause_ms_max: int  # the longest collection of any generation
     frozen_objects: int  # objects in the permanent generation (freeze_loaded)
-
-
-def freeze_loaded() -> int:
-    """Collect once, then freeze everything alive out of later collections; returns how many."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
+    freeze_pause_ms: int  # the start-up collection before the freeze (in none of the above)
 
 
 class GcWatch:
@@ -46,8 +42,17 @@ class GcWatch:
         self._collections = [0, 0, 0]
         self._pause_s_gen2 = 0.0
         self._pause_s_max = 0.0
+        self._freeze_pause_s = 0.0
         self._started = 0.0
         self._is_watching = False
+
+    def freeze_loaded(self) -> int:
+        """Collect once (timed), then freeze everything alive out of later collections; returns how many."""
+        started = time.perf_counter()
+        gc.collect()
+        self._freeze_pause_s = time.perf_counter() - started
+        gc.freeze()
+        return gc.get_freeze_count()
 
     def start(self) -> "GcWatch":
         if not self._is_watching:
@@ -75,4 +80,4 @@ class GcWatch:
     def stats(self) -> GcStats:
         c = self._collections
         return GcStats(c[0], c[1], c[2], round(self._pause_s_gen2 * 1000), round(self._pause_s_max * 1000),
-                       gc.get_freeze_count())
+                       gc.get_freeze_count(), round(self._freeze_pause_s * 1000))
