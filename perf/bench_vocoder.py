@@ -22,6 +22,9 @@ device-to-host copy included, into pinned memory). Sections, each also in the JS
                uniform): one packed graph step per round against one graph step per distinct
                length (how rounds ran before packing), ms and frames/s each
   offline      codec.decode of --offline ROWSxFRAMES codes already on the device (no host copy)
+  fidelity     (--fidelity ROWSxFRAMES) the served form's offline decode against the fp32
+               reference: the same seeded weights, loaded form, computed in fp32. Max |diff| /
+               peak and SNR in dB (worst row): what bf16 and the --fusion cost the audio
 Exit status 1 when a section failed or graphed != padded.
 """
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -60,11 +64,37 @@ def build(args) -> tuple[torch.nn.Module, torch.device]:
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
+    # The form the vocoder serves (and what the offline section times): codec.serving_form_().
+    return loaded_codec(args, device).serving_form_(args.fusion), device
+
+
+def loaded_codec(args, device: torch.device) -> torch.nn.Module:
+    """The seeded random codec as loaded (tiny: fp32; real size: bf16)."""
     if args.tiny:
         config = CodecConfig.from_dict(tiny_codec_config_dict(), "tiny_codec_config_dict()")
-        return init_random_(build_codec(config, device, torch.float32), seed=0).serving_form_(args.fusion), device
-    # The form the vocoder serves (and what the offline section times): codec.serving_form_().
-    return build_real_size_codec(device, torch.bfloat16).serving_form_(args.fusion), device
+        return init_random_(build_codec(config, device, torch.float32), seed=0)
+    return build_real_size_codec(device, torch.bfloat16)
+
+
+def fidelity(codec, args, device: torch.device, shape: tuple[int, int]) -> dict:
+    """The served codec's offline decode against the fp32 reference of the same weights (the
+    loaded form, its bf16 values widened, every op in fp32): worst row's max |diff| / peak and
+    SNR. The reference is built, run and freed before the served codec decodes."""
+    rows, frames = shape
+    codes = torch.stack(random_codes(rows, frames, codec.codebook_size, 5)).to(device)
+    reference = loaded_codec(args, device).float()
+    with torch.no_grad():
+        expected = reference.decode(codes).float()
+    del reference
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    with torch.no_grad():
+        error = codec.decode(codes).float() - expected
+    per_row = [(error[i].abs().max() / expected[i].abs().max()).item() for i in range(rows)]
+    snr = [10 * math.log10(expected[i].square().sum().item() / max(error[i].square().sum().item(), 1e-30))
+           for i in range(rows)]
+    return {"rows": rows, "frames": frames, "fusion": args.fusion, "max_rel_diff": max(per_row),
+            "snr_db_min": min(snr), "snr_db_mean": statistics.fmean(snr)}
 
 
 def sync(device: torch.device) -> None:
@@ -333,6 +363,10 @@ def table(results: dict) -> str:
     if results.get("offline"):
         o = results["offline"]
         lines.append(f"offline decode {o['rows']} x {o['frames']}: {o['ms']:.1f} ms, {o['audio_s_per_s']:.1f} audio-s/s")
+    if results.get("fidelity"):
+        f = results["fidelity"]
+        lines.append(f"fidelity {f['rows']} x {f['frames']} ({f['fusion']}) vs the fp32 reference: max |diff| / peak "
+                     f"{f['max_rel_diff']:.3g}, SNR {f['snr_db_min']:.1f} dB worst row ({f['snr_db_mean']:.1f} mean)")
     for e in results.get("equivalence", []):
         lines.append(f"equivalence {e['rows']} x {e['frames']}: graphed == padded {e['graphed_equals_padded']}, "
                      f"graphed == eager {e['graphed_equals_eager']} (max diff {e['max_abs_diff_vs_eager']:.3g})")
@@ -357,7 +391,9 @@ def parse_args(argv):
                     "many rows (the rounds section's mix), uncaptured: GPU time per kernel")
     ap.add_argument("--attention-sweep", action="store_true", help="also time window_attention per stage "
                     "shape under several tile configs (CUDA only)")
-    ap.add_argument("--fusion", default="none", help="codec.serving_form_'s fusion: none, gelu, norm_gelu")
+    ap.add_argument("--fusion", default="none", help="codec.serving_form_'s fusion (codec.transformer.FUSIONS)")
+    ap.add_argument("--fidelity", default="", help="ROWSxFRAMES: also decode that many random codes offline and "
+                    "compare the audio with the fp32 reference of the same weights")
     ap.add_argument("--skip", default="", help="comma-separated sections not to run (e.g. offline,streaming)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -374,6 +410,7 @@ def main(argv=None) -> int:
     results = {"meta": {"device": str(device), "torch": torch.__version__,
                         "stack": os.environ.get("MOSS_STACK", "unchecked (not under the device pack's env.sh)"),
                         "fusion": args.fusion,
+                        "fusion_running": sorted({m.fusion for m in codec.modules() if hasattr(m, "fusion")}),
                         "codec": "tiny fp32" if args.tiny else
                         "real-size bf16", "codec_build_s": time.perf_counter() - start,
                         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},
@@ -390,6 +427,8 @@ def main(argv=None) -> int:
         ("offline", lambda: offline(codec, device, parse_shapes(args.offline)[0], max(3, args.iters // 4),
                                     args.warmup)),
     ]
+    if args.fidelity:
+        sections.append(("fidelity", lambda: fidelity(codec, args, device, parse_shapes(args.fidelity)[0])))
     if args.attention_sweep and device.type == "cuda":
         sections.append(("attention_sweep", lambda: attention_sweep(device)))
     if args.profile:

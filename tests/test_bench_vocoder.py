@@ -11,7 +11,7 @@ from perf.bench_vocoder import main
 def test_a_tiny_cpu_run_reports_every_section(tmp_path):
     out = tmp_path / "vocoder.json"
     code = main(["--device", "cpu", "--tiny", "--shapes", "1x2,3x4", "--offline", "1x4", "--iters", "1",
-                 "--warmup", "0", "--rounds", "3", "--out", str(out)])
+                 "--warmup", "0", "--rounds", "3", "--fidelity", "2x6", "--out", str(out)])
     results = json.loads(out.read_text())
     assert code == 0 and results["errors"] == {}
     assert [(r["rows"], r["frames"]) for r in results["step"]] == [(1, 2), (3, 4)]
@@ -21,3 +21,8 @@ def test_a_tiny_cpu_run_reports_every_section(tmp_path):
     assert round_["rows"] == 3 and round_["packed_ms"] > 0 and round_["per_length_ms"] > 0
     streamed = results["streaming"]  # 3 rows (the largest bucket), fp32: rounding only
     assert streamed["rows"] == 3 and streamed["finite"] and streamed["max_rel_diff"] < 1e-5
+    # The tiny codec is fp32 and on the CPU no fusion runs: the served form differs from the
+    # reference only by where LayerScale is applied (folded into the weights), a rounding.
+    fidelity = results["fidelity"]
+    assert (fidelity["rows"], fidelity["frames"]) == (2, 6) and fidelity["max_rel_diff"] < 1e-5
+    assert fidelity["snr_db_min"] > 80 and results["meta"]["fusion_running"] == ["none"]

@@ -15,6 +15,7 @@ import importlib.util
 import pytest
 
 from moss_tts.kernels import fused_linear as fl
+from moss_tts.kernels import layer_norm as ln
 from moss_tts.kernels import window_attention as wa
 
 if importlib.util.find_spec("triton") is None:
@@ -86,6 +87,19 @@ def test_rope_kernel_compiles_for_the_h200():
                  **{name: "i32" for name in ("T", "num_heads", "stride_n", "stride_t", "stride_rn", "stride_rt")}}
     assert compile_for_h200(wa._rope_kernel, signature, {"HEAD_DIM": 64, "BLOCK_T": wa.ROPE_BLOCK_T}, wa.NUM_WARPS,
                             2).asm["cubin"]
+
+
+@pytest.mark.parametrize("width", [768, 1280])  # the codec's two LayerNorm widths
+def test_layer_norm_kernel_compiles_for_the_h200_without_spills(width, tmp_path):
+    import triton
+
+    block_n = triton.next_power_of_2(width)
+    signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16",
+                 **{name: "i32" for name in ("M", "N", "stride_x", "stride_out")}, "eps": "fp32"}
+    constants = {"HAS_WEIGHT": True, "HAS_BIAS": True, "BLOCK_M": max(1, ln.TILE_VALUES // block_n), "BLOCK_N": block_n}
+    kernel = compile_for_h200(ln._layer_norm_kernel, signature, constants, ln.NUM_WARPS, 2,
+                              ("x_ptr", "w_ptr", "b_ptr", "out_ptr", "N", "stride_x", "stride_out"))
+    assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)
 
 
 # ------------------------------------------------------------------ fused_linear

@@ -14,11 +14,17 @@ LayerScale + residual is one addcmul (fp32 math, one rounding) rather than a mul
 in the serving form (`fold_layer_scale_`) LayerScale lives in the weights that end each residual
 branch and the add happens inside that GEMM (addmm_ into the residual stream), so no elementwise
 pass remains for it. Both forms round differently from upstream, never compute differently.
-Asked for (`fuse_`, the serving form on a GPU; off by default, as on the H200 that Triton GEMM
-is still slower than cuBLAS plus torch's passes), kernels/fused_linear.py runs each LayerNorm
-inside the GEMM after it (norm1 in in_proj, norm2 in ffn[0]) and the GELU in ffn[0]'s epilogue:
-three full passes over the activations fewer per layer, the same values up to fp32 rounding order
-(the GEMMs see the bf16 values the norms would have written).
+On a GPU the serving form may run the norms and the GELU otherwise (`fuse_`, FUSIONS):
+- "ln": both LayerNorms as kernels/layer_norm.py's one-pass kernel (the same math as torch's,
+  up to fp32 rounding order);
+- "lt_gelu": ffn[0] and its GELU as one cuBLASLt GEMM with a GELU epilogue
+  (torch._addmm_activation): one full pass over the FFN's hidden activations fewer per layer.
+  That GELU is the tanh approximation, not upstream's erf; its effect on the audio against the
+  fp32 reference is measured by perf/bench_vocoder.py --fidelity (perf/RESULTS.md);
+- "ln_lt_gelu": both;
+- "gelu", "norm_gelu": kernels/fused_linear.py's Triton GEMM with the GELU in its epilogue and
+  (norm_gelu) each LayerNorm in the GEMM after it. Exact GELU, but on the H200 that GEMM is
+  still slower than cuBLAS plus torch's passes (perf/RESULTS.md, issue 34).
 """
 
 from __future__ import annotations
@@ -26,14 +32,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import fused_linear
+from ..kernels import fused_linear, layer_norm
 from ..kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, window_attention
 from .config import TransformerStage
 from .streaming import Packing
 
 
-# What TransformerLayer.fuse_ may move into the GEMMs (kernels/fused_linear.py), least first.
-FUSIONS = ("none", "gelu", "norm_gelu")
+# How TransformerLayer.fuse_ may run the norms and the GELU on a GPU (module docstring).
+FUSIONS = ("none", "ln", "lt_gelu", "ln_lt_gelu", "gelu", "norm_gelu")
+TRITON_GEMM_FUSIONS = ("gelu", "norm_gelu")  # kernels/fused_linear.py
 
 
 class Attention(nn.Module):
@@ -91,40 +98,54 @@ class TransformerLayer(nn.Module):
 
     @torch.no_grad()
     def fuse_(self, fusion: str) -> str:
-        """Serving form on a GPU (kernels/fused_linear.py): "norm_gelu" runs norm1 inside
-        in_proj's GEMM and norm2 and the GELU inside ffn[0]'s; "gelu" only the GELU, in ffn[0]'s
-        epilogue; "none" neither. The weights those GEMMs read are stored once in the layout the
-        kernel reads fastest (same values; nn.Linear and addmm read it too). Where the kernel
-        cannot run (CPU, no Triton) nothing changes. Returns the fusion that runs; once chosen it
-        stays (a second call returns it)."""
+        """Serving form on a GPU: how the norms and the GELU run (FUSIONS, module docstring).
+        For the Triton GEMM fusions the weights those GEMMs read are stored once in the layout
+        the kernel reads fastest (same values; nn.Linear and addmm read it too). Where the
+        chosen kernels cannot run (CPU, no Triton) nothing changes. Returns the fusion that
+        runs; once chosen it stays (a second call returns it)."""
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
         if self.fusion != "none" or fusion == "none":
             return self.fusion
-        weights = [self.ffn[0].weight] + ([self.self_attn.in_proj.weight] if fusion == "norm_gelu" else [])
-        probe = weights[0].new_empty(1, weights[0].shape[1])
-        if not all(fused_linear.is_supported(probe, w) for w in weights):
-            return self.fusion
-        for w in weights:
-            w.data = fused_linear.prepare_weight(w.data)
+        up = self.ffn[0].weight
+        probe = up.new_empty(1, up.shape[1])
+        if fusion in TRITON_GEMM_FUSIONS:
+            weights = [up] + ([self.self_attn.in_proj.weight] if fusion == "norm_gelu" else [])
+            if not all(fused_linear.is_supported(probe, w) for w in weights):
+                return self.fusion
+            for w in weights:
+                w.data = fused_linear.prepare_weight(w.data)
+        elif not up.is_cuda or (fusion.startswith("ln") and not layer_norm.is_supported(probe, self.norm1.weight)):
+            return self.fusion  # cuBLASLt and the norm kernel: CUDA only
+        if fusion.endswith("lt_gelu"):
+            # cuBLASLt's bias-and-GELU epilogue needs a bias: zeros, not in state_dict.
+            self.register_buffer("gelu_bias", up.new_zeros(up.shape[0]), persistent=False)
         self.fusion = fusion
         return fusion
 
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
-        attn, ffn, n1, n2 = self.self_attn, self.ffn, self.norm1, self.norm2
-        norms_inside = self.fusion == "norm_gelu"
-        if norms_inside:
+        attn, ffn, n1, n2, fusion = self.self_attn, self.ffn, self.norm1, self.norm2, self.fusion
+        if fusion == "norm_gelu":
             qkv = fused_linear.fused_linear(x, attn.in_proj.weight, n1.weight, n1.bias, n1.eps)
         else:
-            qkv = attn.in_proj(n1(x))
+            qkv = attn.in_proj(self._norm(n1, x))
         x = self._residual(x, attn.attend_qkv(qkv, rope, ring), attn.out_proj, self.layer_scale_1)
-        if norms_inside:
+        if fusion == "norm_gelu":
             hidden = fused_linear.fused_linear(x, ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True)
-        elif self.fusion == "gelu":
+        elif fusion == "gelu":
             hidden = fused_linear.fused_linear(n2(x), ffn[0].weight, gelu=True)
+        elif fusion.endswith("lt_gelu"):
+            normed = self._norm(n2, x)
+            hidden = torch._addmm_activation(self.gelu_bias, normed.reshape(-1, normed.shape[-1]), ffn[0].weight.t(),
+                                             use_gelu=True).view(*normed.shape[:-1], -1)
         else:
-            hidden = ffn[1](ffn[0](n2(x)))
+            hidden = ffn[1](ffn[0](self._norm(n2, x)))
         return self._residual(x, hidden, ffn[2], self.layer_scale_2)
+
+    def _norm(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        if self.fusion.startswith("ln"):
+            return layer_norm.layer_norm(x, norm.weight, norm.bias, norm.eps)
+        return norm(x)
 
     def _residual(self, x: torch.Tensor, branch: torch.Tensor, linear: nn.Linear, scale: LayerScale) -> torch.Tensor:
         if self.scale_folded:

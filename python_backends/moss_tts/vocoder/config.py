@@ -80,8 +80,9 @@ class VocoderPlacement:
     # in_process: sequences per round, the most urgent first (0 = vocoder_step_rows). Shorter
     # rounds let a new stream's chunks in sooner; each round is still one wide step.
     vocoder_round_rows: int = 128
-    # in_process: what runs inside the codec's GEMMs (codec.transformer.FUSIONS): "norm_gelu"
-    # both LayerNorms and the GELU, "gelu" only the GELU, "none" neither (torch's own kernels).
+    # in_process: how the codec's LayerNorms and GELU run on the GPU (codec.transformer.FUSIONS):
+    # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
+    # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
     vocoder_fusion: str = "none"
 
     def __post_init__(self):
