@@ -229,7 +229,7 @@ def test_placement_parameters():
     assert VocoderPlacement.from_parameters({}).is_in_process
     placement = VocoderPlacement.from_parameters({"vocoder": "bls", "vocoder_slots": "8", "max_streams": "9"})
     assert (placement.vocoder, placement.vocoder_slots, placement.is_in_process) == ("bls", 8, False)
-    assert VocoderPlacement.from_parameters({}).vocoder_fusion == "none"
+    assert VocoderPlacement.from_parameters({}).vocoder_fusion == "ln_lt_gelu"
     assert VocoderPlacement.from_parameters({"vocoder_fusion": "gelu"}).vocoder_fusion == "gelu"
     for bad in ({"vocoder": "gpu"}, {"vocoder_slots": "-1"}, {"vocoder_step_rows": "x"}, {"vocoder_fusion": "all"}):
         with pytest.raises(ValueError):

@@ -83,7 +83,7 @@ class VocoderPlacement:
     # in_process: how the codec's LayerNorms and GELU run on the GPU (codec.transformer.FUSIONS):
     # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
     # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
-    vocoder_fusion: str = "none"
+    vocoder_fusion: str = "ln_lt_gelu"
 
     def __post_init__(self):
         if self.vocoder_fusion not in FUSIONS:
