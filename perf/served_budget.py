@@ -1,0 +1,106 @@
+"""The GPU budget per frame under load, from the server's own counters (issue 34).
+
+    python3 perf/served_budget.py metrics_series_single.txt [more series ...] [--rows 200-300] [--out budget.json]
+
+Reads the series perf/h200_scaling.sh samples every 0.5 s while the bench levels run
+(`metrics_series_NAME.txt`, plain or .gz: a "t <unix time>" line, then one "moss_engine <stat>
+<value>" / "moss_tts_vocoder <stat> <value>" line per counter). It sums the counters' increments
+over the sample intervals whose both ends had a number of running engine rows inside `--rows`
+(the 256-stream level: 200-300), and reports:
+  engine   steps, host ms and device-wait ms per step (step_host_ms, step_wait_ms), rows per step,
+           and the engine's wall time per frame ((host + wait) / frames generated);
+  vocoder  rounds, frames per round, ms per round, µs per frame (round_ms / frames: wall time of
+           a round, the GPU shared with the engine) and busy (round_ms over the window's time).
+Rounds run beside steps, so the two per-frame figures overlap: their sum is not the GPU's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+ENGINE = ("steps", "step_host_ms", "step_wait_ms", "frames_generated")
+VOCODER = ("rounds", "frames", "round_ms")
+
+
+def read_series(path: Path) -> list[dict[str, float]]:
+    """One dict per sample: 't' and 'engine.<stat>' / 'vocoder.<stat>' for the counters sampled."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    samples: list[dict[str, float]] = []
+    with opener(path, "rt") as lines:
+        for line in lines:
+            fields = line.split()
+            if len(fields) == 2 and fields[0] == "t":
+                samples.append({"t": float(fields[1])})
+            elif len(fields) == 3 and samples and fields[0] in ("moss_engine", "moss_tts_vocoder"):
+                stage = "engine" if fields[0] == "moss_engine" else "vocoder"
+                try:
+                    samples[-1][f"{stage}.{fields[1]}"] = float(fields[2])
+                except ValueError:
+                    continue
+    return samples
+
+
+def budget(samples: list[dict[str, float]], rows: tuple[int, int]) -> dict:
+    """The counters' increments over the intervals with rows[0] <= running <= rows[1] at both ends."""
+    lo, hi = rows
+    sums = {key: 0.0 for key in ("seconds", *(f"engine.{k}" for k in ENGINE), *(f"vocoder.{k}" for k in VOCODER))}
+    intervals = 0
+    for a, b in zip(samples, samples[1:]):
+        if not all(lo <= s.get("engine.running", -1) <= hi for s in (a, b)):
+            continue
+        intervals += 1
+        sums["seconds"] += b["t"] - a["t"]
+        for key in sums:
+            if key != "seconds":
+                sums[key] += b.get(key, 0.0) - a.get(key, 0.0)
+    steps, frames, rounds = sums["engine.steps"], sums["engine.frames_generated"], sums["vocoder.rounds"]
+    host, wait = sums["engine.step_host_ms"], sums["engine.step_wait_ms"]
+    out = {"rows": list(rows), "intervals": intervals, "seconds": sums["seconds"], "steps": steps,
+           "rounds": rounds, "frames_generated": frames, "frames_decoded": sums["vocoder.frames"]}
+    if steps and frames:
+        out.update(host_ms_per_step=host / steps, wait_ms_per_step=wait / steps, rows_per_step=frames / steps,
+                   engine_us_per_frame=(host + wait) * 1e3 / frames)
+    if rounds and sums["vocoder.frames"]:
+        out.update(frames_per_round=sums["vocoder.frames"] / rounds, ms_per_round=sums["vocoder.round_ms"] / rounds,
+                   vocoder_us_per_frame=sums["vocoder.round_ms"] * 1e3 / sums["vocoder.frames"],
+                   vocoder_busy=sums["vocoder.round_ms"] / 1e3 / sums["seconds"] if sums["seconds"] else None)
+    return out
+
+
+def markdown(results: dict[str, dict]) -> str:
+    lines = ["| series | seconds | host ms / step | device wait ms / step | rows / step | vocoder frames / round "
+             "| ms / round | vocoder µs / frame | vocoder busy |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        if "host_ms_per_step" not in r or "frames_per_round" not in r:
+            lines.append(f"| {name} | {r['seconds']:.1f} | no steps and rounds in rows {r['rows']} |||||||")
+            continue
+        busy = f"{r['vocoder_busy']:.0%}" if r.get("vocoder_busy") is not None else "-"
+        lines.append(f"| {name} | {r['seconds']:.1f} | {r['host_ms_per_step']:.2f} | {r['wait_ms_per_step']:.2f} | "
+                     f"{r['rows_per_step']:.0f} | {r['frames_per_round']:.0f} | {r['ms_per_round']:.1f} | "
+                     f"{r['vocoder_us_per_frame']:.0f} | {busy} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("series", nargs="+", type=Path, help="metrics_series_*.txt files (or .gz)")
+    ap.add_argument("--rows", default="200-300", help="LO-HI: running engine rows at both ends of an interval")
+    ap.add_argument("--out", type=Path, default=None, help="JSON file to write the results to")
+    args = ap.parse_args(argv)
+    lo, _, hi = args.rows.partition("-")
+    rows = (int(lo), int(hi or lo))
+    if rows[0] > rows[1]:
+        ap.error(f"--rows {args.rows}: LO must not exceed HI")
+    results = {str(path): budget(read_series(path), rows) for path in args.series}
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+    return 0 if any(r["intervals"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""perf/served_budget.py: the GPU budget per frame from the server's sampled counters."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from perf.served_budget import budget, main, read_series
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def series_text(samples: list[dict]) -> str:
+    """In h200_scaling.sh's sample_metrics format (labels already folded into '<family> <stat>')."""
+    lines = []
+    for s in samples:
+        lines.append(f"t {s['t']}")
+        lines += [f"moss_engine {k} {v}" for k, v in s.get("engine", {}).items()]
+        lines += [f"moss_tts_vocoder {k} {v}" for k, v in s.get("vocoder", {}).items()]
+        lines.append('moss_heartbeat_total{model="vocoder",model_instance="vocoder_0_0"} 7')  # other series: skipped
+    return "\n".join(lines) + "\n"
+
+
+def sample(t, running, steps, host, wait, frames, rounds, decoded, round_ms):
+    return {"t": t, "engine": {"running": running, "steps": steps, "step_host_ms": host, "step_wait_ms": wait,
+                               "frames_generated": frames},
+            "vocoder": {"rounds": rounds, "frames": decoded, "round_ms": round_ms}}
+
+
+SAMPLES = [
+    sample(0.0, 0, 0, 0, 0, 0, 0, 0, 0),
+    sample(0.5, 256, 10, 50, 100, 2560, 2, 600, 60),     # (0 -> 256 running: left out)
+    sample(1.0, 256, 30, 150, 300, 7680, 6, 1800, 180),  # in: 20 steps, 5,120 frames, 4 rounds
+    sample(1.5, 250, 50, 250, 500, 12800, 10, 3000, 300),  # in: 20 steps, 5,120 frames, 4 rounds
+    sample(2.0, 40, 60, 300, 560, 13200, 12, 3600, 360),  # (250 -> 40: left out)
+]
+
+
+def test_budget_sums_only_intervals_inside_the_rows(tmp_path):
+    path = tmp_path / "metrics_series_single.txt"
+    path.write_text(series_text(SAMPLES))
+    got = budget(read_series(path), (200, 300))
+    assert got["intervals"] == 2 and got["seconds"] == pytest.approx(1.0)
+    assert got["steps"] == 40 and got["host_ms_per_step"] == pytest.approx(5.0)
+    assert got["wait_ms_per_step"] == pytest.approx(10.0) and got["rows_per_step"] == pytest.approx(256)
+    assert got["engine_us_per_frame"] == pytest.approx(600 * 1e3 / 10240)
+    assert got["frames_per_round"] == pytest.approx(300) and got["ms_per_round"] == pytest.approx(30)
+    assert got["vocoder_us_per_frame"] == pytest.approx(100) and got["vocoder_busy"] == pytest.approx(0.24)
+
+
+def test_gzip_series_and_the_cli(tmp_path, capsys):
+    path = tmp_path / "metrics_series_x.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(series_text(SAMPLES))
+    out = tmp_path / "budget.json"
+    assert main([str(path), "--rows", "200-300", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())[str(path)]["steps"] == 40
+    assert "| 5.00 | 10.00 | 256 | 300 | 30.0 | 100 | 24% |" in capsys.readouterr().out
+    assert main([str(path), "--rows", "500-600"]) == 1  # no interval inside: nothing measured
+
+
+def test_the_committed_series_give_perf_results_figures():
+    """perf/RESULTS.md's budget table (issue 34, second round) comes from these files."""
+    series = ROOT / "perf/results/issue34/r2-metrics-series-a770d3f-call5.txt.gz"
+    got = budget(read_series(series), (200, 300))
+    assert round(got["host_ms_per_step"], 2) == 6.77 and round(got["wait_ms_per_step"], 2) == 11.41
+    assert round(got["frames_per_round"]) == 329 and round(got["vocoder_us_per_frame"]) == 100
