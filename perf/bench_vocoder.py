@@ -76,6 +76,11 @@ def loaded_codec(args, device: torch.device) -> torch.nn.Module:
     return build_real_size_codec(device, torch.bfloat16)
 
 
+def rel_diff_per_row(got: torch.Tensor, expected: torch.Tensor) -> list[float]:
+    """max |got - expected| / peak |expected| of each row of audio [rows, ...]."""
+    return [((got[i] - expected[i]).abs().max() / expected[i].abs().max()).item() for i in range(got.shape[0])]
+
+
 def fidelity(codec, args, device: torch.device, shape: tuple[int, int]) -> dict:
     """The served codec's offline decode against the fp32 reference of the same weights (the
     loaded form, its bf16 values widened, every op in fp32): worst row's max |diff| / peak and
@@ -89,11 +94,11 @@ def fidelity(codec, args, device: torch.device, shape: tuple[int, int]) -> dict:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     with torch.no_grad():
-        error = codec.decode(codes).float() - expected
-    per_row = [(error[i].abs().max() / expected[i].abs().max()).item() for i in range(rows)]
+        got = codec.decode(codes).float()
+    error = got - expected
     snr = [10 * math.log10(expected[i].square().sum().item() / max(error[i].square().sum().item(), 1e-30))
            for i in range(rows)]
-    return {"rows": rows, "frames": frames, "fusion": args.fusion, "max_rel_diff": max(per_row),
+    return {"rows": rows, "frames": frames, "fusion": args.fusion, "max_rel_diff": max(rel_diff_per_row(got, expected)),
             "snr_db_min": min(snr), "snr_db_mean": statistics.fmean(snr)}
 
 
@@ -193,7 +198,7 @@ def streaming(steps: Steps, rows: int, codebook_size: int, chunks=(2, 10, 10, 8)
         start += size
     streamed = torch.cat(parts, dim=-1)
     offline = steps.codec.decode(codes.to(steps.device)).float().cpu()
-    diffs = [((streamed[i] - offline[i]).abs().max() / offline[i].abs().max()).item() for i in range(rows)]
+    diffs = rel_diff_per_row(streamed, offline)
     return {"rows": rows, "chunks": list(chunks), "max_rel_diff": max(diffs), "rel_diff_per_row": diffs,
             "finite": bool(torch.isfinite(streamed).all())}
 

@@ -27,7 +27,9 @@ VOCODER = ("rounds", "frames", "round_ms")
 
 
 def read_series(path: Path) -> list[dict[str, float]]:
-    """One dict per sample: 't' and 'engine.<stat>' / 'vocoder.<stat>' for the counters sampled."""
+    """One dict per sample: 't' and 'engine.<stat>' / 'vocoder.<stat>' for the counters sampled.
+    The sampler drops the model_instance label, so a layout with an engine per GPU writes a stat
+    once per instance: those lines are summed, as soak_metrics.sum_instances sums them."""
     opener = gzip.open if path.suffix == ".gz" else open
     samples: list[dict[str, float]] = []
     with opener(path, "rt") as lines:
@@ -38,19 +40,24 @@ def read_series(path: Path) -> list[dict[str, float]]:
             elif len(fields) == 3 and samples and fields[0] in ("moss_engine", "moss_tts_vocoder"):
                 stage = "engine" if fields[0] == "moss_engine" else "vocoder"
                 try:
-                    samples[-1][f"{stage}.{fields[1]}"] = float(fields[2])
+                    value = float(fields[2])
                 except ValueError:
                     continue
+                key = f"{stage}.{fields[1]}"
+                samples[-1][key] = samples[-1].get(key, 0.0) + value
     return samples
 
 
 def budget(samples: list[dict[str, float]], rows: tuple[int, int]) -> dict:
-    """The counters' increments over the intervals with rows[0] <= running <= rows[1] at both ends."""
+    """The counters' increments over the intervals with rows[0] <= running <= rows[1] at both ends.
+    An interval where a counter is missing at either end (a sample cut short) is left out whole."""
     lo, hi = rows
     sums = {key: 0.0 for key in ("seconds", *(f"engine.{k}" for k in ENGINE), *(f"vocoder.{k}" for k in VOCODER))}
     intervals = 0
     for a, b in zip(samples, samples[1:]):
         if not all(lo <= s.get("engine.running", -1) <= hi for s in (a, b)):
+            continue
+        if any(key not in a or key not in b for key in sums if key != "seconds"):
             continue
         intervals += 1
         sums["seconds"] += b["t"] - a["t"]

@@ -52,8 +52,30 @@ def case_error(case) -> float:
     return relative_error(got, F.layer_norm(x, (width,), gamma, beta, 1e-5))
 
 
+def layout_errors() -> dict[str, float]:
+    """Inputs the codec does not make but the function takes: one row as a 1-D tensor, rows read
+    through a transposed view, beta without gamma, half-precision rows (fp32 math inside)."""
+    x, gamma, beta = make_inputs((24,), 40)
+    cases = {"one_dim": (x[0], gamma, beta), "transposed": (x.t().contiguous().t(), gamma, beta),
+             "bias_only": (x, None, beta), "float16": (x.half(), gamma.half(), beta.half())}
+    errors = {}
+    for name, (rows, g, b) in cases.items():
+        assert is_supported(rows, g, b)
+        expected = F.layer_norm(rows.float(), (40,), None if g is None else g.float(), b.float(), 1e-5)
+        got = layer_norm(rows, g, b, 1e-5)
+        assert got.shape == rows.shape and got.dtype == rows.dtype
+        errors[name] = relative_error(got, expected)
+    return errors
+
+
 def interpreter_main() -> None:
-    print(json.dumps({name: case_error(case) for name, case in CASES.items()}))
+    errors = {name: case_error(case) for name, case in CASES.items()}
+    errors.update(layout_errors())
+    # Rows wider than the kernel takes, or gamma of another width, go to F.layer_norm.
+    errors["widest_supported"] = float(is_supported(torch.zeros(1, 8192), None))
+    errors["too_wide_supported"] = float(is_supported(torch.zeros(1, 8193), None))
+    errors["wrong_bias_supported"] = float(is_supported(torch.zeros(1, 8), None, torch.zeros(9)))
+    print(json.dumps(errors))
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +87,20 @@ def interpreter_errors() -> dict[str, float]:
 def test_interpreter_kernel_matches_torch(interpreter_errors, name):
     tolerance = FAR_MEAN_TOLERANCE if name == "mean_far_from_zero" else FP32_TOLERANCE
     assert interpreter_errors[name] <= tolerance
+
+
+@pytest.mark.parametrize("name", ["one_dim", "transposed", "bias_only"])
+def test_interpreter_other_layouts_match_torch(interpreter_errors, name):
+    assert interpreter_errors[name] <= FP32_TOLERANCE
+
+
+def test_interpreter_half_rows_round_once(interpreter_errors):
+    assert interpreter_errors["float16"] <= 2 ** -10  # one fp16 rounding of an fp32 result
+
+
+def test_rows_too_wide_or_a_mismatched_bias_go_to_torch(interpreter_errors):
+    assert interpreter_errors["widest_supported"] == 1.0
+    assert interpreter_errors["too_wide_supported"] == 0.0 and interpreter_errors["wrong_bias_supported"] == 0.0
 
 
 def test_cpu_runs_torch_itself():

@@ -62,9 +62,26 @@ def test_gzip_series_and_the_cli(tmp_path, capsys):
     assert main([str(path), "--rows", "500-600"]) == 1  # no interval inside: nothing measured
 
 
+def test_instances_are_summed_and_a_sample_cut_short_is_left_out(tmp_path):
+    # Two engine instances (the sampler drops the instance label): their lines add up.
+    lines = []
+    for line in series_text(SAMPLES[:4]).splitlines():
+        lines.append(line)
+        if line.startswith("moss_engine step_host_ms"):
+            lines.append(line)  # a second instance with the same host time
+    cut = {"t": 2.0, "engine": {"running": 256, "steps": 90}}  # the last sample lost its other lines
+    path = tmp_path / "metrics_series_two.txt"
+    path.write_text("\n".join(lines) + "\n" + series_text([cut]))
+    got = budget(read_series(path), (200, 300))
+    assert got["intervals"] == 2 and got["steps"] == 40
+    assert got["host_ms_per_step"] == pytest.approx(10.0)  # 2 x 5 ms: summed, not overwritten
+
+
 def test_the_committed_series_give_perf_results_figures():
     """perf/RESULTS.md's budget table (issue 34, second round) comes from these files."""
-    series = ROOT / "perf/results/issue34/r2-metrics-series-a770d3f-call5.txt.gz"
-    got = budget(read_series(series), (200, 300))
-    assert round(got["host_ms_per_step"], 2) == 6.77 and round(got["wait_ms_per_step"], 2) == 11.41
-    assert round(got["frames_per_round"]) == 329 and round(got["vocoder_us_per_frame"]) == 100
+    table = {"a770d3f-call5": (6.77, 11.41, 329, 100), "ln_lt_gelu-call4": (6.49, 17.09, 330, 101),
+             "none-call4": (6.11, 17.74, 368, 110)}
+    for name, (host, wait, frames, us) in table.items():
+        got = budget(read_series(ROOT / f"perf/results/issue34/r2-metrics-series-{name}.txt.gz"), (200, 300))
+        assert (round(got["host_ms_per_step"], 2), round(got["wait_ms_per_step"], 2)) == (host, wait), name
+        assert (round(got["frames_per_round"]), round(got["vocoder_us_per_frame"])) == (frames, us), name

@@ -13,7 +13,7 @@ import torch
 
 from moss_tts.codec import load_codec
 from moss_tts.contract.errors import ChildError, ErrorKind
-from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement
+from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement, codec_fusion
 from moss_tts.vocoder.sessions import VocoderSessions
 from moss_tts.vocoder.worker import VocoderWorker
 from shared_state import SharedList
@@ -234,6 +234,14 @@ def test_placement_parameters():
     for bad in ({"vocoder": "gpu"}, {"vocoder_slots": "-1"}, {"vocoder_step_rows": "x"}, {"vocoder_fusion": "all"}):
         with pytest.raises(ValueError):
             VocoderPlacement.from_parameters(bad)
+
+
+def test_the_vocoder_models_fusion_parameter():
+    """The vocoder model (vocoder=bls layouts) serves the in-process vocoder's default unless told."""
+    assert codec_fusion({}) == VocoderPlacement.from_parameters({}).vocoder_fusion == "ln_lt_gelu"
+    assert codec_fusion({"fusion": "none"}) == "none"
+    with pytest.raises(ValueError, match="vocoder parameter fusion must be one of"):
+        codec_fusion({"fusion": "fast"})
 
 
 @pytest.mark.gpu

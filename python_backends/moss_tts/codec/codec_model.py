@@ -9,6 +9,8 @@ quantizer always in fp32 (as upstream, which keeps it out of autocast).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -17,6 +19,8 @@ from .patch import Patch, deinterleave, interleave
 from .quantizer import ResidualLFQ
 from .streaming import CodecDecodeState, Packing
 from .transformer import ProjectedTransformer, TransformerLayer
+
+log = logging.getLogger(__name__)
 
 
 def _stack(stages, downsample: bool) -> nn.ModuleList:
@@ -70,16 +74,19 @@ class MossAudioCodec(nn.Module):
           branches (TransformerLayer.fold_layer_scale_), so the adds run inside the GEMMs;
         - the quantizer's weight-normed projections become plain weights, computed once here
           instead of on every decode (~40 small kernels a step);
-        - on a GPU, every layer's LayerNorms and GELU run inside its GEMMs as `fusion` says
-          (TransformerLayer.fuse_, kernels/fused_linear.py), so call this once the codec is
-          on its device.
+        - on a GPU, every layer's LayerNorms and GELU run as `fusion` says (codec.transformer
+          FUSIONS: the one-pass norm kernel, cuBLASLt's GELU epilogue, or the Triton GEMMs;
+          TransformerLayer.fuse_), so call this once the codec is on its device. Where those
+          kernels cannot run (CPU) the layers stay as loaded; the fusion that runs is logged.
         Rounding differs from the loaded form, and the quantizer's on-disk names (original0/1)
         are gone from state_dict. Idempotent; returns self."""
+        running = set()
         for module in self.modules():
             if isinstance(module, TransformerLayer):
                 module.fold_layer_scale_()
-                module.fuse_(fusion)
+                running.add(module.fuse_(fusion))
         self.quantizer.freeze_weight_norm_()
+        log.info("codec serving form: fusion %s asked, %s runs", fusion, ", ".join(sorted(running)) or "none")
         return self
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:

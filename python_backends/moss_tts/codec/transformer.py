@@ -41,6 +41,11 @@ from .streaming import Packing
 # How TransformerLayer.fuse_ may run the norms and the GELU on a GPU (module docstring).
 FUSIONS = ("none", "ln", "lt_gelu", "ln_lt_gelu", "gelu", "norm_gelu")
 TRITON_GEMM_FUSIONS = ("gelu", "norm_gelu")  # kernels/fused_linear.py
+NORM_KERNEL_FUSIONS = ("ln", "ln_lt_gelu")  # kernels/layer_norm.py
+LT_GELU_FUSIONS = ("lt_gelu", "ln_lt_gelu")  # cuBLASLt's GELU epilogue
+# What the vocoder serves unless told otherwise (moss_tts's vocoder_fusion, the vocoder model's
+# fusion): on the H200 the fastest (perf/RESULTS.md, issue 34).
+DEFAULT_FUSION = "ln_lt_gelu"
 
 
 class Attention(nn.Module):
@@ -82,7 +87,7 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1 = LayerScale(s.d_model, s.layer_scale)
         self.layer_scale_2 = LayerScale(s.d_model, s.layer_scale)
         self.scale_folded = False
-        self.fusion = "none"  # fuse_: which norms/activations run inside the GEMMs
+        self.fusion = "none"  # fuse_: how the norms and the GELU run (FUSIONS)
 
     @torch.no_grad()
     def fold_layer_scale_(self) -> None:
@@ -115,9 +120,10 @@ class TransformerLayer(nn.Module):
                 return self.fusion
             for w in weights:
                 w.data = fused_linear.prepare_weight(w.data)
-        elif not up.is_cuda or (fusion.startswith("ln") and not layer_norm.is_supported(probe, self.norm1.weight)):
+        elif not up.is_cuda or (fusion in NORM_KERNEL_FUSIONS and not all(
+                layer_norm.is_supported(probe, n.weight, n.bias) for n in (self.norm1, self.norm2))):
             return self.fusion  # cuBLASLt and the norm kernel: CUDA only
-        if fusion.endswith("lt_gelu"):
+        if fusion in LT_GELU_FUSIONS:
             # cuBLASLt's bias-and-GELU epilogue needs a bias: zeros, not in state_dict.
             self.register_buffer("gelu_bias", up.new_zeros(up.shape[0]), persistent=False)
         self.fusion = fusion
@@ -134,7 +140,7 @@ class TransformerLayer(nn.Module):
             hidden = fused_linear.fused_linear(x, ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True)
         elif fusion == "gelu":
             hidden = fused_linear.fused_linear(n2(x), ffn[0].weight, gelu=True)
-        elif fusion.endswith("lt_gelu"):
+        elif fusion in LT_GELU_FUSIONS:
             normed = self._norm(n2, x)
             hidden = torch._addmm_activation(self.gelu_bias, normed.reshape(-1, normed.shape[-1]), ffn[0].weight.t(),
                                              use_gelu=True).view(*normed.shape[:-1], -1)
@@ -143,7 +149,7 @@ class TransformerLayer(nn.Module):
         return self._residual(x, hidden, ffn[2], self.layer_scale_2)
 
     def _norm(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-        if self.fusion.startswith("ln"):
+        if self.fusion in NORM_KERNEL_FUSIONS:
             return layer_norm.layer_norm(x, norm.weight, norm.bias, norm.eps)
         return norm(x)
 

@@ -26,23 +26,28 @@ from .triton_setup import INTERPRET, jit, tl, triton
 # with 4 warps, few enough registers to keep occupancy.
 TILE_VALUES = 4096
 NUM_WARPS = 4
+# Widest row the kernel takes (a whole row sits in registers); wider rows go to F.layer_norm.
+MAX_WIDTH = 8192
 
 
-def is_supported(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+def is_supported(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> bool:
     """True when the Triton kernel can run here: triton importable, x on CUDA (or
-    TRITON_INTERPRET=1, for CPU tests), fp16/bf16/fp32, and gamma (when given) of x's width."""
+    TRITON_INTERPRET=1, for CPU tests), fp16/bf16/fp32, rows of at most MAX_WIDTH values, and
+    gamma / beta (when given) contiguous vectors of x's width on x's device."""
     if triton is None or not (INTERPRET or x.is_cuda):
         return False
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.numel() == 0:
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.numel() == 0 or x.dim() == 0:
         return False
-    return weight is None or (weight.shape == x.shape[-1:] and weight.is_contiguous())
+    affine_ok = all(t is None or (t.shape == x.shape[-1:] and t.is_contiguous() and t.device == x.device)
+                    for t in (weight, bias))
+    return affine_ok and x.shape[-1] <= MAX_WIDTH
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float = 1e-5) -> torch.Tensor:
     """F.layer_norm(x, (x.shape[-1],), weight, bias, eps) as one Triton pass (see the module
     docstring); the torch function where the kernel cannot run."""
-    if not is_supported(x, weight) or (bias is not None and not bias.is_contiguous()):
+    if not is_supported(x, weight, bias):
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     width = x.shape[-1]
     rows = x.reshape(-1, width)

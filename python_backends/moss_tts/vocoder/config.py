@@ -9,7 +9,7 @@ from typing import Mapping
 
 import torch
 
-from ..codec.transformer import FUSIONS
+from ..codec.transformer import DEFAULT_FUSION, FUSIONS
 from ..contract.parameters import config_fields
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -69,6 +69,15 @@ class VocoderConfig:
 PLACEMENTS = ("in_process", "bls")
 
 
+def codec_fusion(parameters: Mapping[str, str]) -> str:
+    """The vocoder model's `fusion` parameter (codec.transformer.FUSIONS; absent: the default
+    moss_tts's in-process vocoder serves too), checked."""
+    fusion = parameters.get("fusion") or DEFAULT_FUSION
+    if fusion not in FUSIONS:
+        raise ValueError(f"vocoder parameter fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+    return fusion
+
+
 @dataclass(frozen=True)
 class VocoderPlacement:
     """Where `moss_tts` decodes its audio (its pbtxt parameters of these names)."""
@@ -83,7 +92,7 @@ class VocoderPlacement:
     # in_process: how the codec's LayerNorms and GELU run on the GPU (codec.transformer.FUSIONS):
     # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
     # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
-    vocoder_fusion: str = "ln_lt_gelu"
+    vocoder_fusion: str = DEFAULT_FUSION
 
     def __post_init__(self):
         if self.vocoder_fusion not in FUSIONS:
