@@ -45,6 +45,7 @@ import torch
 
 from moss_tts.codec import CodecConfig, build_codec, build_real_size_codec, init_random_
 from moss_tts.codec.config import tiny_codec_config_dict
+from moss_tts.codec.transformer import DEFAULT_FUSION
 from moss_tts.vocoder.graphs import VocoderGraphs
 from moss_tts.vocoder.step_buffers import to_host
 from perf.graph_timing import graph_ms
@@ -396,7 +397,8 @@ def parse_args(argv):
                     "many rows (the rounds section's mix), uncaptured: GPU time per kernel")
     ap.add_argument("--attention-sweep", action="store_true", help="also time window_attention per stage "
                     "shape under several tile configs (CUDA only)")
-    ap.add_argument("--fusion", default="none", help="codec.serving_form_'s fusion (codec.transformer.FUSIONS)")
+    ap.add_argument("--fusion", default=DEFAULT_FUSION,
+                    help="codec.serving_form_'s fusion (codec.transformer.FUSIONS; default: the one served)")
     ap.add_argument("--fidelity", default="", help="ROWSxFRAMES: also decode that many random codes offline and "
                     "compare the audio with the fp32 reference of the same weights")
     ap.add_argument("--skip", default="", help="comma-separated sections not to run (e.g. offline,streaming)")

@@ -4,10 +4,15 @@
 # the real-size random checkpoint (bf16), all five models in tritonserver.
 #   perf/h200_scaling.sh setup                 # unpack the pack (carry .device), write the
 #                                              # real-size checkpoint (~12 GB) to /tmp
-#   perf/h200_scaling.sh vocoder               # codec GPU tests + perf/bench_vocoder.py
+#   perf/h200_scaling.sh vocoder               # codec GPU tests + perf/bench_vocoder.py (once per
+#                                              # fusion in FUSIONS, e.g. "none ln_lt_gelu")
 #   perf/h200_scaling.sh layout NAME [NAME..]  # single | replicas_2gpu | split_2gpu: serve,
 #                                              # bench REPEAT times (1), kill; bench_NAME_K.json,
-#                                              # metrics, GPU utilization + logs in results.tgz
+#                                              # metrics, GPU utilization + logs in results.tgz;
+#                                              # TAG=x: files bench_NAME_x_K.json ... instead
+#   AB="a:k=v,...;b:k=v,..." perf/h200_scaling.sh ab   # the single layout once per variant, each
+#                                              # with its PARAMS, files tagged a, b (an A/B of
+#                                              # moss_tts parameters on one machine)
 #   perf/h200_scaling.sh soak SECONDS          # single layout, perf/soak.py (the mixed load: cancels,
 #                                              # bad input, clones, continuations, codes, ensemble,
 #                                              # offline) at CONCURRENCY (256), then SIGTERM + checks;
@@ -60,14 +65,22 @@ setup() {
 
 # The codec's GPU tests (kernels vs reference, graphs == eager, streaming == offline), then
 # perf/bench_vocoder.py (VOCODER_ARGS, default: its default shapes, offline 32x100, and a profile
-# of one eager 256x10 step). vocoder.json also lands in $OUT by itself.
+# of one eager 256x10 step). FUSIONS="a b": one bench per codec fusion, vocoder_a.json ... (the
+# stage side of a fusion A/B, on one machine). The JSONs go in results.tgz; vocoder.json (one
+# fusion) also lands in $OUT by itself.
 vocoder() {
   env_pack
   PYTHONPATH=python_backends:tests:. python3 -m pytest -q -m gpu tests/test_window_attention.py tests/test_vocoder_graphs.py \
-    tests/test_codec.py tests/test_vocoder_sessions.py 2>&1 | tee "$R/gpu_tests.txt" | tail -15
-  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 python3 perf/bench_vocoder.py ${VOCODER_ARGS:---profile 256x10} \
-    --out "$R/vocoder.json" 2>&1 | tee "$R/vocoder.txt"
-  cp "$R/vocoder.json" "$OUT/" 2>/dev/null
+    tests/test_codec.py tests/test_layer_norm.py tests/test_vocoder_sessions.py 2>&1 | tee "$R/gpu_tests.txt" | tail -15
+  local fusion name
+  for fusion in ${FUSIONS:-default}; do
+    name=vocoder${FUSIONS:+_$fusion}
+    log "bench_vocoder: $name"
+    PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 python3 perf/bench_vocoder.py ${VOCODER_ARGS:---profile 256x10} \
+      ${FUSIONS:+--fusion $fusion} --out "$R/$name.json" 2>&1 | tee "$R/$name.txt"
+  done
+  [ -z "${FUSIONS:-}" ] && cp "$R/vocoder.json" "$OUT/" 2>/dev/null
+  return 0
 }
 
 # The model repository as served: VOCODER=bls switches moss_tts to the vocoder model (which then
@@ -177,38 +190,40 @@ layout() {
   for name in "$@"; do
     # BUDGET_S: seconds this call may still use; a layout needs ~4 min (load, levels, stop).
     if [ $((SECONDS + ${LAYOUT_S:-240})) -gt "${BUDGET_S:-100000}" ]; then log "layout $name: skipped (call budget)"; continue; fi
-    local t0=$SECONDS extra=() visible=0,1
+    local t0=$SECONDS extra=() visible=0,1 n="$name${TAG:+_$TAG}"
     case "$name" in
       single) visible=0 ;;
       *) extra=(--model-config-name="$name") ;;
     esac
     log "layout $name: starting tritonserver (CUDA_VISIBLE_DEVICES=$visible ${extra[*]:-})"
     CUDA_VISIBLE_DEVICES=$visible MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
-      MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh "${extra[@]}" > "$W/server_$name.log" 2>&1 < /dev/null &
+      MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh "${extra[@]}" > "$W/server_$n.log" 2>&1 < /dev/null &
     echo $! > "$W/server.pid"
     local ready=0
     wait_ready http://127.0.0.1:8000/v2/health/ready && ready=1
-    cp "$W/server_$name.log" "$R/"
-    if [ $ready = 0 ]; then log "layout $name: server not ready"; tail -40 "$W/server_$name.log"; stop_server; continue; fi
+    cp "$W/server_$n.log" "$R/"
+    if [ $ready = 0 ]; then log "layout $name: server not ready"; tail -40 "$W/server_$n.log"; stop_server; continue; fi
     log "layout $name: ready after $((SECONDS - t0)) s"
-    grep -E "memory plan|captured|vocoder graphs|device" "$W/server_$name.log" | head -20 | tee -a "$R/scaling.log"
+    grep -E "memory plan|captured|vocoder graphs|device" "$W/server_$n.log" | head -20 | tee -a "$R/scaling.log"
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$R/scaling.log"
-    [ -n "${PYSPY:-}" ] && dump_stubs "$name" &
-    [ -n "${RECORD:-}" ] && record_stub "$name" &
-    sample_metrics "$name" &
+    [ -n "${PYSPY:-}" ] && dump_stubs "$n" &
+    [ -n "${RECORD:-}" ] && record_stub "$n" &
+    sample_metrics "$n" &
     local sampler=$!
     # GPU busy fraction every 0.5 s while the levels run (time stamps line up with scaling.log).
-    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "$R/gpu_util_$name.txt" 2>&1 &
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "$R/gpu_util_$n.txt" 2>&1 &
     local smi=$!
-    bench_runs "$name" "${LEVELS:-1,128,256,512}" "${MODE:-stream}"
+    bench_runs "$n" "${LEVELS:-1,128,256,512}" "${MODE:-stream}"
     kill "$smi" "$sampler" 2>/dev/null
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
-      > "$W/metrics_$name.txt" 2>/dev/null
-    grep -E '^moss_(engine|vocoder|tts_vocoder)\{|^nv_inference_(count|queue_duration_us|compute_infer_duration_us)\{' "$W/metrics_$name.txt" \
-      > "$R/metrics_$name.txt"
+      > "$W/metrics_$n.txt" 2>/dev/null
+    grep -E '^moss_(engine|vocoder|tts_vocoder)\{|^nv_inference_(count|queue_duration_us|compute_infer_duration_us)\{' "$W/metrics_$n.txt" \
+      > "$R/metrics_$n.txt"
     stop_server
-    cp "$W/server_$name.log" "$R/"
-    log "layout $name: done after $((SECONDS - t0)) s"
+    cp "$W/server_$n.log" "$R/"
+    # The GPU budget per frame at 256 running rows, from the counters just sampled.
+    python3 -m perf.served_budget "$R/metrics_series_$n.txt" --out "$R/budget_$n.json" 2>&1 | tee -a "$R/scaling.log"
+    log "layout $n: done after $((SECONDS - t0)) s"
   done
 }
 
@@ -388,6 +403,16 @@ shim() {
     python3 -m perf.trace_phases --trace "$trace" "$R"/shim_*.json --out "$R/trace_phases.json" 2>&1 | tee -a "$R/scaling.log"
     cp "$R/trace_phases.json" "$OUT/" 2>/dev/null
   fi
+}
+
+# AB="a:k=v,...;b:k=v,...": the single layout once per variant, with that variant's PARAMS and
+# its files tagged with its name (bench_single_a_K.json, metrics_series_single_a.txt, budget_...).
+ab() {
+  local variant
+  IFS=';' read -ra variants <<< "${AB:?AB=\"name:k=v,...;name:k=v,...\"}"
+  for variant in "${variants[@]}"; do
+    TAG=${variant%%:*} PARAMS=${variant#*:} layout single
+  done
 }
 
 all() {
