@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from moss_tts.kernels.fused_linear import (GemmConfig, fused_linear, gemm_config, is_supported, prepare_weight,
                                            reference_fused_linear)
-from triton_interpreter import interpreter_json
+from triton_interpreter import interpreter_json, relative_error
 
 INTERPRETER_TIMEOUT_S = 300
 SMALL = GemmConfig(16, 32, 32, num_warps=4, num_stages=2, group_m=2)  # tl.dot needs blocks >= 16
@@ -49,10 +49,6 @@ def make_inputs(m, k, n, mean=0.0, dtype=torch.float32, device="cpu", seed=0):
     gamma = 1 + 0.2 * torch.randn(k, generator=gen)
     beta = 0.2 * torch.randn(k, generator=gen)
     return tuple(t.to(device, dtype) for t in (x, weight, gamma, beta))
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
 
 
 def case_error(case, mode: str, dtype=torch.float32) -> float:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from moss_tts.kernels.layer_norm import is_supported, layer_norm
-from triton_interpreter import interpreter_json
+from triton_interpreter import interpreter_json, relative_error
 
 # name -> (leading shape, width, mean of x, gamma/beta given). Widths below, at and above a
 # power of two; row counts not a multiple of the rows a program takes.
@@ -37,10 +37,6 @@ def make_inputs(lead, width, mean=0.0, affine=True, dtype=torch.float32, device=
     beta = 0.2 * torch.randn(width, generator=gen)
     x, gamma, beta = (t.to(device, dtype) for t in (x, gamma, beta))
     return (x, gamma, beta) if affine else (x, None, None)
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
 
 
 def case_error(case) -> float:

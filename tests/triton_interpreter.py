@@ -1,7 +1,8 @@
 """Run a test module's `interpreter_main` under Triton's interpreter, in a subprocess.
 
 TRITON_INTERPRET must be set before triton is imported, so the kernels' CPU tests run their
-cases in one child process each and read its last stdout line (JSON) back.
+cases in one child process each and read its last stdout line (JSON) back. Also the kernel tests'
+shared error measure, `relative_error` (computed in the child, compared in the parent).
 """
 
 from __future__ import annotations
@@ -34,3 +35,8 @@ def run_interpreter_main(module: str, args: str = "", timeout_s: float = 300) ->
 def interpreter_json(module: str, timeout_s: float = 300):
     """The JSON `module.interpreter_main()` printed last."""
     return json.loads(run_interpreter_main(module, timeout_s=timeout_s).strip().splitlines()[-1])
+
+
+def relative_error(got, expected) -> float:
+    """max |got - expected| / max |expected| of two tensors, in fp32."""
+    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()

@@ -72,9 +72,12 @@ PLACEMENTS = ("in_process", "bls")
 def codec_fusion(parameters: Mapping[str, str]) -> str:
     """The vocoder model's `fusion` parameter (codec.transformer.FUSIONS; absent: the default
     moss_tts's in-process vocoder serves too), checked."""
-    fusion = parameters.get("fusion") or DEFAULT_FUSION
+    return _checked_fusion("vocoder parameter fusion", parameters.get("fusion") or DEFAULT_FUSION)
+
+
+def _checked_fusion(parameter: str, fusion: str) -> str:
     if fusion not in FUSIONS:
-        raise ValueError(f"vocoder parameter fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+        raise ValueError(f"{parameter} must be one of {', '.join(FUSIONS)}, got {fusion!r}")
     return fusion
 
 
@@ -95,8 +98,7 @@ class VocoderPlacement:
     vocoder_fusion: str = DEFAULT_FUSION
 
     def __post_init__(self):
-        if self.vocoder_fusion not in FUSIONS:
-            raise ValueError(f"parameter vocoder_fusion must be one of {', '.join(FUSIONS)}, got {self.vocoder_fusion!r}")
+        _checked_fusion("parameter vocoder_fusion", self.vocoder_fusion)
         if self.vocoder not in PLACEMENTS:
             raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
         if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0 \
