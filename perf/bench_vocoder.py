@@ -99,8 +99,9 @@ def fidelity(codec, args, device: torch.device, shape: tuple[int, int]) -> dict:
     error = got - expected
     snr = [10 * math.log10(expected[i].square().sum().item() / max(error[i].square().sum().item(), 1e-30))
            for i in range(rows)]
-    return {"rows": rows, "frames": frames, "fusion": args.fusion, "max_rel_diff": max(rel_diff_per_row(got, expected)),
-            "snr_db_min": min(snr), "snr_db_mean": statistics.fmean(snr)}
+    return {"rows": rows, "frames": frames, "fusion": args.fusion,
+            "max_rel_diff": max(rel_diff_per_row(got, expected)), "snr_db_min": min(snr),
+            "snr_db_mean": statistics.fmean(snr)}
 
 
 def sync(device: torch.device) -> None:
