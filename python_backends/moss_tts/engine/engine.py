@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 
 from ..contract.errors import error_text
@@ -227,9 +226,13 @@ class Engine:
             self._fail(launch.states, f"decode step failed: {error_text(exc, with_type=True)}")
             return time.perf_counter() - start
         waited = time.perf_counter() - start
-        # Two numpy conversions for the whole step, then per request only a list index and a
-        # row view: this loop runs for every running request every step, on the GIL.
-        emitted, codes = rows[:, 0].tolist(), rows[:, 1:].astype(np.int32)
+        # Two conversions to Python lists for the whole step, then per request only a list
+        # index: this loop runs for every running request every step, on the GIL. Lists, not
+        # numpy rows: a chunk built from numpy rows (np.array of a list of arrays) copies row by
+        # row and numpy gives the GIL up for each copy, so under load the engine thread waited
+        # for the GIL once per frame delivered (half of its time in the soak's py-spy record,
+        # issue 34); built from lists of ints it never gives the GIL up.
+        emitted, codes = rows[:, 0].tolist(), rows[:, 1:].tolist()
         frames = sum(self._apply(state, emitted[i], codes[i]) for i, state in enumerate(launch.prefilled))
         offset = launch.out.decode_offset
         frames += sum(self._apply(state, emitted[offset + slot], codes[offset + slot])
@@ -238,7 +241,7 @@ class Engine:
             self._counters.record_frames(frames)
         return waited
 
-    def _apply(self, state: RequestState, emitted: int, codes: np.ndarray) -> int:
+    def _apply(self, state: RequestState, emitted: int, codes: list[int]) -> int:
         """One frame of a request (emitted flag, its n_vq codes); returns 1 if a frame was added."""
         if not state.is_running:  # ended while the step ran (stop, cancel, error)
             return 0

@@ -105,7 +105,8 @@ class RequestState:
     num_frames: int = 0  # frames generated = the index of the next frame
     num_issued: int = 0  # frames launched on the device (ahead of num_frames while a step runs)
     num_flushed: int = 0  # frames delivered in chunks
-    pending: list[np.ndarray] = field(default_factory=list)  # n_vq codes per frame not yet delivered
+    # n_vq codes per frame not yet delivered, as lists of ints (Engine._complete says why)
+    pending: list[list[int]] = field(default_factory=list)
     is_abort_requested: bool = False
     # Where add_frame says "act now": the frame count of the next chunk (or of the frame
     # budget, if sooner). Kept, not recomputed: add_frame runs for every request every step.
@@ -152,7 +153,7 @@ class RequestState:
         assert self.status is RequestStatus.WAITING, f"{self.request_id} started twice"
         self.status, self.slot, self.prefix = RequestStatus.RUNNING, slot, prefix
 
-    def add_frame(self, codes: np.ndarray) -> bool:
+    def add_frame(self, codes: list[int]) -> bool:
         """Append one frame's codes [n_vq]; True when the pending frames make the next chunk
         (chunk_target) or the frame budget is reached, the only frames that need a look."""
         self.pending.append(codes)
