@@ -86,7 +86,7 @@ def test_the_feed_keeps_the_engines_first_codes_moment_and_the_job_its_end():
     assert feed.first_codes_at == first
     job = VocodeJob("s", codes(2), True, False, lambda: None, deadline=0.0)
     assert job.launched_at == job.finished_at == 0.0
-    job._finish(np.zeros((2, 8), np.float32), None)
+    job._finish([np.zeros((2, 8), np.float32)], None)
     assert job.finished_at >= first and job.result().shape == (2, 8)
     assert Ready(np.zeros((2, 0), np.float32)).done()
     assert ErrorKind.INVALID_ARGUMENT  # the kind the failed request above ended with

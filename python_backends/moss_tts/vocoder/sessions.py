@@ -94,7 +94,13 @@ class VocoderSessions:
         self.step_rows = min(config.max_step_rows, config.max_slots)
         self.graphs = self._graphs(capture)
         self._sessions: dict[Hashable, _Session] = {}
-        self._free = list(range(config.max_slots))  # heap: the lowest free slot is handed out first
+        # Slots are reset (zeroed) lazily and many at once: a released slot is dirty until the
+        # clean ones run out, then one reset covers every dirty slot. Why: a reset is one torch
+        # call per decoder layer (~90), each of which gives the GIL up and waits to win it back;
+        # reset per start, it took 37% of the worker thread under the H200 soak (py-spy, issue 34).
+        # Every slot starts dirty: warm-up and graph capture may have written into any of them.
+        self._free: list[int] = []  # heap of clean slots: the lowest is handed out first
+        self._dirty = list(range(config.max_slots))
         self._lock = threading.Lock()
         self._started = self._ended = self._cancelled = self._expired = self._failed = 0
         self._decode_calls = self._frames_decoded = self._graph_calls = 0
@@ -127,12 +133,19 @@ class VocoderSessions:
         return result
 
     def start_many(self, seq_ids: list[Hashable], is_public: bool = False) -> dict[Hashable, "int | NoFreeSlot"]:
-        """Give each of `seq_ids` a fresh slot, with one reset for all their rows: {seq: slot, or
-        the NoFreeSlot that refused it}. A sequence already active is a ValueError (nothing starts)."""
+        """Give each of `seq_ids` a fresh (zeroed) slot: {seq: slot, or the NoFreeSlot that
+        refused it}. A sequence already active is a ValueError (nothing starts). When the clean
+        slots do not suffice, every released slot is reset first, in one reset."""
         with self._lock:
             for seq_id in seq_ids:
                 if seq_id in self._sessions:
                     raise ValueError(f"sequence {seq_id!r} is already active; end or cancel it before starting it again")
+            if len(self._free) < len(seq_ids) and self._dirty:
+                # Enqueued on this thread's stream before any decode of the new sequences.
+                self.state.reset_rows(self._dirty)
+                for slot in self._dirty:
+                    heapq.heappush(self._free, slot)
+                self._dirty = []
             results: dict[Hashable, int | NoFreeSlot] = {}
             num_public = sum(s.is_public for s in self._sessions.values())
             for seq_id in seq_ids:
@@ -149,7 +162,6 @@ class VocoderSessions:
                     self._started += 1
                     num_public += is_public
                     results[seq_id] = slot
-            self.state.reset_rows([r for r in results.values() if isinstance(r, int)])
             return results
 
     def end(self, seq_id: Hashable) -> None:
@@ -211,7 +223,7 @@ class VocoderSessions:
         return session
 
     def _release(self, seq_id: Hashable) -> None:
-        heapq.heappush(self._free, self._session(seq_id).slot)
+        self._dirty.append(self._session(seq_id).slot)  # reset before it is handed out again
         del self._sessions[seq_id]
 
     def check(self, seq_id: Hashable, codes: Codes) -> np.ndarray:

@@ -277,11 +277,7 @@ class VocoderWorker:
                     queue.popleft()
                 follower = queue[0] if queue else None
                 self._jobs += 1
-            if not job.parts:
-                audio = np.zeros((2, 0), np.float32)
-            else:
-                audio = job.parts[0] if len(job.parts) == 1 else np.concatenate(job.parts, axis=-1)
-            job._finish(audio, None)
+            job._finish(job.parts, None)  # result() joins the pieces on the stream's thread
             is_end_only = follower is not None and not follower.start and not follower.codes.shape[0]
             job = follower if is_end_only and not follower.is_cancelled else None
 
