@@ -17,12 +17,10 @@ it, and it is never handed out.
 Sessions started without the pipeline's key (`is_public`: direct gRPC clients) share
 `max_public_sessions` slots, so they can never take the slots the public entry needs.
 
-Host bookkeeping is numpy: codes are checked and sliced as arrays, a step's inputs are written
-into one host buffer, its audio comes back in one host tensor and each sequence's audio is a
-numpy view of it. In the moss_tts process every torch call from Python gives the GIL up and must
-win it back from ~256 stream threads (up to a switch interval, ~1 ms, each), so the torch calls
-per call are a fixed few per step, none per sequence. `decode` and `check` also take torch
-tensors (the `vocoder` model), converted once per chunk at the boundary.
+Host bookkeeping is numpy (codes, a step's inputs in one host buffer, each sequence's audio a view
+of the step's host tensor): in moss_tts every torch call gives the GIL up and must win it back from
+~256 stream threads, so a call makes a fixed few per step, none per sequence (and slots are reset
+many at once). `decode` and `check` also take torch tensors (the `vocoder` model).
 """
 
 from __future__ import annotations
@@ -68,10 +66,6 @@ class _Session:
     is_public: bool = False
 
 
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
-
-
 class VocoderSessions:
     """Thread-safe; sequence ids are any hashable (Triton CORRID: uint64 or string)."""
 
@@ -82,7 +76,9 @@ class VocoderSessions:
         if config.n_vq > codec.num_quantizers:
             raise ValueError(f"VocoderConfig.n_vq={config.n_vq} exceeds the codec's {codec.num_quantizers} quantizers")
         p = next(codec.decoder.parameters())
-        if p.dtype != config.torch_dtype or not _same_device(p.device, config.torch_device):
+        want = config.torch_device  # the same device: an index None matches any
+        same = p.device.type == want.type and None in (p.device.index, want.index) or p.device == want
+        if p.dtype != config.torch_dtype or not same:
             raise ValueError(f"VocoderConfig wants {config.dtype} on {config.device} but the codec decoder is "
                              f"{p.dtype} on {p.device}; load the codec with the same device and dtype")
         self.codec = codec
@@ -94,11 +90,7 @@ class VocoderSessions:
         self.step_rows = min(config.max_step_rows, config.max_slots)
         self.graphs = self._graphs(capture)
         self._sessions: dict[Hashable, _Session] = {}
-        # Slots are reset (zeroed) lazily and many at once: a released slot is dirty until the
-        # clean ones run out, then one reset covers every dirty slot. Why: a reset is one torch
-        # call per decoder layer (~90), each of which gives the GIL up and waits to win it back;
-        # reset per start, it took 37% of the worker thread under the H200 soak (py-spy, issue 34).
-        # Every slot starts dirty: warm-up and graph capture may have written into any of them.
+        # Released slots stay dirty until the clean ones run out (start_many); all start dirty.
         self._free: list[int] = []  # heap of clean slots: the lowest is handed out first
         self._dirty = list(range(config.max_slots))
         self._lock = threading.Lock()
@@ -133,19 +125,18 @@ class VocoderSessions:
         return result
 
     def start_many(self, seq_ids: list[Hashable], is_public: bool = False) -> dict[Hashable, "int | NoFreeSlot"]:
-        """Give each of `seq_ids` a fresh (zeroed) slot: {seq: slot, or the NoFreeSlot that
-        refused it}. A sequence already active is a ValueError (nothing starts). When the clean
-        slots do not suffice, every released slot is reset first, in one reset."""
+        """Give each of `seq_ids` a zeroed slot: {seq: slot, or the NoFreeSlot that refused it}.
+        A sequence already active is a ValueError (nothing starts). When the clean slots do not
+        suffice, every released slot (or any slot warm-up and capture wrote) is reset, at once: a
+        reset is one torch call per decoder layer (~90), each giving the GIL up, and one per round
+        of STARTs took 40% of the worker thread under the H200 soak (py-spy, issue 34)."""
         with self._lock:
             for seq_id in seq_ids:
                 if seq_id in self._sessions:
                     raise ValueError(f"sequence {seq_id!r} is already active; end or cancel it before starting it again")
             if len(self._free) < len(seq_ids) and self._dirty:
-                # Enqueued on this thread's stream before any decode of the new sequences.
-                self.state.reset_rows(self._dirty)
-                for slot in self._dirty:
-                    heapq.heappush(self._free, slot)
-                self._dirty = []
+                self.state.reset_rows(self._dirty)  # on this thread's stream, before their decodes
+                self._free, self._dirty = sorted(self._free + self._dirty), []  # a sorted list is a heap
             results: dict[Hashable, int | NoFreeSlot] = {}
             num_public = sum(s.is_public for s in self._sessions.values())
             for seq_id in seq_ids:
