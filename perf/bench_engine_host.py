@@ -1,0 +1,96 @@
+"""The engine thread's host work per step at N running rows, on the CPU (issue 34).
+
+    PYTHONPATH=python_backends python3 perf/bench_engine_host.py [--rows 256] [--steps 200] [--out x.json]
+
+Under the mixed soak the engine thread is host-bound: each step's Python runs while ~256 stream
+threads want the GIL, and every time it gives the GIL up (a numpy copy, a torch call) or is made to
+(each switch interval of Python), it waits its turn. This times the per-row part of a step with no
+device work: `Engine._complete` of a step's output rows (frames, chunk building at the served
+schedule 2, 4, 8, 16, 25 frames) plus the launch's per-row lists, on a tiny random model, and counts
+the GIL hand-offs it makes (perf/gil_counter.py). Both figures are what a change to the engine's
+bookkeeping should lower; the GPU and the real stub are not involved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from moss_tts.contract.sampling_params import SamplingParams
+from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest
+from moss_tts.engine.engine import Launch
+from moss_tts.engine.request import RequestState
+from moss_tts.engine.runner import StepOutput
+from moss_tts.engine.stats import GraphUse
+from moss_tts.model.config import MossTTSConfig
+from moss_tts.model.loading import build_random_model
+from moss_tts.tools.make_tiny_checkpoint import tiny_model_config_dict
+from perf.gil_counter import GilCounter
+
+
+def running_states(num: int, first_chunk: int, chunk: int, max_frames: int = 1000) -> list[RequestState]:
+    """`num` requests started in slots 0..num-1, as the scheduler leaves them."""
+    rows = torch.zeros((3, 13), dtype=torch.long)
+    states = []
+    for i in range(num):
+        request = EngineRequest(f"r{i}", rows, SamplingParams(seed=i, max_frames=max_frames), first_chunk, chunk)
+        state = RequestState.create(request, EngineConfig())
+        state.start(i)
+        states.append(state)
+    return states
+
+
+def run(rows: int, steps: int, seed: int = 0) -> dict:
+    model = build_random_model(MossTTSConfig.from_dict(tiny_model_config_dict(), "tiny"), "cpu", torch.float32, seed=0)
+    chunks = []
+    engine = Engine(model, EngineConfig(max_running_requests=rows), lambda e: chunks.append(isinstance(e, CodesChunk)))
+    states = running_states(rows, 2, 25, max_frames=steps + 51)
+    rng = np.random.default_rng(seed)
+    outputs = [np.concatenate([np.ones((rows, 1), np.int64), rng.integers(0, 1024, (rows, 12))], axis=1)
+               for _ in range(8)]
+    # Staggered as in serving: request i joins at step i % 50 of a warm-up, so chunks fall due
+    # on different steps (in lockstep every request's chunk would come at once).
+    for k in range(50):
+        joined = [s for s in states if s.slot % 50 <= k]
+        engine._complete(Launch(StepOutput(outputs[k % len(outputs)], None, [], 0, GraphUse()), [],
+                                [(s, s.slot) for s in joined]))
+        for s in joined:
+            s.num_issued += 1
+    chunks.clear()
+    times, handoffs = [], 0
+    with GilCounter() as gil:
+        for k in range(steps):
+            before, started = gil.count(), time.perf_counter()
+            decoding = [s for s in states if s.is_running and s.can_issue]  # Engine._launch's lists
+            launch = Launch(StepOutput(outputs[k % len(outputs)], None, [], 0, GraphUse()), [],
+                            [(s, s.slot) for s in decoding])
+            engine._complete(launch)
+            times.append(time.perf_counter() - started)
+            handoffs += gil.count() != before
+            for s in decoding:
+                s.num_issued += 1
+    return {"rows": rows, "steps": steps, "ms_per_step_mean": round(statistics.fmean(times) * 1e3, 3),
+            "ms_per_step_median": round(statistics.median(times) * 1e3, 3), "chunks_per_step": round(sum(chunks) / steps, 2),
+            "steps_that_gave_the_gil_up": handoffs}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=256)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    result = run(args.rows, args.steps)
+    print(json.dumps(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
