@@ -1,6 +1,6 @@
 """The engine thread's host work per step at N running rows, on the CPU (issue 34).
 
-    PYTHONPATH=python_backends python3 perf/bench_engine_host.py [--rows 256] [--steps 200] [--out x.json]
+    PYTHONPATH=python_backends:. python3 perf/bench_engine_host.py [--rows 256] [--steps 200] [--out x.json]
 
 Under the mixed soak the engine thread is host-bound: each step's Python runs while ~256 stream
 threads want the GIL, and every time it gives the GIL up (a numpy copy, a torch call) or is made to

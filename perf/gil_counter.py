@@ -1,7 +1,8 @@
 """GilCounter: a thread that counts only while it holds the GIL, so code run beside it shows
-whether it gave the GIL up (numpy copies, torch calls, lock waits). With the switch interval at 1 s
-nothing takes the GIL from the caller by force within a short measurement: the count moves only
-when the caller gives the GIL up itself. Used by tests/test_engine_host.py and
+whether it gave the GIL up (numpy copies, torch calls, lock waits). The switch interval is set to
+100 s, so nothing takes the GIL from the caller by force during a measurement: the count moves
+only when the caller gives the GIL up itself. The counter gives it back on its own (a sleep(0)
+every few thousand counts), so the caller never waits a switch interval to win it back. Used by tests/test_engine_host.py and
 perf/bench_engine_host.py (issue 34: in the moss_tts stub every hand-off is a wait for the GIL
 behind ~256 stream threads)."""
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
+
+SWITCH_INTERVAL_S = 100.0  # longer than any measurement: no forced hand-over
 
 
 class GilCounter:
@@ -23,6 +26,9 @@ class GilCounter:
         while not self._stop.is_set():
             with self._lock:
                 self._count += 1
+                count = self._count
+            if count % 4096 == 0:
+                time.sleep(0)  # hands the GIL back to a caller waiting for it
 
     def count(self) -> int:
         with self._lock:
@@ -30,7 +36,7 @@ class GilCounter:
 
     def __enter__(self) -> "GilCounter":
         self._interval = sys.getswitchinterval()
-        sys.setswitchinterval(1.0)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._thread.start()
         time.sleep(0.01)  # it runs; the caller wins the GIL back at the next voluntary release
         return self

@@ -5,8 +5,8 @@ engine thread gives it up it waits its turn to win it back. numpy gives it up in
 chunks built row by row from numpy arrays (np.array of a list of row arrays) did so once per
 frame delivered, half of the engine thread's time in the H200 soak's py-spy record (issue 34).
 Here a thread that only counts while it holds the GIL (perf/gil_counter.py) runs beside the
-engine's completion of steps; with a 1 s switch interval it can only run when that work gives the
-GIL up."""
+engine's completion of steps; with no forced switch it can only run when that work gives the GIL
+up."""
 
 from __future__ import annotations
 

@@ -2,10 +2,9 @@
 
 One `CodecDecodeState` of `max_slots` + 1 rows is allocated once. A sequence owns one row (slot)
 from `start` until `end`, `cancel`, `expire` (the sequence batcher's idle timeout) or a failed
-decode; the row is reset when it is handed out again. `decode` runs one packed step
-(`decode_step_packed`: chunks of any lengths back to back) per `max_step_rows` rows, on those
-rows in place: the other rows' ring buffers and frame counters stay untouched, and the cost
-follows the streams with work, not `max_slots`.
+decode; the row is zeroed before it is handed out again. `decode` runs one packed step
+(`decode_step_packed`: chunks of any lengths back to back) per `max_step_rows` rows, in place:
+other rows' ring buffers and frame counters stay untouched; the cost follows the streams with work.
 
 Chunks longer than `max_graph_frames` (a STREAM=false request, a primed reference) are decoded
 in pieces of that many frames, piece k of every chunk of the call in step k. With `cuda_graphs`
@@ -90,9 +89,11 @@ class VocoderSessions:
         self.step_rows = min(config.max_step_rows, config.max_slots)
         self.graphs = self._graphs(capture)
         self._sessions: dict[Hashable, _Session] = {}
-        # Released slots stay dirty until the clean ones run out (start_many); all start dirty.
-        self._free: list[int] = []  # heap of clean slots: the lowest is handed out first
-        self._dirty = list(range(config.max_slots))
+        # A heap of clean slots (the lowest first); released ones stay dirty until the clean ones run
+        # out (start_many). All are zeroed here, done before any stream uses them: capture wrote some.
+        self._free, self._dirty = list(range(config.max_slots)), []
+        self.state.reset_rows(self._free)
+        _ = torch.cuda.synchronize(self._device) if self._device.type == "cuda" else None
         self._lock = threading.Lock()
         self._started = self._ended = self._cancelled = self._expired = self._failed = 0
         self._decode_calls = self._frames_decoded = self._graph_calls = 0
@@ -125,11 +126,10 @@ class VocoderSessions:
         return result
 
     def start_many(self, seq_ids: list[Hashable], is_public: bool = False) -> dict[Hashable, "int | NoFreeSlot"]:
-        """Give each of `seq_ids` a zeroed slot: {seq: slot, or the NoFreeSlot that refused it}.
-        A sequence already active is a ValueError (nothing starts). When the clean slots do not
-        suffice, every released slot (or any slot warm-up and capture wrote) is reset, at once: a
-        reset is one torch call per decoder layer (~90), each giving the GIL up, and one per round
-        of STARTs took 40% of the worker thread under the H200 soak (py-spy, issue 34)."""
+        """Give each of `seq_ids` a zeroed slot: {seq: slot, or the NoFreeSlot that refused it}; an
+        active sequence is a ValueError (nothing starts). Short of clean slots, every released one is
+        reset at once: a reset is one torch call per decoder layer (~90), each giving the GIL up, and
+        one per round of STARTs took 40% of the worker thread in the H200 soak (py-spy, issue 34)."""
         with self._lock:
             for seq_id in seq_ids:
                 if seq_id in self._sessions:

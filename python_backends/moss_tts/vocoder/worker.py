@@ -10,8 +10,8 @@ processes on one GPU only time-slice; here a chunk crosses no process, and the d
 CUDA stream of its own that overlaps the engine's (docs/scaling.md has the numbers).
 
 A round's work is picked by `jobs.pick_round` (the most urgent sequences, a piece of each).
-Jobs of one sequence complete in submission order. START resets the sequence's row and END frees
-it, both on this thread (the state is only touched here, in stream order). A cancelled job is
+Jobs of one sequence complete in submission order. START takes a zeroed row and END frees it,
+both on this thread (the state is only touched here, in stream order). A cancelled job is
 dropped unread. A decode failure fails every job of its round (their sequences are ended by
 VocoderSessions) and the rest of those sequences' jobs. No Triton import.
 
@@ -251,8 +251,8 @@ class VocoderWorker:
                     self._complete(job)
 
     def _start(self, jobs: list[VocodeJob]) -> list[VocodeJob]:
-        """Open the sequences of the round's START jobs, with one reset of all their rows; returns
-        the jobs refused (failed with UNAVAILABLE: every slot is taken)."""
+        """Open the sequences of the round's START jobs, each on a zeroed row (VocoderSessions.start_many);
+        returns the jobs refused (failed with UNAVAILABLE: every slot is taken)."""
         for job in jobs:
             self._failed.pop(job.seq, None)
             if job.seq in self.sessions:
