@@ -45,6 +45,14 @@ def running_states(num: int, first_chunk: int, chunk: int, max_frames: int = 100
     return states
 
 
+def complete_step(engine: Engine, rows: np.ndarray, decoding: list[RequestState]) -> None:
+    """What the engine thread does with a finished decode step of `decoding` (output rows `rows`,
+    row = slot; no prefill), as if launched: their frames added, their chunks built and emitted."""
+    engine._complete(Launch(StepOutput(rows, None, [], 0, GraphUse()), [], [(s, s.slot) for s in decoding]))
+    for s in decoding:
+        s.num_issued += 1
+
+
 def run(rows: int, steps: int, seed: int = 0) -> dict:
     model = build_random_model(MossTTSConfig.from_dict(tiny_model_config_dict(), "tiny"), "cpu", torch.float32, seed=0)
     chunks = []
@@ -56,24 +64,16 @@ def run(rows: int, steps: int, seed: int = 0) -> dict:
     # Staggered as in serving: request i joins at step i % 50 of a warm-up, so chunks fall due
     # on different steps (in lockstep every request's chunk would come at once).
     for k in range(50):
-        joined = [s for s in states if s.slot % 50 <= k]
-        engine._complete(Launch(StepOutput(outputs[k % len(outputs)], None, [], 0, GraphUse()), [],
-                                [(s, s.slot) for s in joined]))
-        for s in joined:
-            s.num_issued += 1
+        complete_step(engine, outputs[k % len(outputs)], [s for s in states if s.slot % 50 <= k])
     chunks.clear()
     times, handoffs = [], 0
     with GilCounter() as gil:
         for k in range(steps):
             before, started = gil.count(), time.perf_counter()
-            decoding = [s for s in states if s.is_running and s.can_issue]  # Engine._launch's lists
-            launch = Launch(StepOutput(outputs[k % len(outputs)], None, [], 0, GraphUse()), [],
-                            [(s, s.slot) for s in decoding])
-            engine._complete(launch)
+            decoding = [s for s in states if s.is_running and s.can_issue]  # as Engine._launch selects
+            complete_step(engine, outputs[k % len(outputs)], decoding)
             times.append(time.perf_counter() - started)
             handoffs += gil.count() != before
-            for s in decoding:
-                s.num_issued += 1
     return {"rows": rows, "steps": steps, "ms_per_step_mean": round(statistics.fmean(times) * 1e3, 3),
             "ms_per_step_median": round(statistics.median(times) * 1e3, 3), "chunks_per_step": round(sum(chunks) / steps, 2),
             "steps_that_gave_the_gil_up": handoffs}

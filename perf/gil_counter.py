@@ -2,9 +2,9 @@
 whether it gave the GIL up (numpy copies, torch calls, lock waits). The switch interval is set to
 100 s, so nothing takes the GIL from the caller by force during a measurement: the count moves
 only when the caller gives the GIL up itself. The counter gives it back on its own (a sleep(0)
-every few thousand counts), so the caller never waits a switch interval to win it back. Used by tests/test_engine_host.py and
-perf/bench_engine_host.py (issue 34: in the moss_tts stub every hand-off is a wait for the GIL
-behind ~256 stream threads)."""
+every few thousand counts), so the caller never waits a switch interval to win it back. Used by
+tests/test_engine_host.py and perf/bench_engine_host.py (issue 34: in the moss_tts stub every
+hand-off is a wait for the GIL behind ~256 stream threads)."""
 
 from __future__ import annotations
 

@@ -15,10 +15,7 @@ import threading
 import numpy as np
 
 from moss_tts.engine import CodesChunk, Engine, EngineConfig
-from moss_tts.engine.engine import Launch
-from moss_tts.engine.runner import StepOutput
-from moss_tts.engine.stats import GraphUse
-from perf.bench_engine_host import running_states
+from perf.bench_engine_host import complete_step, running_states
 from perf.gil_counter import GilCounter
 
 
@@ -35,12 +32,10 @@ def test_completing_steps_and_building_chunks_never_gives_the_gil_up(tiny_model)
     rng = np.random.default_rng(0)
     outputs = [np.concatenate([np.ones((32, 1), np.int64), rng.integers(0, 1024, (32, 12))], axis=1)
                for _ in range(frames)]
-    launches = [Launch(StepOutput(rows, None, [], 0, GraphUse()), [], [(s, s.slot) for s in states])
-                for rows in outputs]
     with GilCounter() as gil:
         before = gil.count()
-        for launch in launches:
-            engine._complete(launch)  # the last one builds 32 chunks of 25 frames
+        for rows in outputs:
+            complete_step(engine, rows, states)  # the last one builds 32 chunks of 25 frames
         released = gil.count() - before
     with lock:
         chunks = [e for e in events if isinstance(e, CodesChunk)]

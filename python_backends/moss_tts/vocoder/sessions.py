@@ -10,11 +10,9 @@ Chunks longer than `max_graph_frames` (a STREAM=false request, a primed referenc
 in pieces of that many frames, piece k of every chunk of the call in step k. With `cuda_graphs`
 every step replays a CUDA graph (VocoderGraphs), so no request shape runs eagerly and the
 vocoder's GPU memory is fixed once the graphs are captured: the state, the weights and the graph
-pool. The state has one row more than `max_slots`: the graphs' padding rows point at
-it, and it is never handed out.
-
-Sessions started without the pipeline's key (`is_public`: direct gRPC clients) share
-`max_public_sessions` slots, so they can never take the slots the public entry needs.
+pool. The state has one row more than `max_slots`: the graphs' padding rows point at it, and it
+is never handed out. Sessions started without the pipeline's key (`is_public`: direct gRPC
+clients) share `max_public_sessions` slots, so they never take the slots the public entry needs.
 
 Host bookkeeping is numpy (codes, a step's inputs in one host buffer, each sequence's audio a view
 of the step's host tensor): in moss_tts every torch call gives the GIL up and must win it back from
@@ -65,6 +63,10 @@ class _Session:
     is_public: bool = False
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
 class VocoderSessions:
     """Thread-safe; sequence ids are any hashable (Triton CORRID: uint64 or string)."""
 
@@ -75,9 +77,7 @@ class VocoderSessions:
         if config.n_vq > codec.num_quantizers:
             raise ValueError(f"VocoderConfig.n_vq={config.n_vq} exceeds the codec's {codec.num_quantizers} quantizers")
         p = next(codec.decoder.parameters())
-        want = config.torch_device  # the same device: an index None matches any
-        same = p.device.type == want.type and None in (p.device.index, want.index) or p.device == want
-        if p.dtype != config.torch_dtype or not same:
+        if p.dtype != config.torch_dtype or not _same_device(p.device, config.torch_device):
             raise ValueError(f"VocoderConfig wants {config.dtype} on {config.device} but the codec decoder is "
                              f"{p.dtype} on {p.device}; load the codec with the same device and dtype")
         self.codec = codec
@@ -93,7 +93,8 @@ class VocoderSessions:
         # out (start_many). All are zeroed here, done before any stream uses them: capture wrote some.
         self._free, self._dirty = list(range(config.max_slots)), []
         self.state.reset_rows(self._free)
-        _ = torch.cuda.synchronize(self._device) if self._device.type == "cuda" else None
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
         self._lock = threading.Lock()
         self._started = self._ended = self._cancelled = self._expired = self._failed = 0
         self._decode_calls = self._frames_decoded = self._graph_calls = 0
@@ -127,9 +128,8 @@ class VocoderSessions:
 
     def start_many(self, seq_ids: list[Hashable], is_public: bool = False) -> dict[Hashable, "int | NoFreeSlot"]:
         """Give each of `seq_ids` a zeroed slot: {seq: slot, or the NoFreeSlot that refused it}; an
-        active sequence is a ValueError (nothing starts). Short of clean slots, every released one is
-        reset at once: a reset is one torch call per decoder layer (~90), each giving the GIL up, and
-        one per round of STARTs took 40% of the worker thread in the H200 soak (py-spy, issue 34)."""
+        active sequence is a ValueError (nothing starts). Short of clean slots, all released ones are
+        reset at once: a reset is a torch call (a GIL hand-off) per decoder layer, issue 34."""
         with self._lock:
             for seq_id in seq_ids:
                 if seq_id in self._sessions:
