@@ -13,7 +13,8 @@ from moss_tts.engine.events import CodesChunk as EngineChunk, Finished
 from moss_tts.pipeline.engine_streams import CodesFeed
 from moss_tts.pipeline.first_audio_trace import ENV, MOMENTS, TraceLog
 from moss_tts.pipeline.request_record import RecordingClient
-from moss_tts.pipeline.speech_stream import CodesChunk, Ready, SpeechStream
+from moss_tts.pipeline.speech_stream import SpeechStream
+from moss_tts.pipeline.stream_ports import CodesChunk, Ready
 from moss_tts.vocoder.jobs import VocodeJob
 from test_speech_pipeline import EMPTY, FakeChildren, FakeClient, codes
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from moss_tts.pipeline.playback import FRAME_S, Playback
-from moss_tts.pipeline.speech_stream import CodesChunk, Ready, SpeechStream
+from moss_tts.pipeline.speech_stream import SpeechStream
+from moss_tts.pipeline.stream_ports import CodesChunk, Ready
 from test_speech_pipeline import EMPTY, FakeChildren, FakeClient, codes
 
 

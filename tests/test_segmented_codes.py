@@ -7,7 +7,7 @@ import pytest
 
 from moss_tts.contract.errors import InvalidRequest
 from moss_tts.pipeline.segmented_codes import VOICE_FRAMES, SegmentedCodes, codes_for
-from moss_tts.pipeline.speech_stream import AUDIO_READY, CodesChunk
+from moss_tts.pipeline.stream_ports import AUDIO_READY, CodesChunk
 from moss_tts.pipeline.synthesis_request import parse_synthesis_request
 
 NO = np.zeros((0, 12), np.int32)

@@ -9,7 +9,8 @@ import pytest
 
 from moss_tts.contract.errors import ErrorKind, InvalidRequest, ServingError
 from moss_tts.pipeline.segmented_codes import VOICE_FRAMES
-from moss_tts.pipeline.speech_stream import CodesChunk, SpeechStream
+from moss_tts.pipeline.speech_stream import SpeechStream
+from moss_tts.pipeline.stream_ports import CodesChunk
 from moss_tts.pipeline.synthesis_request import parse_session_inputs
 from moss_tts.sessions.registry import SessionConfig, SessionRegistry
 from moss_tts.sessions.session_request import SessionChildren, SessionClient, SessionCodes, SessionRequest

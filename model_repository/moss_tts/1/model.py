@@ -34,7 +34,7 @@ from moss_tts.model.processor import PromptBuilder
 from moss_tts.pipeline.engine_streams import EngineStreams
 from moss_tts.pipeline.first_audio_trace import TraceLog
 from moss_tts.pipeline.speech_requests import SpeechRequests, requested_outputs
-from moss_tts.pipeline.speech_stream import new_sequence_id
+from moss_tts.pipeline.stream_ports import new_sequence_id
 from moss_tts.pipeline.synthesis_request import parse_session_inputs
 from moss_tts.serving import metrics, triton_io as io
 from moss_tts.serving.gc_watch import GcStats, GcWatch

@@ -1,7 +1,7 @@
 """EngineCodes: the code chunks of one request from the in-process engine.
 
 It builds the prompt rows (after the reference codes arrive), submits the request to
-EngineStreams and turns the request's feed into speech_stream.CodesChunk values, with None
+EngineStreams and turns the request's feed into stream_ports.CodesChunk values, with None
 every `wait_s` seconds without news so the stream can check cancellation while it waits in the
 engine's queue, and AUDIO_READY when `wake()` says a vocoder call of the stream completed (the
 feed is the one queue the stream thread waits on). Engine refusals and failures become
@@ -24,7 +24,7 @@ from ..engine.request import EngineRequest
 from ..engine.scheduler import QueueFull
 from ..model.processor import PromptBuilder, PromptError
 from .engine_streams import EngineStreams
-from .speech_stream import AUDIO_READY, NO_CODES, CodesChunk
+from .stream_ports import AUDIO_READY, NO_CODES, CodesChunk
 from .synthesis_request import SynthesisRequest
 
 WAIT_S = 1.0  # how often a waiting stream gets a chance to notice a cancel

@@ -23,7 +23,7 @@ from ..contract.errors import InvalidRequest
 from ..contract.tensors import N_VQ
 from ..contract.text_segments import MAX_SEGMENT_CHARS, split_text
 from .engine_codes import EngineCodes
-from .speech_stream import CodesChunk
+from .stream_ports import CodesChunk
 from .synthesis_request import SynthesisRequest
 
 VOICE_FRAMES = 125  # 10 s of the first segment carry the voice into the others

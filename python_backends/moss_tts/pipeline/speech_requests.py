@@ -22,7 +22,8 @@ from .engine_streams import EngineStreams
 from .first_audio_trace import TraceLog
 from .request_record import RecordingClient, RequestRecord
 from .segmented_codes import SegmentedCodes, codes_for
-from .speech_stream import Children, Client, SpeechStream, new_sequence_id
+from .speech_stream import SpeechStream
+from .stream_ports import Children, Client, new_sequence_id
 from .synthesis_request import Getter, SynthesisRequest, parse_synthesis_request
 
 OUTPUTS = tuple(t.name for t in MOSS_TTS_OUTPUTS)  # what a request that names none gets

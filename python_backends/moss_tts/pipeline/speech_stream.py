@@ -6,8 +6,8 @@ adapter supplies the engine and the vocoder through `Children` and the client th
 - streaming: each code chunk goes to the vocoder as it comes and the stream takes the next one
   at once: any number of chunks can be in flight (`Children.vocode` returns a `Pending`), and
   their audio is sent in order as each completes (the vocoder wakes the stream through its
-  chunk iterator, `AUDIO_READY`); non-streaming: codes are gathered and vocoded as one job,
-  sent as one final response;
+  chunk iterator, `AUDIO_READY`); non-streaming: each chunk is vocoded as it comes too (its
+  decode overlaps the engine's next steps), and codes and audio leave in one final response;
 - continuation: the vocoder is first primed with the reference codes (their audio dropped),
   and the reference codes go out once as CONTEXT_CODES;
 - cancellation is checked once per chunk (and once a second while a request waits for the
@@ -18,92 +18,20 @@ adapter supplies the engine and the vocoder through `Children` and the client th
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
 import time
 from collections import deque
 from contextlib import closing
-from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Protocol
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
-from ..contract.tensors import N_VQ
 from .first_audio_trace import FirstAudioTrace
 from .playback import Playback
+from .stream_ports import AUDIO_READY, NO_CODES, Children, Client, Pending
 
 log = logging.getLogger(__name__)
-NO_CODES = np.zeros((0, N_VQ), np.int32)
-@dataclass(frozen=True)
-class CodesChunk:
-    codes: np.ndarray  # [frames, 12] int32
-    context: np.ndarray  # [frames, 12] int32; non-empty only on a continuation's first chunk
-    # time.monotonic() of its request's entry into the engine's queue and of the engine's first
-    # codes for it (0: not known): only the first-audio trace reads them.
-    queued_at: float = 0.0
-    first_codes_at: float = 0.0
-
-
-class Pending(Protocol):
-    """The audio of one vocoder call, to come."""
-    def done(self) -> bool: ...
-    def wait(self, timeout: Optional[float] = None) -> bool: ...  # True once done
-    def result(self, timeout: Optional[float] = None) -> np.ndarray: ...  # [2, S]; raises ChildError
-    def cancel(self) -> None: ...  # the audio is no longer wanted
-
-
-class Ready:
-    """A vocoder call that completed when it was made (a synchronous child: BLS)."""
-
-    def __init__(self, audio: np.ndarray) -> None:
-        self.audio = audio
-
-    def done(self) -> bool:
-        return True
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        return True
-
-    def result(self, timeout: Optional[float] = None) -> np.ndarray:
-        return self.audio
-
-    def cancel(self) -> None:
-        pass
-
-
-# Yielded by a chunk iterator when a Pending of its stream completed: send what is ready.
-AUDIO_READY = object()
-
-
-class Children(Protocol):
-    # Chunks in order; None when nothing came for a while (a chance to check cancellation),
-    # AUDIO_READY when a vocoder call of this stream completed. Raises ChildError; closing it
-    # early ends the request in the engine.
-    def stream_codes(self) -> Iterator[object]: ...
-    def abort_codes(self) -> None: ...
-    # One call of the stream's vocoder sequence, in order, its audio due by `deadline`
-    # (time.monotonic(); None = now); raises ChildError when refused at once.
-    def vocode(self, codes: np.ndarray, start: bool, end: bool, deadline: Optional[float] = None) -> Pending: ...
-
-
-class Client(Protocol):
-    # One response carrying what the client asked for (audio is None when it did not ask for AUDIO).
-    def send(self, audio: Optional[np.ndarray], codes: np.ndarray, context: np.ndarray, final: bool) -> None: ...
-    def send_error(self, message: str, kind: ErrorKind) -> None: ...  # always final
-    def send_final(self) -> None: ...
-    def is_cancelled(self) -> bool: ...
-
-
-_sequence_ids = itertools.count((int.from_bytes(os.urandom(4), "little") << 24) + 1)
-
-
-def new_sequence_id() -> int:
-    """A correlation id no other live stream uses (uint64, never 0)."""
-    return next(_sequence_ids)
-
-
 WAIT_S = 1.0  # how often a stream waiting for the vocoder checks for a cancel
 END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then the idle timeout frees it)
 
@@ -122,6 +50,7 @@ class SpeechStream:
         # (None: a prime or a non-streamed call, nothing to send by itself).
         self._in_flight: deque[tuple[Pending, Optional[np.ndarray]]] = deque()
         self._gathered: list[np.ndarray] = []
+        self._gathered_audio: list[Pending] = []  # STREAM=false: each chunk's vocoder call, in order
         self._context: Optional[np.ndarray] = None
         self._is_context_sent = False
         # When the listener's audio runs out: each call's deadline (a text session's requests
@@ -172,7 +101,7 @@ class SpeechStream:
                 if self.stream:
                     self._stream_chunk(chunk.codes)
                 else:
-                    self._gathered.append(chunk.codes)
+                    self._gather_chunk(chunk.codes)
                 self._send_ready(block=False)
         return None
 
@@ -183,39 +112,50 @@ class SpeechStream:
         self._is_context_sent = True
         return self._context
 
-    def _vocode(self, codes: np.ndarray, start: bool, end: bool, send: Optional[np.ndarray]) -> Pending:
-        # Due when the audio already on its way has played out (a first chunk: now).
+    def _vocode(self, codes: np.ndarray, start: bool, end: bool, send: Optional[np.ndarray], heard: int = 0) -> Pending:
+        """One call; `heard`: its frames that reach the listener (none for a prime or an END)."""
+        # Due when the audio already on its way has played out (a first chunk: now). STREAM=false
+        # has no listener until its response leaves: its chunks count as if one began at each
+        # call, so they yield to the streams' chunks of the same age and grow later as they come.
         now = time.monotonic()
         if not self._is_playback_begun:
             self._is_playback_begun = True
             self.playback.begin(now)
         pending = self.children.vocode(codes, start=start, end=end, deadline=self.playback.due(now))
         self._in_flight.append((pending, send))
-        if send is not None:
-            self.playback.submitted(send.shape[0])
+        self.playback.submitted(heard)
         return pending
 
-    def _open_vocoder(self, codes: np.ndarray, send: Optional[np.ndarray], end: bool = False) -> Pending:
-        """The sequence's first call(s): START rides on the first chunk (one queue round trip less
-        before the first audio); a continuation primes it with the reference frames first."""
+    def _vocode_chunk(self, codes: np.ndarray, send: Optional[np.ndarray]) -> Pending:
+        """The next chunk of the sequence; the first opens it: START rides on the first chunk (one
+        queue round trip less before the first audio), and a continuation primes it with the
+        reference frames first."""
+        heard = codes.shape[0]
+        if self._is_vocoder_open:
+            return self._vocode(codes, start=False, end=False, send=send, heard=heard)
         # Open before the call: Triton's sequence batcher holds a slot from the START flag on,
-        # even when the call fails, and only END (or its idle timeout) gives it back. A single
-        # START|END call (STREAM=false without context) ends the sequence by itself.
-        self._is_vocoder_open = self._context is not None or not end
+        # even when the call fails, and only END (or its idle timeout) gives it back.
+        self._is_vocoder_open = True
         if self._context is not None:
             self._vocode(self._context, start=True, end=False, send=None)
-            return self._vocode(codes, start=False, end=end, send=send)
-        return self._vocode(codes, start=True, end=end, send=send)
+            return self._vocode(codes, start=False, end=False, send=send, heard=heard)
+        return self._vocode(codes, start=True, end=False, send=send, heard=heard)
 
     def _stream_chunk(self, codes: np.ndarray) -> None:
         if not codes.shape[0]:
             return
         if not self.wants_audio:
             self.client.send(None, codes, self._take_context(), final=False)
-        elif not self._is_vocoder_open:
-            self._open_vocoder(codes, send=codes)
         else:
-            self._vocode(codes, start=False, end=False, send=codes)
+            self._vocode_chunk(codes, send=codes)
+
+    def _gather_chunk(self, codes: np.ndarray) -> None:
+        """STREAM=false: the codes wait for the one response; their audio is decoded now, not
+        after the last frame, so the vocoder's rounds run beside the engine's steps (the GPU
+        does both at once faster than one after the other)."""
+        self._gathered.append(codes)
+        if self.wants_audio and codes.shape[0]:
+            self._gathered_audio.append(self._vocode_chunk(codes, send=None))
 
     def _send_ready(self, block: bool) -> Optional[str]:
         """Send the audio of the calls answered so far, in order; with `block`, of all of them.
@@ -259,12 +199,13 @@ class SpeechStream:
         codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
         audio = None
         if self.wants_audio:
-            pending = self._open_vocoder(codes, send=None, end=True)  # START, everything, END
-            ended = self._send_ready(block=True)
+            end = self._end_vocoder()
+            ended = self._send_ready(block=True)  # raises a call's ChildError
             if ended is not None:
                 return ended
-            self._is_vocoder_open = False  # its last call carried END
-            audio = pending.result()
+            self._wait_end(end)
+            parts = [pending.result() for pending in self._gathered_audio]
+            audio = np.concatenate(parts, axis=-1) if parts else np.zeros((2, 0), np.float32)
         self.client.send(audio, codes, self._take_context(), final=True)
         return None
 

@@ -16,7 +16,8 @@ import triton_python_backend_utils as pb_utils
 from ..contract.errors import ChildError
 from ..pipeline.engine_codes import EngineCodes
 from ..pipeline.segmented_codes import SegmentedCodes
-from ..pipeline.speech_stream import END_WAIT_S, NO_CODES, Ready, new_sequence_id
+from ..pipeline.speech_stream import END_WAIT_S
+from ..pipeline.stream_ports import NO_CODES, Ready, new_sequence_id
 from ..sessions.session_request import NO_AUDIO
 from ..vocoder import internal_key
 from ..vocoder.worker import VocoderWorker

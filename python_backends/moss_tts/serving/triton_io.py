@@ -43,8 +43,13 @@ def require_decoupled(config: dict) -> None:
 
 
 def getter(request) -> Callable[[str], Optional[np.ndarray]]:
+    # One inputs() call per request: pb_utils.get_input_tensor_by_name makes the list of every
+    # input (a pybind wrapper each) again for each name asked, and parsing asks ~30 names, on
+    # the stub's main thread, with the GIL, while a burst of requests waits behind it.
+    tensors = {tensor.name(): tensor for tensor in request.inputs()}
+
     def get(name: str) -> Optional[np.ndarray]:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        tensor = tensors.get(name)
         return None if tensor is None else tensor.as_numpy()
     return get
 

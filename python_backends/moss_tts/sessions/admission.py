@@ -19,7 +19,8 @@ from typing import Callable, Union
 from ..contract.errors import ErrorKind, InvalidRequest, ServingError
 from ..contract.tensors import MOSS_TTS_INPUTS, SESSION_VOICE_INPUTS
 from ..pipeline.speech_requests import SpeechRequests, requested_outputs
-from ..pipeline.speech_stream import Client, SpeechStream
+from ..pipeline.speech_stream import SpeechStream
+from ..pipeline.stream_ports import Client
 from ..pipeline.synthesis_request import Getter, SessionInputs, parse_session_inputs
 from .claims import SessionHeldElsewhere, server_directory
 from .registry import SessionRegistry

@@ -16,7 +16,8 @@ import numpy as np
 
 from ..contract.errors import SHUTTING_DOWN, ErrorKind
 from ..contract.tensors import N_VQ
-from ..pipeline.speech_stream import CodesChunk, Ready, SpeechStream
+from ..pipeline.speech_stream import SpeechStream
+from ..pipeline.stream_ports import CodesChunk, Ready
 from .registry import SessionRegistry, TextSession
 
 NO_AUDIO = np.zeros((2, 0), np.float32)
