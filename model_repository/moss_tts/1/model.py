@@ -17,6 +17,7 @@ serving/stream_io.py (whose BLS calls are never decoupled: docs/structure.md say
 
 import logging
 import sys
+import threading
 import time
 
 import torch
@@ -91,7 +92,10 @@ class TritonPythonModel:
             self.streams, builder,
             lambda codes: TritonChildren(codes, self.key, self.watch, self.worker, self.pool.is_stopping),
             lambda audio: encode_reference(audio, self.watch), lambda record: self.metrics.observe(record),
-            self.pool.is_stopping, TraceLog.from_env())
+            self.pool.is_stopping, TraceLog.from_env(),
+            # In process, the stream threads take turns (pipeline/speech_stream.py); over BLS
+            # they wait in vocoder calls, which must not hold the others back.
+            turn=threading.RLock() if self.worker is not None else None)
         self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
         # Session requests that reached another instance of this server come here to be spoken
         # (several instances: sessions/relay.py).

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from contextlib import closing
+from contextlib import AbstractContextManager, closing, nullcontext
 from typing import Callable, Optional
 
 import numpy as np
@@ -39,7 +39,7 @@ END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then th
 class SpeechStream:
     def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
                  is_stopping: Callable[[], bool] = lambda: False, trace: Optional[FirstAudioTrace] = None,
-                 playback: Optional[Playback] = None) -> None:
+                 playback: Optional[Playback] = None, turn: Optional[AbstractContextManager] = None) -> None:
         self.children = children
         self.client = client
         self.stream = stream
@@ -58,6 +58,14 @@ class SpeechStream:
         self.playback = playback if playback is not None else Playback()
         self._is_playback_begun = False
         self.trace = trace  # None unless the first-audio trace is on
+        # The stream threads' turn (a reentrant lock the adapter shares among them when the
+        # vocoder is in process): held while this thread runs Python that does not wait, never
+        # while it waits. So one stream thread at a time competes for the GIL with the engine and
+        # the vocoder, and a wave of ~256 streams made runnable at once (new requests, a step's
+        # chunks, a round's audio) no longer passes every GIL hand-over round all of them before
+        # the engine's turn comes back (issue 34: host time a step 26-44 ms in those waves
+        # on the H200, ~6 between them).
+        self.turn = turn if turn is not None else nullcontext()
 
     def run(self) -> None:
         if self.trace is not None:
@@ -66,15 +74,18 @@ class SpeechStream:
             ended = self._pump()
             if ended is None:
                 ended = self._finish()
-            if ended == "stopping":
-                self.client.send_error(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
-            elif ended == "cancelled":
-                self.client.send_error("request cancelled by the client", ErrorKind.CANCELLED)
+            with self.turn:
+                if ended == "stopping":
+                    self.client.send_error(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
+                elif ended == "cancelled":
+                    self.client.send_error("request cancelled by the client", ErrorKind.CANCELLED)
         except ChildError as exc:
-            self.client.send_error(str(exc), exc.kind)
+            with self.turn:
+                self.client.send_error(str(exc), exc.kind)
         except Exception as exc:  # never leave the client without its final response
             log.exception("speech stream failed")
-            self.client.send_error(f"internal error: {error_text(exc)}", ErrorKind.INTERNAL)
+            with self.turn:
+                self.client.send_error(f"internal error: {error_text(exc)}", ErrorKind.INTERNAL)
         finally:
             self._close_vocoder()
 
@@ -84,25 +95,33 @@ class SpeechStream:
     def _pump(self) -> Optional[str]:
         """Consume the engine's chunks: None when they are all in, else "cancelled" / "stopping"."""
         with closing(self.children.stream_codes()) as chunks:
-            for chunk in chunks:
-                if chunk is AUDIO_READY:
-                    self._send_ready(block=False)
-                    continue
-                ended = self._ended()
+            for chunk in chunks:  # waits (for the engine, a vocoder call) outside the turn
+                with self.turn:
+                    ended = self._take(chunk)
                 if ended is not None:
-                    self.children.abort_codes()
                     return ended
-                if chunk is None:
-                    continue
-                if chunk.context.size:
-                    self._context = chunk.context
-                if self.trace is not None and chunk.codes.shape[0]:
-                    self.trace.codes_read(chunk.queued_at, chunk.first_codes_at)
-                if self.stream:
-                    self._stream_chunk(chunk.codes)
-                else:
-                    self._gather_chunk(chunk.codes)
-                self._send_ready(block=False)
+        return None
+
+    def _take(self, chunk) -> Optional[str]:
+        """One event of the chunk iterator, on the stream's turn: never waits."""
+        if chunk is AUDIO_READY:
+            self._send_ready(block=False)
+            return None
+        ended = self._ended()
+        if ended is not None:
+            self.children.abort_codes()
+            return ended
+        if chunk is None:
+            return None
+        if chunk.context.size:
+            self._context = chunk.context
+        if self.trace is not None and chunk.codes.shape[0]:
+            self.trace.codes_read(chunk.queued_at, chunk.first_codes_at)
+        if self.stream:
+            self._stream_chunk(chunk.codes)
+        else:
+            self._gather_chunk(chunk.codes)
+        self._send_ready(block=False)
         return None
 
     def _take_context(self) -> np.ndarray:
@@ -159,7 +178,8 @@ class SpeechStream:
 
     def _send_ready(self, block: bool) -> Optional[str]:
         """Send the audio of the calls answered so far, in order; with `block`, of all of them.
-        Returns "cancelled" / "stopping" if that ends the stream while it waits."""
+        Returns "cancelled" / "stopping" if that ends the stream while it waits. Waits (with
+        `block`, only outside the turn) without the turn, sends on it."""
         while self._in_flight:
             pending, codes = self._in_flight[0]
             if not pending.done():
@@ -170,13 +190,14 @@ class SpeechStream:
                     if ended is not None:
                         return ended
                     continue
-            self._in_flight.popleft()
-            audio = pending.result()  # raises the call's ChildError
-            if self.trace is not None and codes is not None:
-                self.trace.audio_ready(getattr(pending, "launched_at", 0.0), getattr(pending, "finished_at", 0.0))
-            if codes is not None:
-                self.client.send(audio, codes, self._take_context(), final=False)
-                self.playback.sent(time.monotonic())
+            with self.turn:
+                self._in_flight.popleft()
+                audio = pending.result()  # raises the call's ChildError
+                if self.trace is not None and codes is not None:
+                    self.trace.audio_ready(getattr(pending, "launched_at", 0.0), getattr(pending, "finished_at", 0.0))
+                if codes is not None:
+                    self.client.send(audio, codes, self._take_context(), final=False)
+                    self.playback.sent(time.monotonic())
         return None
 
     def _finish(self) -> Optional[str]:
@@ -185,28 +206,34 @@ class SpeechStream:
             # chunk is decoded, and before the final response: by the time the client has it, the
             # stream's slot is free (its max_streams place follows as this thread returns), so a
             # client that sends its next request at once is not refused for one it finished.
-            end = self._end_vocoder()
+            with self.turn:
+                end = self._end_vocoder()
             ended = self._send_ready(block=True)
             if ended is not None:
                 return ended
             if self._context is not None and not self._is_context_sent:
                 # A continuation that stopped at once still owes the client its context codes.
-                self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
-                                 self._take_context(), final=False)
+                with self.turn:
+                    self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
+                                     self._take_context(), final=False)
             self._wait_end(end)
-            self.client.send_final()
+            with self.turn:
+                self.client.send_final()
             return None
-        codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
         audio = None
         if self.wants_audio:
-            end = self._end_vocoder()
+            with self.turn:
+                end = self._end_vocoder()
             ended = self._send_ready(block=True)  # raises a call's ChildError
             if ended is not None:
                 return ended
             self._wait_end(end)
-            parts = [pending.result() for pending in self._gathered_audio]
-            audio = np.concatenate(parts, axis=-1) if parts else np.zeros((2, 0), np.float32)
-        self.client.send(audio, codes, self._take_context(), final=True)
+        with self.turn:
+            if self.wants_audio:
+                parts = [pending.result() for pending in self._gathered_audio]
+                audio = np.concatenate(parts, axis=-1) if parts else np.zeros((2, 0), np.float32)
+            codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
+            self.client.send(audio, codes, self._take_context(), final=True)
         return None
 
     def _end_vocoder(self) -> Optional[Pending]:
