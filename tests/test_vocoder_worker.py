@@ -384,3 +384,53 @@ def test_the_next_round_is_launched_before_the_last_one_lands(codec, streams, of
     assert events == ["launch 1", "launch 2", "land 1", "land 2"]
     close(audio, offline[0][:, :6 * SPF])
     assert worker.stats().active_slots == 0
+
+
+def test_hold_until_keeps_a_small_round_back_only_while_none_of_it_is_due():
+    from collections import deque
+
+    from moss_tts.vocoder.jobs import VocodeJob, hold_until
+
+    def job(seq, frames, deadline, start=False, end=False):
+        return VocodeJob(seq, np.zeros((frames, 12), np.int64), start, end, lambda: None, deadline)
+
+    a, b = job("a", 4, 10.0), job("b", 2, 10.5)
+    queues = {"a": deque([a]), "b": deque([b])}
+    picks = [[(a, 4)], [(b, 2)]]
+    assert hold_until(picks, queues, now=9.0, min_frames=8, slack_s=0.25) == pytest.approx(9.75)  # a's, less slack
+    assert hold_until(picks, queues, now=9.8, min_frames=8, slack_s=0.25) is None  # a is due within the slack
+    assert hold_until(picks, queues, now=9.0, min_frames=6, slack_s=0.25) is None  # enough frames
+    assert hold_until(picks, queues, now=9.0, min_frames=0, slack_s=0.25) is None  # holding is off
+    queues["b"].append(job("b", 0, 11.0, end=True))
+    assert hold_until(picks, queues, now=9.0, min_frames=8, slack_s=0.25) is None  # b's stream is ending
+    alone = job("c", 0, 12.0, end=True)
+    assert hold_until([[(alone, 0)]], {"c": deque([alone])}, now=9.0, min_frames=8, slack_s=0.25) is None
+
+
+def test_a_small_round_waits_until_due_or_until_an_end_comes(codec, streams, offline):
+    import time as clock
+
+    worker = make(codec, min_round_frames=100, hold_slack_s=0.05)
+    try:
+        first = worker.submit(0, streams[0, :2], start=True, end=False)  # due now: decoded at once
+        assert first.wait(TIMEOUT_S)
+        later = worker.submit(0, streams[0, 2:6], start=False, end=False, deadline=clock.monotonic() + 1.5)
+        assert not later.wait(0.6)  # 4 frames due in 1.5 s: held (until 1.45 s)
+        due = worker.submit(1, streams[1, :3], start=True, end=False, deadline=clock.monotonic() + 0.2)
+        # A chunk due sooner wakes the worker; the round (both streams' chunks) is due at 0.15 s.
+        assert due.wait(TIMEOUT_S) and later.wait(TIMEOUT_S)
+        last = worker.submit(0, streams[0, 6:10], start=False, end=False, deadline=clock.monotonic() + 5)
+        assert not last.wait(0.4)  # held again
+        asked = clock.monotonic()
+        end = worker.submit(0, np.zeros((0, 12), np.int64), start=False, end=True, deadline=asked + 9)
+        assert last.wait(TIMEOUT_S) and end.wait(TIMEOUT_S)  # stream 0 ends: nothing of it waits
+        assert clock.monotonic() - asked < 4.0  # long before its 4.95 s
+        close(np.concatenate([first.result(), later.result(), last.result()], axis=-1), offline[0, :, :10 * SPF])
+    finally:
+        worker.stop()
+
+
+def test_vocoder_hold_parameters_are_validated():
+    with pytest.raises(ValueError, match="vocoder_round_min_frames"):
+        VocoderPlacement.from_parameters({"vocoder_round_min_frames": "-1"})
+    assert VocoderPlacement.from_parameters({"stream_turn": "false", "vocoder_hold_ms": "100"}).stream_turn is False

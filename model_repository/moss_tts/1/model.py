@@ -52,7 +52,8 @@ from moss_tts.sessions.relay import RelayServer, socket_path
 from moss_tts.vocoder import internal_key
 from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement
 from moss_tts.vocoder.sessions import VocoderSessions
-from moss_tts.vocoder.worker import VocoderWorker, WorkerStats
+from moss_tts.vocoder.stats import WorkerStats
+from moss_tts.vocoder.worker import VocoderWorker
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 10.0  # finalize: streams end at their next chunk or tick; Triton's exit timeout is 30 s
@@ -95,7 +96,7 @@ class TritonPythonModel:
             self.pool.is_stopping, TraceLog.from_env(),
             # In process, the stream threads take turns (pipeline/speech_stream.py); over BLS
             # they wait in vocoder calls, which must not hold the others back.
-            turn=threading.RLock() if self.worker is not None else None)
+            turn=threading.RLock() if self.worker is not None and placement.stream_turn else None)
         self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
         # Session requests that reached another instance of this server come here to be spoken
         # (several instances: sessions/relay.py).
@@ -154,7 +155,9 @@ class TritonPythonModel:
             max_slots=slots, max_public_sessions=slots, device=str(codec_device),
             dtype="bfloat16" if dtype == torch.bfloat16 else "float32", cuda_graphs=True,
             max_step_rows=placement.vocoder_step_rows))
-        return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s, round_rows=placement.vocoder_round_rows)
+        return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s, round_rows=placement.vocoder_round_rows,
+                             min_round_frames=placement.vocoder_round_min_frames,
+                             hold_slack_s=placement.vocoder_hold_ms / 1000)
 
     def execute(self, requests):
         self.stop_watch.arm()  # the server serves: from now on "Server not ready" is its end

@@ -59,12 +59,12 @@ class SpeechStream:
         self._is_playback_begun = False
         self.trace = trace  # None unless the first-audio trace is on
         # The stream threads' turn (a reentrant lock the adapter shares among them when the
-        # vocoder is in process): held while this thread runs Python that does not wait, never
-        # while it waits. So one stream thread at a time competes for the GIL with the engine and
-        # the vocoder, and a wave of ~256 streams made runnable at once (new requests, a step's
-        # chunks, a round's audio) no longer passes every GIL hand-over round all of them before
-        # the engine's turn comes back (issue 34: host time a step 26-44 ms in those waves
-        # on the H200, ~6 between them).
+        # vocoder is in process): held while this thread runs Python that never waits (its
+        # vocoder calls; EngineCodes builds its prompt on it), so fewer stream threads at once
+        # compete for the GIL with the engine and the vocoder in a wave of ~256 streams made
+        # runnable together (issue 34: host time a step 26-44 ms in those waves on the H200, ~6
+        # between them). Never held across an IPC round trip (a send, is_cancelled): held there,
+        # the waves' sends went one at a time and first audio came later.
         self.turn = turn if turn is not None else nullcontext()
 
     def run(self) -> None:
@@ -74,18 +74,15 @@ class SpeechStream:
             ended = self._pump()
             if ended is None:
                 ended = self._finish()
-            with self.turn:
-                if ended == "stopping":
-                    self.client.send_error(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
-                elif ended == "cancelled":
-                    self.client.send_error("request cancelled by the client", ErrorKind.CANCELLED)
+            if ended == "stopping":
+                self.client.send_error(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
+            elif ended == "cancelled":
+                self.client.send_error("request cancelled by the client", ErrorKind.CANCELLED)
         except ChildError as exc:
-            with self.turn:
-                self.client.send_error(str(exc), exc.kind)
+            self.client.send_error(str(exc), exc.kind)
         except Exception as exc:  # never leave the client without its final response
             log.exception("speech stream failed")
-            with self.turn:
-                self.client.send_error(f"internal error: {error_text(exc)}", ErrorKind.INTERNAL)
+            self.client.send_error(f"internal error: {error_text(exc)}", ErrorKind.INTERNAL)
         finally:
             self._close_vocoder()
 
@@ -95,34 +92,33 @@ class SpeechStream:
     def _pump(self) -> Optional[str]:
         """Consume the engine's chunks: None when they are all in, else "cancelled" / "stopping"."""
         with closing(self.children.stream_codes()) as chunks:
-            for chunk in chunks:  # waits (for the engine, a vocoder call) outside the turn
-                with self.turn:
-                    ended = self._take(chunk)
-                if ended is not None:
-                    return ended
+            for chunk in chunks:  # waits (for the engine, a vocoder call) off the turn
+                if chunk is not AUDIO_READY:
+                    ended = self._ended()
+                    if ended is not None:
+                        self.children.abort_codes()
+                        return ended
+                    if chunk is not None:
+                        self._take(chunk)
+                self._send_ready(block=False)
         return None
 
-    def _take(self, chunk) -> Optional[str]:
-        """One event of the chunk iterator, on the stream's turn: never waits."""
-        if chunk is AUDIO_READY:
-            self._send_ready(block=False)
-            return None
-        ended = self._ended()
-        if ended is not None:
-            self.children.abort_codes()
-            return ended
-        if chunk is None:
-            return None
+    def _take(self, chunk) -> None:
         if chunk.context.size:
             self._context = chunk.context
         if self.trace is not None and chunk.codes.shape[0]:
             self.trace.codes_read(chunk.queued_at, chunk.first_codes_at)
-        if self.stream:
-            self._stream_chunk(chunk.codes)
-        else:
-            self._gather_chunk(chunk.codes)
-        self._send_ready(block=False)
-        return None
+        if not self.wants_audio:
+            if not self.stream:
+                self._gathered.append(chunk.codes)
+            elif chunk.codes.shape[0]:
+                self.client.send(None, chunk.codes, self._take_context(), final=False)
+            return
+        with self.turn:  # a vocoder call: Python that never waits
+            if self.stream:
+                self._stream_chunk(chunk.codes)
+            else:
+                self._gather_chunk(chunk.codes)
 
     def _take_context(self) -> np.ndarray:
         """The continuation's reference codes on the first response that leaves, else empty."""
@@ -161,11 +157,7 @@ class SpeechStream:
         return self._vocode(codes, start=True, end=False, send=send, heard=heard)
 
     def _stream_chunk(self, codes: np.ndarray) -> None:
-        if not codes.shape[0]:
-            return
-        if not self.wants_audio:
-            self.client.send(None, codes, self._take_context(), final=False)
-        else:
+        if codes.shape[0]:
             self._vocode_chunk(codes, send=codes)
 
     def _gather_chunk(self, codes: np.ndarray) -> None:
@@ -173,13 +165,12 @@ class SpeechStream:
         after the last frame, so the vocoder's rounds run beside the engine's steps (the GPU
         does both at once faster than one after the other)."""
         self._gathered.append(codes)
-        if self.wants_audio and codes.shape[0]:
+        if codes.shape[0]:
             self._gathered_audio.append(self._vocode_chunk(codes, send=None))
 
     def _send_ready(self, block: bool) -> Optional[str]:
         """Send the audio of the calls answered so far, in order; with `block`, of all of them.
-        Returns "cancelled" / "stopping" if that ends the stream while it waits. Waits (with
-        `block`, only outside the turn) without the turn, sends on it."""
+        Returns "cancelled" / "stopping" if that ends the stream while it waits."""
         while self._in_flight:
             pending, codes = self._in_flight[0]
             if not pending.done():
@@ -190,14 +181,13 @@ class SpeechStream:
                     if ended is not None:
                         return ended
                     continue
-            with self.turn:
-                self._in_flight.popleft()
-                audio = pending.result()  # raises the call's ChildError
-                if self.trace is not None and codes is not None:
-                    self.trace.audio_ready(getattr(pending, "launched_at", 0.0), getattr(pending, "finished_at", 0.0))
-                if codes is not None:
-                    self.client.send(audio, codes, self._take_context(), final=False)
-                    self.playback.sent(time.monotonic())
+            self._in_flight.popleft()
+            audio = pending.result()  # raises the call's ChildError
+            if self.trace is not None and codes is not None:
+                self.trace.audio_ready(getattr(pending, "launched_at", 0.0), getattr(pending, "finished_at", 0.0))
+            if codes is not None:
+                self.client.send(audio, codes, self._take_context(), final=False)
+                self.playback.sent(time.monotonic())
         return None
 
     def _finish(self) -> Optional[str]:
@@ -213,12 +203,10 @@ class SpeechStream:
                 return ended
             if self._context is not None and not self._is_context_sent:
                 # A continuation that stopped at once still owes the client its context codes.
-                with self.turn:
-                    self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
-                                     self._take_context(), final=False)
+                self.client.send(np.zeros((2, 0), np.float32) if self.wants_audio else None, NO_CODES,
+                                 self._take_context(), final=False)
             self._wait_end(end)
-            with self.turn:
-                self.client.send_final()
+            self.client.send_final()
             return None
         audio = None
         if self.wants_audio:
@@ -228,12 +216,11 @@ class SpeechStream:
             if ended is not None:
                 return ended
             self._wait_end(end)
-        with self.turn:
-            if self.wants_audio:
-                parts = [pending.result() for pending in self._gathered_audio]
-                audio = np.concatenate(parts, axis=-1) if parts else np.zeros((2, 0), np.float32)
-            codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
-            self.client.send(audio, codes, self._take_context(), final=True)
+        if self.wants_audio:
+            parts = [pending.result() for pending in self._gathered_audio]
+            audio = np.concatenate(parts, axis=-1) if parts else np.zeros((2, 0), np.float32)
+        codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
+        self.client.send(audio, codes, self._take_context(), final=True)
         return None
 
     def _end_vocoder(self) -> Optional[Pending]:

@@ -92,6 +92,13 @@ class VocoderPlacement:
     # in_process: sequences per round, the most urgent first (0 = vocoder_step_rows). Shorter
     # rounds let a new stream's chunks in sooner; each round is still one wide step.
     vocoder_round_rows: int = 128
+    # in_process: a round of fewer frames waits for more while none of its chunks is due within
+    # vocoder_hold_ms (0 = rounds launch at once): each round has a fixed GPU cost beside the
+    # engine's steps (vocoder/jobs.hold_until).
+    vocoder_round_min_frames: int = 256
+    vocoder_hold_ms: float = 250.0
+    # in_process: the stream threads take turns to run their Python (pipeline/speech_stream.py).
+    stream_turn: bool = True
     # in_process: how the codec's LayerNorms and GELU run on the GPU (codec.transformer.FUSIONS):
     # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
     # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
@@ -102,10 +109,12 @@ class VocoderPlacement:
         if self.vocoder not in PLACEMENTS:
             raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
         if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0 \
-                or self.vocoder_round_rows < 0:
+                or self.vocoder_round_rows < 0 or self.vocoder_round_min_frames < 0 or not self.vocoder_hold_ms >= 0:
             raise ValueError(f"vocoder_slots must be >= 0 (0 = max_streams), vocoder_step_rows >= 1, "
-                             f"vocoder_idle_s > 0 and vocoder_round_rows >= 0; got {self.vocoder_slots}, "
-                             f"{self.vocoder_step_rows}, {self.vocoder_idle_s}, {self.vocoder_round_rows}")
+                             f"vocoder_idle_s > 0, vocoder_round_rows, vocoder_round_min_frames and "
+                             f"vocoder_hold_ms >= 0; got {self.vocoder_slots}, {self.vocoder_step_rows}, "
+                             f"{self.vocoder_idle_s}, {self.vocoder_round_rows}, {self.vocoder_round_min_frames}, "
+                             f"{self.vocoder_hold_ms}")
 
     @classmethod
     def from_parameters(cls, parameters) -> "VocoderPlacement":

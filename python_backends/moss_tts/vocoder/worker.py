@@ -9,15 +9,14 @@ shared-memory copies, a sequence-batcher queue and Python on both sides per chun
 processes on one GPU only time-slice; here a chunk crosses no process, and the decode runs on a
 CUDA stream of its own that overlaps the engine's (docs/scaling.md has the numbers).
 
-A round's work is picked by `jobs.pick_round` (the most urgent sequences, a piece of each).
-Jobs of one sequence complete in submission order. START takes a zeroed row and END frees it,
-both on this thread (the state is only touched here, in stream order). A cancelled job is
-dropped unread. A decode failure fails every job of its round (their sequences are ended by
-VocoderSessions) and the rest of those sequences' jobs. No Triton import.
-
-Codes and audio stay numpy on this thread and in `submit`: every torch call from Python gives
-the GIL up and must win it back from the engine and ~256 stream threads (up to ~1 ms each), so
-a round makes a fixed few torch calls per step (VocoderSessions), none per sequence or job.
+A round's work is picked by `jobs.pick_round` (the most urgent sequences, a piece of each) and
+held back while it is small and not due (`jobs.hold_until`). Jobs of one sequence complete in
+submission order. START takes a zeroed row and END frees it, both on this thread (the state is
+only touched here, in stream order). A cancelled job is dropped unread. A decode failure fails
+every job of its round (their sequences are ended by VocoderSessions) and the rest of those
+sequences' jobs. Codes and audio stay numpy on this thread and in `submit`: every torch call
+gives the GIL up and must win it back, so a round makes a fixed few torch calls per step
+(VocoderSessions), none per sequence or job. No Triton import.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from typing import Callable, Hashable, Optional
 
 import numpy as np
@@ -35,35 +33,25 @@ import torch
 from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
 from ..contract.metrics import BATCH_SIZE_BUCKETS, Histogram
 from .config import NoFreeSlot
-from .jobs import Round, VocodeJob, pick_round
+from .jobs import Round, VocodeJob, hold_until, pick_round
 from .sessions import VocoderSessions
+from .stats import WorkerStats
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class WorkerStats:
-    rounds: int
-    jobs: int
-    frames: int
-    round_ms: int  # wall time inside rounds (GPU steps + host work)
-    queued_jobs: int
-    active_slots: int
-    free_slots: int
-    sessions_started: int
-    sessions_ended: int
-    sessions_failed: int
-    graph_calls: int
-    decode_calls: int
-
-
 class VocoderWorker:
-    def __init__(self, sessions: VocoderSessions, idle_seconds: float = 60.0,
-                 stream_priority: int = 0, round_rows: int = 0) -> None:
+    def __init__(self, sessions: VocoderSessions, idle_seconds: float = 60.0, stream_priority: int = 0,
+                 round_rows: int = 0, min_round_frames: int = 0, hold_slack_s: float = 0.25) -> None:
         """idle_seconds: a sequence without a job for this long is ended (a stream that died
         without its END). stream_priority: the CUDA stream's priority (0 = normal; the engine
-        runs above it)."""
+        runs above it). min_round_frames, hold_slack_s: a round of fewer frames waits for more
+        while none of its chunks is due within hold_slack_s (jobs.hold_until; 0 = never)."""
         self.sessions = sessions
+        self.min_round_frames, self.hold_slack_s = min_round_frames, hold_slack_s
+        # While the worker holds a round back: until when, and the frames queued (a submit wakes
+        # it only if that changes the case: a chunk due sooner, enough frames, an END).
+        self._hold, self._held_frames = None, 0
         self.piece_frames = sessions.config.max_graph_frames
         self.round_rows = round_rows or sessions.step_rows  # sequences decoded per round, at most
         self.idle_seconds = idle_seconds
@@ -100,7 +88,10 @@ class VocoderWorker:
             if self._is_stopping:
                 raise ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
             self._queues.setdefault(seq, deque()).append(job)
-            self._cond.notify()
+            self._held_frames += job.codes.shape[0]
+            if (self._hold is None or end or job.deadline - self.hold_slack_s <= self._hold
+                    or self._held_frames >= self.min_round_frames):
+                self._cond.notify()
         return job
 
     def stats(self) -> WorkerStats:
@@ -146,6 +137,14 @@ class VocoderWorker:
                     if self._is_stopping and in_flight is None:
                         return
                     picks = [] if self._is_stopping else self._heads()
+                    held = self._held_until(picks)
+                    if held is not None:
+                        if in_flight is None:  # wait until it is due, or a submit changes the case
+                            self._hold, self._held_frames = held, sum(t for spans in picks for _, t in spans)
+                            self._cond.wait(max(0.0, held - time.monotonic()))
+                            self._hold = None
+                            continue
+                        picks = []  # land the round in flight first
                 launched = self._timed(self._launch, picks) if picks else None
                 if in_flight is not None:
                     self._timed(self._land, in_flight)
@@ -173,6 +172,11 @@ class VocoderWorker:
             self._round_started = None
             with self._cond:
                 self._round_s += time.monotonic() - started
+
+    def _held_until(self, picks: list[list[tuple[VocodeJob, int]]]) -> Optional[float]:
+        """Under the lock: None = launch `picks` now, else hold them back until then."""
+        return None if not picks or self._is_stopping else hold_until(
+            picks, self._queues, time.monotonic(), self.min_round_frames, self.hold_slack_s)
 
     def _heads(self) -> list[list[tuple[VocodeJob, int]]]:
         """This round's work, under the lock (jobs.pick_round)."""
