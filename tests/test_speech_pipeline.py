@@ -48,7 +48,6 @@ class FakeClient:
 
     def send(self, audio, codes, context, final):
         self.sent.append((None if audio is None else audio.shape[1] // 4, codes.shape[0], context.shape[0]))
-        self.audio = audio
         self.finals += final
 
     def send_error(self, message, code):
@@ -91,18 +90,9 @@ def test_a_failed_start_still_ends_the_sequence_and_the_client_gets_one_final_er
     assert children.vocoder_calls == [start, (0, False, True)]
 
 
-def test_offline_vocodes_each_chunk_as_it_comes_and_sends_their_audio_in_one_response():
+def test_offline_vocodes_in_one_call_that_starts_and_ends_the_sequence():
     children, client = run([CodesChunk(codes(2), EMPTY), CodesChunk(codes(3, 2), EMPTY)], stream=False)
-    # START rides on the first chunk, END follows the last, as when streaming; one response.
-    assert children.vocoder_calls == [(2, True, False), (3, False, False), (0, False, True)]
-    assert client.sent == [(5, 5, 0)] and client.finals == 1 and not client.errors
-    # The chunks' audio, joined in their order (the fake's audio holds each call's frame count).
-    assert client.audio.tolist() == [[2.0] * 8 + [3.0] * 12] * 2
-
-
-def test_offline_without_frames_sends_empty_audio_and_opens_no_sequence():
-    children, client = run([], stream=False)
-    assert children.vocoder_calls == [] and client.sent == [(0, 0, 0)] and client.finals == 1
+    assert children.vocoder_calls == [(5, True, True)] and client.sent == [(5, 5, 0)] and client.finals == 1
 
 
 def test_streaming_sends_each_chunk_then_one_final():
@@ -129,8 +119,7 @@ def test_non_streaming_is_one_response_and_continuation_primes():
     children, client = run([CodesChunk(EMPTY, codes(3, 100)), CodesChunk(codes(2), EMPTY),
                             CodesChunk(codes(4), EMPTY)], stream=False)
     assert client.sent == [(6, 6, 3)] and client.finals == 1
-    # The prime (its audio dropped), each chunk, then END.
-    assert children.vocoder_calls == [(3, True, False), (2, False, False), (4, False, False), (0, False, True)]
+    assert children.vocoder_calls == [(3, True, False), (6, False, True)]  # prime, then all codes + END
 
 
 def test_streaming_continuation_sends_context_once():
@@ -279,26 +268,12 @@ def test_a_cancel_drops_the_chunks_in_flight_and_ends_the_sequence():
     assert len(client.sent) < 4
 
 
-def test_offline_waits_for_its_calls_in_flight_and_sends_one_final_response():
+def test_offline_waits_for_its_one_call_and_sends_one_final_response():
     children = AsyncChildren([CodesChunk(EMPTY, codes(3, 100)), CodesChunk(codes(2), EMPTY), CodesChunk(codes(4), EMPTY)])
     client = FakeClient()
     SpeechStream(children, client, stream=False).run()
     assert client.sent == [(6, 6, 3)] and client.finals == 1 and not client.errors
-    assert children.vocoder_calls == [(3, True, False), (2, False, False), (4, False, False), (0, False, True)]
-    assert client.audio.tolist() == [[2.0] * 8 + [4.0] * 16] * 2  # the prime's audio is not sent
-
-
-def test_offline_chunks_are_due_later_as_they_come_and_a_failed_one_fails_the_request():
-    children = AsyncChildren([CodesChunk(codes(n), EMPTY) for n in (2, 4, 8)], error_at=1)
-    client = FakeClient()
-    SpeechStream(children, client, stream=False).run()
-    # No audio is sent before the end, so no playback began: each chunk is due the frames
-    # handed over before it after its own call (a listener that would start then).
-    first, second = children.deadlines[:2]
-    assert second - first == pytest.approx(0.16, abs=0.05)
-    assert client.sent == [] and client.finals == 1
-    assert client.errors == [(ErrorKind.INTERNAL, "[INTERNAL] vocoder decode failed")]
-    assert children.vocoder_calls[-1] == (0, False, True)  # the sequence is still ended
+    assert children.vocoder_calls == [(3, True, False), (6, False, True)]  # prime, then all + END, no extra END
 
 
 def test_each_chunk_is_due_when_the_audio_before_it_has_played_out():

@@ -94,8 +94,8 @@ class TritonPythonModel:
             lambda codes: TritonChildren(codes, self.key, self.watch, self.worker, self.pool.is_stopping),
             lambda audio: encode_reference(audio, self.watch), lambda record: self.metrics.observe(record),
             self.pool.is_stopping, TraceLog.from_env(),
-            # In process, the stream threads take turns (pipeline/speech_stream.py); over BLS
-            # they wait in vocoder calls, which must not hold the others back.
+            # In process, the stream threads may take turns (stream_turn, pipeline/speech_stream.py);
+            # over BLS they wait in vocoder calls, which must not hold the others back.
             turn=threading.RLock() if self.worker is not None and placement.stream_turn else None)
         self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
         # Session requests that reached another instance of this server come here to be spoken

@@ -6,8 +6,9 @@ adapter supplies the engine and the vocoder through `Children` and the client th
 - streaming: each code chunk goes to the vocoder as it comes and the stream takes the next one
   at once: any number of chunks can be in flight (`Children.vocode` returns a `Pending`), and
   their audio is sent in order as each completes (the vocoder wakes the stream through its
-  chunk iterator, `AUDIO_READY`); non-streaming: each chunk is vocoded as it comes too (its
-  decode overlaps the engine's next steps), and codes and audio leave in one final response;
+  chunk iterator, `AUDIO_READY`); non-streaming: codes are gathered and vocoded as one job,
+  sent as one final response (vocoding each chunk as it came was measured slower: its rounds
+  slowed the engine's steps, perf/RESULTS.md, issue 34's fourth round);
 - continuation: the vocoder is first primed with the reference codes (their audio dropped),
   and the reference codes go out once as CONTEXT_CODES;
 - cancellation is checked once per chunk (and once a second while a request waits for the
@@ -50,7 +51,6 @@ class SpeechStream:
         # (None: a prime or a non-streamed call, nothing to send by itself).
         self._in_flight: deque[tuple[Pending, Optional[np.ndarray]]] = deque()
         self._gathered: list[np.ndarray] = []
-        self._gathered_audio: list[Pending] = []  # STREAM=false: each chunk's vocoder call, in order
         self._context: Optional[np.ndarray] = None
         self._is_context_sent = False
         # When the listener's audio runs out: each call's deadline (a text session's requests
@@ -58,13 +58,13 @@ class SpeechStream:
         self.playback = playback if playback is not None else Playback()
         self._is_playback_begun = False
         self.trace = trace  # None unless the first-audio trace is on
-        # The stream threads' turn (a reentrant lock the adapter shares among them when the
-        # vocoder is in process): held while this thread runs Python that never waits (its
-        # vocoder calls; EngineCodes builds its prompt on it), so fewer stream threads at once
-        # compete for the GIL with the engine and the vocoder in a wave of ~256 streams made
-        # runnable together (issue 34: host time a step 26-44 ms in those waves on the H200, ~6
-        # between them). Never held across an IPC round trip (a send, is_cancelled): held there,
-        # the waves' sends went one at a time and first audio came later.
+        # The stream threads' turn, when the adapter shares one among them (`stream_turn`, off
+        # by default): held while this thread runs Python that never waits (its vocoder calls;
+        # EngineCodes builds its prompt on it), so fewer stream threads at once compete for the
+        # GIL with the engine and the vocoder in a wave of ~256 streams made runnable together.
+        # Never held across an IPC round trip (a send, is_cancelled): held there, a wave's sends
+        # went one at a time and first audio came later. Measured on the H200 (issue 34's fourth
+        # round) it cut the engine's host time in those waves but served 1-2% less.
         self.turn = turn if turn is not None else nullcontext()
 
     def run(self) -> None:
@@ -108,17 +108,14 @@ class SpeechStream:
             self._context = chunk.context
         if self.trace is not None and chunk.codes.shape[0]:
             self.trace.codes_read(chunk.queued_at, chunk.first_codes_at)
-        if not self.wants_audio:
-            if not self.stream:
-                self._gathered.append(chunk.codes)
-            elif chunk.codes.shape[0]:
+        if not self.stream:
+            self._gathered.append(chunk.codes)
+        elif not self.wants_audio:
+            if chunk.codes.shape[0]:
                 self.client.send(None, chunk.codes, self._take_context(), final=False)
-            return
-        with self.turn:  # a vocoder call: Python that never waits
-            if self.stream:
-                self._stream_chunk(chunk.codes)
-            else:
-                self._gather_chunk(chunk.codes)
+        elif chunk.codes.shape[0]:
+            with self.turn:  # a vocoder call: Python that never waits
+                self._vocode_chunk(chunk.codes)
 
     def _take_context(self) -> np.ndarray:
         """The continuation's reference codes on the first response that leaves, else empty."""
@@ -127,46 +124,36 @@ class SpeechStream:
         self._is_context_sent = True
         return self._context
 
-    def _vocode(self, codes: np.ndarray, start: bool, end: bool, send: Optional[np.ndarray], heard: int = 0) -> Pending:
-        """One call; `heard`: its frames that reach the listener (none for a prime or an END)."""
-        # Due when the audio already on its way has played out (a first chunk: now). STREAM=false
-        # has no listener until its response leaves: its chunks count as if one began at each
-        # call, so they yield to the streams' chunks of the same age and grow later as they come.
+    def _vocode(self, codes: np.ndarray, start: bool, end: bool, send: Optional[np.ndarray]) -> Pending:
+        # Due when the audio already on its way has played out (a first chunk: now).
         now = time.monotonic()
         if not self._is_playback_begun:
             self._is_playback_begun = True
             self.playback.begin(now)
         pending = self.children.vocode(codes, start=start, end=end, deadline=self.playback.due(now))
         self._in_flight.append((pending, send))
-        self.playback.submitted(heard)
+        if send is not None:
+            self.playback.submitted(send.shape[0])
         return pending
 
-    def _vocode_chunk(self, codes: np.ndarray, send: Optional[np.ndarray]) -> Pending:
-        """The next chunk of the sequence; the first opens it: START rides on the first chunk (one
-        queue round trip less before the first audio), and a continuation primes it with the
-        reference frames first."""
-        heard = codes.shape[0]
-        if self._is_vocoder_open:
-            return self._vocode(codes, start=False, end=False, send=send, heard=heard)
+    def _open_vocoder(self, codes: np.ndarray, send: Optional[np.ndarray], end: bool = False) -> Pending:
+        """The sequence's first call(s): START rides on the first chunk (one queue round trip less
+        before the first audio); a continuation primes it with the reference frames first."""
         # Open before the call: Triton's sequence batcher holds a slot from the START flag on,
-        # even when the call fails, and only END (or its idle timeout) gives it back.
-        self._is_vocoder_open = True
+        # even when the call fails, and only END (or its idle timeout) gives it back. A single
+        # START|END call (STREAM=false without context) ends the sequence by itself.
+        self._is_vocoder_open = self._context is not None or not end
         if self._context is not None:
             self._vocode(self._context, start=True, end=False, send=None)
-            return self._vocode(codes, start=False, end=False, send=send, heard=heard)
-        return self._vocode(codes, start=True, end=False, send=send, heard=heard)
+            return self._vocode(codes, start=False, end=end, send=send)
+        return self._vocode(codes, start=True, end=end, send=send)
 
-    def _stream_chunk(self, codes: np.ndarray) -> None:
-        if codes.shape[0]:
-            self._vocode_chunk(codes, send=codes)
-
-    def _gather_chunk(self, codes: np.ndarray) -> None:
-        """STREAM=false: the codes wait for the one response; their audio is decoded now, not
-        after the last frame, so the vocoder's rounds run beside the engine's steps (the GPU
-        does both at once faster than one after the other)."""
-        self._gathered.append(codes)
-        if codes.shape[0]:
-            self._gathered_audio.append(self._vocode_chunk(codes, send=None))
+    def _vocode_chunk(self, codes: np.ndarray) -> None:
+        """A streamed chunk: the sequence's next call (the first opens it)."""
+        if not self._is_vocoder_open:
+            self._open_vocoder(codes, send=codes)
+        else:
+            self._vocode(codes, start=False, end=False, send=codes)
 
     def _send_ready(self, block: bool) -> Optional[str]:
         """Send the audio of the calls answered so far, in order; with `block`, of all of them.
@@ -208,18 +195,16 @@ class SpeechStream:
             self._wait_end(end)
             self.client.send_final()
             return None
+        codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
         audio = None
         if self.wants_audio:
             with self.turn:
-                end = self._end_vocoder()
-            ended = self._send_ready(block=True)  # raises a call's ChildError
+                pending = self._open_vocoder(codes, send=None, end=True)  # START, everything, END
+            ended = self._send_ready(block=True)
             if ended is not None:
                 return ended
-            self._wait_end(end)
-        if self.wants_audio:
-            parts = [pending.result() for pending in self._gathered_audio]
-            audio = np.concatenate(parts, axis=-1) if parts else np.zeros((2, 0), np.float32)
-        codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
+            self._is_vocoder_open = False  # its last call carried END
+            audio = pending.result()
         self.client.send(audio, codes, self._take_context(), final=True)
         return None
 

@@ -6,7 +6,7 @@ stream's listener would run out of audio without it), at most `round_rows` of th
 up to `piece_frames` frames of each (the graphs' largest shape), drawn from as many of the
 sequence's queued jobs as that takes. So a short round serves the most urgent chunks (a new
 stream's first ones) soon, and a stream whose chunks queued up decodes them as one wide row. A
-long job (a primed reference, a 25-frame chunk) advances one piece per round, so it never holds
+long job (`STREAM=false`, a primed reference) advances one piece per round, so it never holds
 the streams' chunks back for more than one step. A round of few frames, none of them due soon,
 waits for more (`hold_until`). No Triton import."""
 
