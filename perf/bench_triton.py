@@ -71,6 +71,10 @@ class LevelReport:
     streams_with_underruns: int = 0
     stall_s: float = 0.0
     errors: list = field(default_factory=list)
+    # Wall clock (time.time()) of the level's first request and last answer: perf/trace_phases.py
+    # cuts the server's first-audio trace by them.
+    wall_start: float = 0.0
+    wall_end: float = 0.0
 
     @property
     def audio_s_per_s(self) -> float:
@@ -177,7 +181,9 @@ def run_level(url: str, model: str, mode: str, concurrency: int, requests_per_wo
             parts = pool.map(_worker_process, jobs)
         results = [StreamResult(**r) for part, _, _ in parts for r in part]
         start, end = min(p[1] for p in parts), max(p[2] for p in parts)
-    return level_report(mode, concurrency, results, end - start)
+    report = level_report(mode, concurrency, results, end - start)
+    report.wall_start, report.wall_end = start, end
+    return report
 
 
 def level_report(mode: str, concurrency: int, results: list[StreamResult], wall: float) -> LevelReport:

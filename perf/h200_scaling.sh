@@ -25,6 +25,7 @@
 #                                              # and the shim's WebSocket (shim_K.json, REPEAT runs)
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
 # PARAMS="key=value,..." (any layout): moss_tts config.pbtxt parameters changed for the run.
+# TRACE=1 (layout, ab): the server's first-audio trace cut by the bench's levels (trace_phases_NAME.json).
 # VOCODER=bls (single): moss_tts calls the vocoder model over BLS (288 slots) instead of decoding
 # in its own process (the comparison of docs/scaling.md).
 # single = config.pbtxt with only GPU 0 visible; the others = --model-config-name=NAME
@@ -196,8 +197,11 @@ layout() {
       *) extra=(--model-config-name="$name") ;;
     esac
     log "layout $name: starting tritonserver (CUDA_VISIBLE_DEVICES=$visible ${extra[*]:-})"
+    # TRACE=1: the server traces every request's first audio, cut by level below (trace_phases_NAME.json).
+    local trace=""; [ "${TRACE:-0}" = 1 ] && trace="$R/first_audio_trace_$n.jsonl"
     CUDA_VISIBLE_DEVICES=$visible MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
-      MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh "${extra[@]}" > "$W/server_$n.log" 2>&1 < /dev/null &
+      MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 MOSS_TTS_FIRST_AUDIO_TRACE="$trace" \
+      setsid scripts/serve.sh "${extra[@]}" > "$W/server_$n.log" 2>&1 < /dev/null &
     echo $! > "$W/server.pid"
     local ready=0
     wait_ready http://127.0.0.1:8000/v2/health/ready && ready=1
@@ -223,6 +227,8 @@ layout() {
     cp "$W/server_$n.log" "$R/"
     # The GPU budget per frame at 256 running rows, from the counters just sampled.
     python3 -m perf.served_budget "$R/metrics_series_$n.txt" --out "$R/budget_$n.json" 2>&1 | tee -a "$R/scaling.log"
+    [ -s "$trace" ] && python3 -m perf.trace_phases --trace "$trace" "$R"/bench_"$n"_*.json \
+      --out "$R/trace_phases_$n.json" 2>&1 | tee -a "$R/scaling.log"
     log "layout $n: done after $((SECONDS - t0)) s"
   done
 }

@@ -1,6 +1,7 @@
 """Where the first audio's time went inside `moss_tts`, level by level: the server's first-audio
 trace (MOSS_TTS_FIRST_AUDIO_TRACE, pipeline/first_audio_trace.py) cut by the levels of
-perf/shim_load.py's JSONs (their wall_start/wall_end), as p50 / p95 ms per phase.
+perf/shim_load.py's or perf/bench_triton.py's JSONs (their wall_start/wall_end), as p50 / p95 ms
+per phase.
 
   python -m perf.trace_phases --trace first_audio_trace.jsonl shim_1.json shim_2.json [--out phases.json]
 
@@ -40,7 +41,8 @@ def phases(ms: dict) -> dict:
 
 def level_phases(traces: list[dict], level: dict) -> dict:
     """p50 / p95 of every phase over the level's requests that sent audio."""
-    session = level["transport"] in SESSION_TRANSPORTS
+    transport = level.get("transport") or f"grpc_{level['mode']}"  # bench_triton's levels name a mode
+    session = transport in SESSION_TRANSPORTS
     rows = [phases(t["ms"]) for t in traces
             if level["wall_start"] <= t["received"] <= level["wall_end"] and "sent" in t["ms"]
             and (t["session_index"] == 0 if session else t["session_index"] is None)]
@@ -53,7 +55,7 @@ def level_phases(traces: list[dict], level: dict) -> dict:
     # The tail: each phase's mean over the slowest tenth by total (where a late request's time went).
     slow = sorted((r for r in rows if "total" in r), key=lambda r: r["total"])[-max(1, len(rows) // 10):]
     tail = {name: round(float(np.mean([r.get(name, 0.0) for r in slow])), 1) for name in (*PHASES, "total")} if slow else {}
-    return {"transport": level["transport"], "concurrency": level["concurrency"], "requests": len(rows),
+    return {"transport": transport, "concurrency": level["concurrency"], "requests": len(rows),
             "phases_ms": summary, "slowest_tenth_mean_ms": tail}
 
 
@@ -73,14 +75,15 @@ def markdown(rows: list[dict], tail: bool = False) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", type=Path, required=True, help="the server's first-audio trace (JSON lines)")
-    p.add_argument("levels", type=Path, nargs="+", help="perf/shim_load.py JSONs")
+    p.add_argument("levels", type=Path, nargs="+", help="perf/shim_load.py or perf/bench_triton.py JSONs")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     traces = [json.loads(line) for line in args.trace.read_text().splitlines() if line.strip()]
     rows = []
     for path in args.levels:
-        for level in json.loads(path.read_text())["levels"]:
-            if "wall_start" in level:
+        report = json.loads(path.read_text())
+        for level in report["levels"] if isinstance(report, dict) else report:  # bench_triton: a list
+            if level.get("wall_start"):
                 rows.append({"run": path.stem, **level_phases(traces, level)})
     print("p50 / p95 ms per phase\n" + markdown(rows))
     print("\nmean ms per phase over the slowest tenth of each level\n" + markdown(rows, tail=True))

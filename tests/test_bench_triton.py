@@ -38,6 +38,8 @@ def test_a_short_run_against_the_server_reports_every_level(triton, tmp_path):
         assert r["failures"] == 0 and r["requests"] == 2 * r["concurrency"]
         assert r["audio_s"] == pytest.approx(r["requests"] * 8 / 12.5)
         assert 0 < r["ttfa_ms"]["p50"] <= r["ttfa_ms"]["max"] and r["audio_s_per_s"] > 0
+        # The level's wall-clock window, by which perf/trace_phases.py cuts the server's trace.
+        assert r["wall_end"] - r["wall_start"] == pytest.approx(r["wall_s"])
 
 
 @pytest.mark.triton
@@ -48,3 +50,4 @@ def test_client_processes_split_the_workers_and_merge_their_results(triton, tmp_
     (report,) = json.loads(out.read_text())
     assert code == 0 and report["failures"] == 0 and report["requests"] == 6
     assert report["audio_s"] == pytest.approx(6 * 8 / 12.5) and report["wall_s"] > 0
+    assert report["wall_end"] - report["wall_start"] == pytest.approx(report["wall_s"])

@@ -25,6 +25,25 @@ def test_phases_are_the_steps_between_moments_and_a_session_level_counts_first_s
     assert level_phases(traces, {**level, "transport": "grpc"})["requests"] == 0  # no session_index None
 
 
+def test_bench_triton_levels_cut_the_trace_by_mode(tmp_path):
+    """perf/bench_triton.py writes a list of levels that name a mode, not a transport."""
+    from perf.trace_phases import main as trace_phases
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"received": at, "outcome": "ok", "session_index": None,
+                                         "ms": {"thread": 1.0, "sent": sent}}) + "\n"
+                             for at, sent in ((10.5, 4.0), (11.0, 6.0), (20.5, 50.0))))
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps([{"mode": "stream", "concurrency": 2, "wall_start": 10.0, "wall_end": 12.0},
+                                 {"mode": "offline", "concurrency": 2, "wall_start": 20.0, "wall_end": 21.0},
+                                 {"mode": "stream", "concurrency": 1, "wall_start": 0.0, "wall_end": 0.0}]))
+    out = tmp_path / "phases.json"
+    assert trace_phases(["--trace", str(trace), str(bench), "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())  # the level without a window (an old JSON) is left out
+    assert [(r["transport"], r["requests"]) for r in rows] == [("grpc_stream", 2), ("grpc_offline", 1)]
+    assert rows[0]["phases_ms"]["total"] == {"p50": 5.0, "p95": 5.9}
+
+
 @pytest.mark.triton
 def test_the_served_model_traces_each_request_and_the_levels_cut_them(tiny_dir, tmp_path, monkeypatch):
     from perf.shim_load import main as shim_load
