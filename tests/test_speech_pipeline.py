@@ -183,6 +183,7 @@ class Later:
 
     def __init__(self, audio, error=None):
         self.audio, self.error, self.is_done, self.is_cancelled = audio, error, False, False
+        self.is_hurried = False
 
     def done(self):
         return self.is_done
@@ -198,6 +199,9 @@ class Later:
 
     def cancel(self):
         self.is_cancelled = True
+
+    def hurry(self):
+        self.is_hurried = not self.is_done
 
 
 class AsyncChildren(FakeChildren):
@@ -348,3 +352,15 @@ def test_a_stream_holds_its_turn_to_vocode_and_never_while_it_waits_or_sends(str
     # A send is an IPC round trip: held there, a wave's sends would go one at a time.
     assert all(depth == 0 for kind, depth in children.held if kind in ("next chunk", "wait", "send")), children.held
     assert all(depth > 0 for kind, depth in children.held if kind == "vocode"), children.held
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_once_its_codes_are_all_in_a_stream_hurries_the_calls_it_waits_for(stream):
+    """A held vocoder round would otherwise wait for company while the stream waits to end (a
+    text session's sentence has no END behind its last chunk: vocoder/jobs.hold_until)."""
+    children = AsyncChildren([CodesChunk(codes(n), EMPTY) for n in (2, 4, 8)])
+    SpeechStream(children, FakeClient(), stream=stream).run()
+    hurried = [p.is_hurried for p in children.pending]
+    # Streamed: the 8-frame chunk was still in flight at the end, the earlier ones answered; the
+    # END (no frames) is never held. STREAM=false: its one call.
+    assert hurried == ([False, False, True, False] if stream else [True])

@@ -416,9 +416,11 @@ def test_a_small_round_waits_until_due_or_until_an_end_comes(codec, streams, off
         assert first.wait(TIMEOUT_S)
         later = worker.submit(0, streams[0, 2:6], start=False, end=False, deadline=clock.monotonic() + 1.5)
         assert not later.wait(0.6)  # 4 frames due in 1.5 s: held (until 1.45 s)
-        due = worker.submit(1, streams[1, :3], start=True, end=False, deadline=clock.monotonic() + 0.2)
-        # A chunk due sooner wakes the worker; the round (both streams' chunks) is due at 0.15 s.
-        assert due.wait(TIMEOUT_S) and later.wait(TIMEOUT_S)
+        asked = clock.monotonic()
+        due = worker.submit(1, streams[1, :3], start=True, end=False, deadline=asked + 0.2)
+        # A chunk due sooner wakes the worker; the round (both streams' chunks) is due at 0.15 s,
+        # long before `later`'s hold would have ended by itself (1.45 s after it was asked).
+        assert due.wait(TIMEOUT_S) and later.wait(TIMEOUT_S) and clock.monotonic() - asked < 0.9
         last = worker.submit(0, streams[0, 6:10], start=False, end=False, deadline=clock.monotonic() + 5)
         assert not last.wait(0.4)  # held again
         asked = clock.monotonic()
@@ -434,3 +436,18 @@ def test_vocoder_hold_parameters_are_validated():
     with pytest.raises(ValueError, match="vocoder_round_min_frames"):
         VocoderPlacement.from_parameters({"vocoder_round_min_frames": "-1"})
     assert VocoderPlacement.from_parameters({"stream_turn": "false", "vocoder_hold_ms": "100"}).stream_turn is False
+
+
+def test_a_hurried_job_is_not_held(codec, streams):
+    import time as clock
+
+    worker = make(codec, min_round_frames=100, hold_slack_s=0.05)
+    try:
+        assert worker.submit(0, streams[0, :2], start=True, end=False).wait(TIMEOUT_S)
+        held = worker.submit(0, streams[0, 2:6], start=False, end=False, deadline=clock.monotonic() + 5)
+        assert not held.wait(0.4)
+        asked = clock.monotonic()
+        held.hurry()  # its stream waits for it (a text session's sentence ends without END)
+        assert held.wait(TIMEOUT_S) and clock.monotonic() - asked < 3.0  # not at 4.95 s
+    finally:
+        worker.stop()

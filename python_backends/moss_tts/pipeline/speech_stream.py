@@ -158,6 +158,9 @@ class SpeechStream:
     def _send_ready(self, block: bool) -> Optional[str]:
         """Send the audio of the calls answered so far, in order; with `block`, of all of them.
         Returns "cancelled" / "stopping" if that ends the stream while it waits."""
+        if block:  # the stream's codes are all in: none of its calls may wait for company now
+            for pending, _ in self._in_flight:
+                pending.hurry()
         while self._in_flight:
             pending, codes = self._in_flight[0]
             if not pending.done():

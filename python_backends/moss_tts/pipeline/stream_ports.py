@@ -33,6 +33,7 @@ class Pending(Protocol):
     def wait(self, timeout: Optional[float] = None) -> bool: ...  # True once done
     def result(self, timeout: Optional[float] = None) -> np.ndarray: ...  # [2, S]; raises ChildError
     def cancel(self) -> None: ...  # the audio is no longer wanted
+    def hurry(self) -> None: ...  # the audio is wanted now (its stream waits for it to end)
 
 
 class Ready:
@@ -51,6 +52,9 @@ class Ready:
         return self.audio
 
     def cancel(self) -> None:
+        pass
+
+    def hurry(self) -> None:
         pass
 
 

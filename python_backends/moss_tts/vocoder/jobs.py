@@ -47,6 +47,7 @@ class VocodeJob:
         self._audio: Optional[np.ndarray] = None  # joined from _parts by the first result()
         self._join_lock = threading.Lock()
         self._error: Optional[ChildError] = None
+        self._hurry: Callable[["VocodeJob"], None] = lambda job: None  # the worker's, set by its submit
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -73,6 +74,11 @@ class VocodeJob:
     def cancel(self) -> None:
         """The stream no longer wants this audio (cancelled, failed): the worker skips the job."""
         self.is_cancelled = True
+
+    def hurry(self) -> None:
+        """Its stream waits for this audio to finish (all its codes are in): due now, so no
+        round that carries it is held back (a text session's sentence has no END behind it)."""
+        self._hurry(self)
 
     @property
     def frames_left(self) -> int:
@@ -166,7 +172,8 @@ def hold_until(picks: list[list[tuple[VocodeJob, int]]], queues: "dict[Hashable,
     H200) and shares the GPU with the engine's steps, so a round of a few frames whose audio is
     not due yet waits for more: until `min_frames` are queued, or until its most urgent chunk
     is due within `slack_s` (the time a round and its send take). Never held: a START or END
-    alone, and a sequence whose END is queued (its stream's final response waits for it)."""
+    alone, and a sequence whose END is queued (its stream's final response waits for it; a
+    stream that waits for its last calls without an END behind them hurries them instead)."""
     if min_frames <= 0 or not picks:
         return None
     frames = 0

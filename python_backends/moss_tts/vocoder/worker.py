@@ -44,13 +44,12 @@ class VocoderWorker:
     def __init__(self, sessions: VocoderSessions, idle_seconds: float = 60.0, stream_priority: int = 0,
                  round_rows: int = 0, min_round_frames: int = 0, hold_slack_s: float = 0.25) -> None:
         """idle_seconds: a sequence without a job for this long is ended (a stream that died
-        without its END). stream_priority: the CUDA stream's priority (0 = normal; the engine
-        runs above it). min_round_frames, hold_slack_s: a round of fewer frames waits for more
-        while none of its chunks is due within hold_slack_s (jobs.hold_until; 0 = never)."""
+        without its END). stream_priority: the CUDA stream's priority (0 = normal; the engine runs
+        above it). min_round_frames, hold_slack_s: see jobs.hold_until (0 frames: never held)."""
         self.sessions = sessions
         self.min_round_frames, self.hold_slack_s = min_round_frames, hold_slack_s
-        # While the worker holds a round back: until when, and the frames queued (a submit wakes
-        # it only if that changes the case: a chunk due sooner, enough frames, an END).
+        # While a round is held back: until when, the frames queued (a submit wakes the worker
+        # only if that changes the case: a chunk due sooner, enough frames, an END; or a hurry).
         self._hold, self._held_frames = None, 0
         self.piece_frames = sessions.config.max_graph_frames
         self.round_rows = round_rows or sessions.step_rows  # sequences decoded per round, at most
@@ -84,6 +83,7 @@ class VocoderWorker:
             raise ChildError(f"vocoder codes refused: {error_text(exc)}", ErrorKind.INVALID_ARGUMENT) from None
         job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done,
                         time.monotonic() if deadline is None else deadline)
+        job._hurry = self._hurry
         with self._cond:
             if self._is_stopping:
                 raise ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
@@ -93,6 +93,11 @@ class VocoderWorker:
                     or self._held_frames >= self.min_round_frames):
                 self._cond.notify()
         return job
+
+    def _hurry(self, job: VocodeJob) -> None:  # VocodeJob.hurry, from a stream's thread
+        with self._cond:
+            job.deadline = min(job.deadline, time.monotonic())
+            self._cond.notify()
 
     def stats(self) -> WorkerStats:
         s = self.sessions.stats()
@@ -137,18 +142,18 @@ class VocoderWorker:
                     if self._is_stopping and in_flight is None:
                         return
                     picks = [] if self._is_stopping else self._heads()
-                    held = self._held_until(picks)
+                    held = None if not picks or self._is_stopping else hold_until(
+                        picks, self._queues, time.monotonic(), self.min_round_frames, self.hold_slack_s)
+                    if held is not None and in_flight is None:  # until due, or a submit changes the case
+                        self._hold, self._held_frames = held, sum(t for spans in picks for _, t in spans)
+                        self._cond.wait(min(1.0, max(0.0, held - time.monotonic())))  # expiry runs below
+                        self._hold = None
                     if held is not None:
-                        if in_flight is None:  # wait until it is due, or a submit changes the case
-                            self._hold, self._held_frames = held, sum(t for spans in picks for _, t in spans)
-                            self._cond.wait(max(0.0, held - time.monotonic()))
-                            self._hold = None
-                            continue
-                        picks = []  # land the round in flight first
+                        picks = []  # nothing launched now (a round in flight lands first)
                 launched = self._timed(self._launch, picks) if picks else None
                 if in_flight is not None:
                     self._timed(self._land, in_flight)
-                elif launched is None and not picks:
+                elif held is None and launched is None and not picks:
                     # Nothing to launch or land although jobs are queued: cannot happen by design,
                     # and must never become a loop that spins holding the GIL.
                     with self._cond:
@@ -172,11 +177,6 @@ class VocoderWorker:
             self._round_started = None
             with self._cond:
                 self._round_s += time.monotonic() - started
-
-    def _held_until(self, picks: list[list[tuple[VocodeJob, int]]]) -> Optional[float]:
-        """Under the lock: None = launch `picks` now, else hold them back until then."""
-        return None if not picks or self._is_stopping else hold_until(
-            picks, self._queues, time.monotonic(), self.min_round_frames, self.hold_slack_s)
 
     def _heads(self) -> list[list[tuple[VocodeJob, int]]]:
         """This round's work, under the lock (jobs.pick_round)."""
