@@ -415,12 +415,12 @@ def test_a_small_round_waits_until_due_or_until_an_end_comes(codec, streams, off
         first = worker.submit(0, streams[0, :2], start=True, end=False)  # due now: decoded at once
         assert first.wait(TIMEOUT_S)
         later = worker.submit(0, streams[0, 2:6], start=False, end=False, deadline=clock.monotonic() + 1.5)
-        assert not later.wait(0.6)  # 4 frames due in 1.5 s: held (until 1.45 s)
+        assert not later.wait(0.1)  # 4 frames due in 1.5 s: held (until 1.45 s)
         asked = clock.monotonic()
         due = worker.submit(1, streams[1, :3], start=True, end=False, deadline=asked + 0.2)
-        # A chunk due sooner wakes the worker; the round (both streams' chunks) is due at 0.15 s,
-        # long before `later`'s hold would have ended by itself (1.45 s after it was asked).
-        assert due.wait(TIMEOUT_S) and later.wait(TIMEOUT_S) and clock.monotonic() - asked < 0.9
+        # A chunk due sooner wakes the worker; the round (both streams' chunks) is due at 0.15 s.
+        # Unwoken, the holding worker would look again only after its 1 s cap (~0.9 s from here).
+        assert due.wait(TIMEOUT_S) and later.wait(TIMEOUT_S) and clock.monotonic() - asked < 0.6
         last = worker.submit(0, streams[0, 6:10], start=False, end=False, deadline=clock.monotonic() + 5)
         assert not last.wait(0.4)  # held again
         asked = clock.monotonic()
