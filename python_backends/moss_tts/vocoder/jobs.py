@@ -31,7 +31,8 @@ class VocodeJob:
     """One chunk of one sequence in the worker: `result()` waits for its audio [2, S] float32."""
 
     def __init__(self, seq: Hashable, codes: np.ndarray, start: bool, end: bool,
-                 on_done: Callable[[], None], deadline: float) -> None:
+                 on_done: Callable[[], None], deadline: float,
+                 hurry: Callable[["VocodeJob"], None] = lambda job: None) -> None:
         self.seq, self.codes, self.start, self.end = seq, codes, start, end
         self.deadline = deadline  # time.monotonic() by which its audio is due
         self.on_done = on_done  # called once, on the worker thread, when the job completes: keep it cheap
@@ -47,7 +48,7 @@ class VocodeJob:
         self._audio: Optional[np.ndarray] = None  # joined from _parts by the first result()
         self._join_lock = threading.Lock()
         self._error: Optional[ChildError] = None
-        self._hurry: Callable[["VocodeJob"], None] = lambda job: None  # the worker's, set by its submit
+        self._hurry = hurry  # the worker's: makes the job due now and wakes the worker
 
     def done(self) -> bool:
         return self._done.is_set()

@@ -82,8 +82,7 @@ class VocoderWorker:
         except (TypeError, ValueError) as exc:  # np.asarray raises either for what is no array
             raise ChildError(f"vocoder codes refused: {error_text(exc)}", ErrorKind.INVALID_ARGUMENT) from None
         job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done,
-                        time.monotonic() if deadline is None else deadline)
-        job._hurry = self._hurry
+                        time.monotonic() if deadline is None else deadline, hurry=self._hurry)
         with self._cond:
             if self._is_stopping:
                 raise ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
@@ -142,8 +141,7 @@ class VocoderWorker:
                     if self._is_stopping and in_flight is None:
                         return
                     picks = [] if self._is_stopping else self._heads()
-                    held = None if not picks or self._is_stopping else hold_until(
-                        picks, self._queues, time.monotonic(), self.min_round_frames, self.hold_slack_s)
+                    held = hold_until(picks, self._queues, time.monotonic(), self.min_round_frames, self.hold_slack_s)
                     if held is not None and in_flight is None:  # until due, or a submit changes the case
                         self._hold, self._held_frames = held, sum(t for spans in picks for _, t in spans)
                         self._cond.wait(min(1.0, max(0.0, held - time.monotonic())))  # expiry runs below
