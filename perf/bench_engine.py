@@ -289,9 +289,13 @@ def split(bench: Bench, batches: list[int]) -> list[dict]:
             "backbone_fused": lambda: _backbone_part(ctx, b, kv_len),
             "frame_fused": lambda: frame.sample_frame(ctx.model, ctx.fusions, ctx.rope, hidden,
                                                       ctx.state.view(b), ctx.state.frame_index[:b],
-                                                      ctx.sampler_kernel),
+                                                      ctx.sampler_kernel, ctx.local_kernel),
             "step_unfused": lambda: step.decode_step(replace(ctx, fusions=Fusions.eager()), b, kv_len),
             "step_sdpa": lambda: step.decode_step(replace(ctx, attention_kernel=False), b, kv_len),
+            # qkv_kernels=false: the compiled norm/RoPE kernels and index copies (step_qkv's A/B)
+            "step_no_qkv_kernels": lambda: step.decode_step(replace(ctx, qkv_kernel=False, local_kernel=False),
+                                                            b, kv_len),
+            "backbone_no_qkv_kernels": lambda: _backbone_part(replace(ctx, qkv_kernel=False), b, kv_len),
         }
         row = {"batch": b, "kv_len": kv_len}
         for name, fn in parts.items():
@@ -332,17 +336,31 @@ def prefix_reuse(bench: Bench, batch: int, shared: int) -> dict:
 
 
 def profile_step(bench: Bench, batch: int, out: Path | None) -> dict:
-    """GPU kernel time by name of one eager decode step in the steady state (3 profiled)."""
+    """GPU kernel time by name of one decode step in the steady state (3 profiled), eager and by
+    graph replay (kernels inside a graph are traced too), with the served kernels and with
+    qkv_kernels=false: where a step's time goes, and what step_qkv changed."""
+    ctx = bench.engine._runner.ctx
+    result = {}
+    for name, variant in (("", ctx), ("_no_qkv_kernels", replace(ctx, qkv_kernel=False, local_kernel=False))):
+        for graphed in (False, True):
+            key = ("graph" if graphed else "eager") + name
+            result[key] = _profile(bench, variant, batch, graphed, out and out / f"profile_{key}.txt")
+    return {"batch": batch, **result}
+
+
+def _profile(bench: Bench, ctx, batch: int, graphed: bool, table: Path | None) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    ctx = bench.engine._runner.ctx
     kv_len, _ = steady_state(bench, batch, 4)
     with torch.inference_mode():
-        step.decode_step(ctx, batch, kv_len)
+        run = lambda: step.decode_step(ctx, batch, kv_len)  # noqa: E731
+        if graphed:
+            run = _graph_of(run, torch.cuda.graph_pool_handle()).replay
+        run()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
-                step.decode_step(ctx, batch, kv_len)
+                run()
             torch.cuda.synchronize()
         ctx.state.reset()
     events = prof.key_averages()
@@ -350,10 +368,11 @@ def profile_step(bench: Bench, batch: int, out: Path | None) -> dict:
     top = sorted(events, key=lambda e: e.device_time_total, reverse=True)[:30]
     rows = [{"name": e.key[:90], "ms_per_step": e.device_time_total / 3 / 1000, "calls_per_step": e.count / 3}
             for e in top]
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "profile.txt").write_text(events.table(sort_by="device_time_total", row_limit=60))
-    return {"batch": batch, "kv_len": kv_len, "kernel_ms_per_step": total, "top": rows}
+    if table is not None:
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(events.table(sort_by="device_time_total", row_limit=80))
+    return {"kv_len": kv_len, "kernel_ms_per_step": total, "kernels_per_step": sum(e.count for e in events) / 3,
+            "top": rows}
 
 
 def prefill_probe(bench: Bench, rows: int) -> list[dict]:
@@ -400,7 +419,7 @@ def _backbone_part(ctx, b: int, kv_len: int):
     rows = model.feedback_rows(st.last_codes[:b], st.active[:b]).unsqueeze(1)
     embeds = model.embed_rows(rows).to(model.dtype)
     return backbone.decode(model.transformer, ctx.fusions, ctx.cache, embeds, ctx.slot_ids[:b],
-                           st.lengths[:b], kv_len, ctx.attention_kernel)
+                           st.lengths[:b], kv_len, ctx.attention_kernel, ctx.qkv_kernel)
 
 
 def _graph_of(fn, pool) -> torch.cuda.CUDAGraph:
@@ -462,6 +481,9 @@ def table(results: dict) -> str:
                      f"{r['backbone_fused_ms']:.2f} + frame {r['frame_fused_ms']:.2f}; unfused step "
                      f"{r['step_unfused_ms']:.2f} ms (kv window {r['kv_len']})")
     for r in results.get("split", []):
+        if "step_no_qkv_kernels_ms" in r:
+            lines.append(f"split b={r['batch']:<4} qkv_kernels=false: step {r['step_no_qkv_kernels_ms']:.2f} ms, "
+                         f"backbone {r['backbone_no_qkv_kernels_ms']:.2f} ms")
         if "step_sdpa_ms" in r:
             lines.append(f"split b={r['batch']:<4} step with SDPA attention instead of the decode kernel "
                          f"{r['step_sdpa_ms']:.2f} ms")
@@ -475,8 +497,11 @@ def table(results: dict) -> str:
                      f"reused rows {r['latency_reused_rows']}, prefill graph hits {r['prefill_graph_hits']}")
     if results.get("profile"):
         p = results["profile"]
-        lines.append(f"profile b={p['batch']} eager step, kernel time {p['kernel_ms_per_step']:.2f} ms; top: " + "; ".join(
-            f"{t['name'][:40]} {t['ms_per_step']:.2f}" for t in p["top"][:8]))
+        for key, r in p.items():
+            if isinstance(r, dict):
+                lines.append(f"profile b={p['batch']} {key}: kernel time {r['kernel_ms_per_step']:.2f} ms, "
+                             f"{r['kernels_per_step']:.0f} kernels; top: " + "; ".join(
+                                 f"{t['name'][:40]} {t['ms_per_step']:.2f}" for t in r["top"][:8]))
     if results.get("probe"):
         lines.append("eager prefill (150-row prompts): " + ", ".join(
             f"{r['prompts']}: {r['total_ms']:.0f} ms (host {r['host_ms']:.0f})" for r in results["probe"]))

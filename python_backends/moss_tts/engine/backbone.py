@@ -14,13 +14,16 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..kernels import decode_attention
+from ..kernels import decode_attention, step_qkv
 from ..kernels.fused import Fusions
 from ..model.qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
 from .kv_cache import StaticKVCache
 
 # attend(layer, q [B, T, heads, d], k, v [B, T, kv_heads, d]) -> o_proj output [B, T, H]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# attend_qkv(layer, qkv [B, T, (heads + 2 kv_heads) d] raw from the merged GEMM, cos, sin) -> the
+# same: norms, RoPE, the cache write and attention all its own (a decode step's Triton kernels)
+AttendQkvFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class MergedProjections:
@@ -54,19 +57,24 @@ def merge_projections(backbone: Qwen3Backbone) -> list[MergedProjections]:
 
 
 def _layer(layer: Qwen3Layer, x, h, cos, sin, attend, f: Fusions, next_norm: torch.Tensor,
-           merged: MergedProjections | None):
-    """One layer from (residual x, normed h); returns (x, the next norm of x)."""
+           merged: MergedProjections | None, attend_qkv=None):
+    """One layer from (residual x, normed h); returns (x, the next norm of x). attend_qkv (with
+    merged projections only) takes the qkv GEMM's output as it is."""
     attn, mlp, c = layer.self_attn, layer.mlp, layer.self_attn.cfg
     b, t, _ = h.shape
-    if merged is None:
-        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    if attend_qkv is not None and merged is not None:
+        attended = attend_qkv(F.linear(h, merged.qkv), cos, sin)
     else:
-        q, k, v = F.linear(h, merged.qkv).split([merged.q_rows, merged.kv_rows, merged.kv_rows], dim=-1)
-    q = q.reshape(b, t, c.num_attention_heads, c.head_dim)
-    k = k.reshape(b, t, c.num_key_value_heads, c.head_dim)
-    v = v.reshape(b, t, c.num_key_value_heads, c.head_dim)
-    q, k = f.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.rms_norm_eps, cos, sin)
-    x, h = f.add_rms_norm(x, attend(q, k, v), layer.post_attention_layernorm.weight, c.rms_norm_eps)
+        if merged is None:
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        else:
+            q, k, v = F.linear(h, merged.qkv).split([merged.q_rows, merged.kv_rows, merged.kv_rows], dim=-1)
+        q = q.reshape(b, t, c.num_attention_heads, c.head_dim)
+        k = k.reshape(b, t, c.num_key_value_heads, c.head_dim)
+        v = v.reshape(b, t, c.num_key_value_heads, c.head_dim)
+        q, k = f.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.rms_norm_eps, cos, sin)
+        attended = attend(q, k, v)
+    x, h = f.add_rms_norm(x, attended, layer.post_attention_layernorm.weight, c.rms_norm_eps)
     if merged is None:
         gated = f.silu_mul(mlp.gate_proj(h), mlp.up_proj(h))
     else:
@@ -76,7 +84,7 @@ def _layer(layer: Qwen3Layer, x, h, cos, sin, attend, f: Fusions, next_norm: tor
 
 
 def walk(backbone: Qwen3Backbone, f: Fusions, embeds: torch.Tensor, positions: torch.Tensor,
-         attend: AttendFn) -> torch.Tensor:
+         attend: AttendFn, attend_qkv: AttendQkvFn | None = None) -> torch.Tensor:
     """embeds [B, T, H] at positions [B, T] -> final-normed hidden states [B, T, H]."""
     cfg, layers = backbone.cfg, backbone.layers
     merged = getattr(backbone, "_engine_merged", None) or [None] * len(layers)
@@ -85,19 +93,20 @@ def walk(backbone: Qwen3Backbone, f: Fusions, embeds: torch.Tensor, positions: t
     for i, layer in enumerate(layers):
         next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else backbone.norm.weight
         x, h = _layer(layer, x, h, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v), f, next_norm,
-                      merged[i])
+                      merged[i], attend_qkv and (lambda qkv, cos, sin, i=i: attend_qkv(i, qkv, cos, sin)))
     return h
 
 
 def decode(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: torch.Tensor,
            slot_ids: torch.Tensor, positions: torch.Tensor, kv_len: int,
-           use_kernel: bool = False) -> torch.Tensor:
+           use_kernel: bool = False, qkv_kernel: bool = False) -> torch.Tensor:
     """Slots [0, S), one fed-back row each at its own position: embeds [S, 1, H] -> hidden [S, H].
 
     Each slot attends to its rows [0, position] inside the window [0, kv_len); rows of a slot
     that is not generating are computed and ignored. use_kernel: the flash-decoding kernel,
     which reads only each slot's own rows (the runner decides once whether it can run here);
-    else the masked SDPA below.
+    else the masked SDPA below. qkv_kernel: each layer's q/k norms, RoPE and cache write in one
+    Triton kernel (step_qkv.decode_qkv; slot s is row s, as slot_ids holds).
     """
     num_slots = embeds.shape[0]
     if use_kernel:
@@ -107,8 +116,19 @@ def decode(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: to
         bias = attention_bias(key_valid, 1, embeds.dtype)  # [S, 1, 1, kv_len]
 
     def attend(i: int, q, k, v):
-        attn = backbone.layers[i].self_attn
         cache.write_step(i, slot_ids, positions, k[:, 0], v[:, 0])
+        return attend_cache(i, q)
+
+    def attend_qkv(i: int, qkv, cos, sin):
+        attn = backbone.layers[i].self_attn
+        c = attn.cfg
+        q = step_qkv.decode_qkv(qkv, attn.q_norm.weight, attn.k_norm.weight, c.rms_norm_eps, cos, sin, cache.k[i],
+                                cache.v[i], positions, c.num_attention_heads, c.num_key_value_heads)
+        return attend_cache(i, q)
+
+    def attend_cache(i: int, q):
+        """q [S, 1, heads, d] over the slots' cached rows (this step's already written)."""
+        attn = backbone.layers[i].self_attn
         if use_kernel:
             out = decode_attention.decode_attention(q[:, 0], cache.k[i], cache.v[i], lengths, kv_len)
             return attn.o_proj(out.reshape(num_slots, 1, -1))
@@ -119,7 +139,7 @@ def decode(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: to
                                              attn_mask=bias)
         return attn.o_proj(out.reshape(num_slots, 1, -1))
 
-    return walk(backbone, f, embeds, positions.unsqueeze(1), attend)[:, 0]
+    return walk(backbone, f, embeds, positions.unsqueeze(1), attend, attend_qkv if qkv_kernel else None)[:, 0]
 
 
 def prefill(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: torch.Tensor,

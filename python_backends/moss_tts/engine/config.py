@@ -57,6 +57,9 @@ class EngineConfig:
     # reads only each slot's own rows; false = masked SDPA over the whole window bucket
     sampler_kernel: bool = True  # each codebook's draw (penalty, top-k/top-p, Gumbel-max) as one
     # Triton kernel with the sort in registers; false = fused torch.compile kernels + torch.sort
+    qkv_kernels: bool = True  # what a decode step does between a layer's qkv GEMM and its attention
+    # (backbone: q/k norms, RoPE, the cache write; local frame: RoPE, cache write, attention) as one
+    # Triton kernel each (kernels/step_qkv.py); false = the compiled kernels and index copies
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
     cuda_graph_prefill_tokens: int = CUDA_GRAPH_PREFILL_TOKENS  # 0 = no prefill graphs
     min_kv_bucket: int = MIN_KV_BUCKET

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import sample_kernel
+from ..kernels import sample_kernel, step_qkv
 from ..kernels.fused import Fusions
 from ..model.local_transformer import LocalKVCache, LocalTransformer, interleaved_rope
 from ..model.sampler import ChannelTensors, FrameSampling
@@ -30,19 +30,25 @@ class LocalRope:
 
 
 def local_step(local: LocalTransformer, f: Fusions, x: torch.Tensor, caches: list[LocalKVCache], pos: int,
-               rope: LocalRope) -> torch.Tensor:
+               rope: LocalRope, attention_kernel: bool = False) -> torch.Tensor:
     """LocalTransformer.step (LocalBlock and LocalAttention, op for op) with the precomputed RoPE
-    of `pos` and each residual add fused with the norm after it: x [B, H] -> hidden [B, H]."""
+    of `pos` and each residual add fused with the norm after it: x [B, H] -> hidden [B, H].
+    attention_kernel: RoPE, the cache write and attention as one Triton kernel
+    (step_qkv.local_attention_step) instead of four fused kernels and two copies."""
     h = x.unsqueeze(1)
     b, width = x.shape
     first = local.h[0].ln_1
     normed = f.layer_norm(h, first.weight, first.bias, first.eps)
     for i, (block, cache) in enumerate(zip(local.h, caches)):
         attn = block.attn
-        q, k, v = f.local_qkv_rope(attn.c_attn(normed), rope.cos[pos], rope.sin[pos], attn.cfg.num_heads)
-        cache.k[:, pos:pos + 1] = k
-        cache.v[:, pos:pos + 1] = v
-        out = f.local_attention(q, cache.k[:, :pos + 1], cache.v[:, :pos + 1])
+        if attention_kernel:
+            out = step_qkv.local_attention_step(attn.c_attn(normed), rope.cos[pos], rope.sin[pos], cache.k, cache.v,
+                                                pos, attn.cfg.num_heads)
+        else:
+            q, k, v = f.local_qkv_rope(attn.c_attn(normed), rope.cos[pos], rope.sin[pos], attn.cfg.num_heads)
+            cache.k[:, pos:pos + 1] = k
+            cache.v[:, pos:pos + 1] = v
+            out = f.local_attention(q, cache.k[:, :pos + 1], cache.v[:, :pos + 1])
         out = attn.c_proj(out.reshape(b, 1, width))
         h, normed = f.add_layer_norm(h, out, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
         delta = block.mlp.fc_out(f.silu(block.mlp.fc_in(normed)))
@@ -57,18 +63,19 @@ def _draw(select, scores, scaled, is_greedy, params: ChannelTensors, seed, posit
 
 
 def sample_frame(model: MossTTSLocalModel, f: Fusions, rope: LocalRope, hidden: torch.Tensor,
-                 state: FrameSampling, frame_index: torch.Tensor, use_kernel: bool = False):
+                 state: FrameSampling, frame_index: torch.Tensor, use_kernel: bool = False,
+                 attention_kernel: bool = False):
     """Backbone hidden [B, H] -> (is_stop [B] bool, codes [B, n_vq]) for frame `frame_index` [B].
 
     use_kernel: each draw (penalty, temperature, top-k/top-p over a register sort, Gumbel-max)
     is one Triton kernel (the runner decides once whether it can run here), instead of two
-    fused kernels around a torch.sort.
+    fused kernels around a torch.sort. attention_kernel: local_step's one-kernel attention.
     """
     cfg, dtype = model.cfg, model.dtype
     local = model.local_transformer
     caches = local.new_caches(hidden.shape[0], cfg.n_vq + 1, hidden.device, dtype)
     base = frame_index * (cfg.n_vq + 1)
-    u = local_step(local, f, hidden.to(dtype), caches, 0, rope)
+    u = local_step(local, f, hidden.to(dtype), caches, 0, rope, attention_kernel)
     stop_logits = model.stop_logits(u)
     if use_kernel:
         p = state.stop
@@ -80,7 +87,8 @@ def sample_frame(model: MossTTSLocalModel, f: Fusions, rope: LocalRope, hidden: 
     codes: list[torch.Tensor] = []
     for c in range(cfg.n_vq):
         if c > 0:
-            u = local_step(local, f, model.audio_embeddings[c - 1](codes[-1]).to(dtype), caches, c, rope)
+            u = local_step(local, f, model.audio_embeddings[c - 1](codes[-1]).to(dtype), caches, c, rope,
+                           attention_kernel)
         logits, a = model.code_logits(u, c), state.audio
         if use_kernel:
             codes.append(sample_kernel.draw_tokens(logits, state.seen[:, c], a.repetition_penalty, a.temperature,

@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 REMEDIES = ("Remedies: 1) set enforce_eager=true to serve without graphs; 2) set fuse_kernels=false "
             "if the error names torch.compile or Inductor, attention_kernel=false and "
-            "sampler_kernel=false if it names a Triton kernel (_split_kernel, _combine_kernel, "
-            "_draw_kernel: they were built against Triton 3.6); 3) lower cuda_graph_max_batch or "
+            "sampler_kernel=false or qkv_kernels=false if it names a Triton kernel (_split_kernel, "
+            "_combine_kernel, _draw_kernel, _decode_qkv_kernel, _local_attention_kernel: they were built "
+            "against Triton 3.6); 3) lower cuda_graph_max_batch or "
             "max_seq_len if memory ran out.")
 
 

@@ -20,7 +20,7 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from ..contract.sampling_params import SamplingParams
-from ..kernels import decode_attention, sample_kernel
+from ..kernels import decode_attention, sample_kernel, step_qkv
 from ..kernels.fused import Fusions
 from ..kernels.uploads import to_device, upload_index
 from ..model.tts_model import MossTTSLocalModel
@@ -130,14 +130,16 @@ class ModelRunner:
                 self._host_out.append((host, host.numpy(), torch.cuda.Event()))
         self.ctx = ctx
 
-    def _kernels(self) -> tuple[bool, bool]:
-        """(attention_kernel, sampler_kernel): each as configured and where its Triton kernel
-        can run on this device and dtype (not on the CPU), decided once."""
+    def _kernels(self) -> tuple[bool, bool, bool, bool]:
+        """(attention_kernel, sampler_kernel, qkv_kernel, local_kernel): each as configured and
+        where its Triton kernel can run on this device and dtype (not on the CPU), decided once."""
         b, dev, dtype = self.model.cfg.backbone, self.device, self.dtype
         query = torch.empty((1, b.num_attention_heads, b.head_dim), device=dev, dtype=dtype)
         logits = torch.empty((1, self.model.cfg.audio_vocab_size), device=dev, dtype=dtype)
+        qkv = self.config.qkv_kernels and step_qkv.is_supported(query)
         return (self.config.attention_kernel and decode_attention.is_supported(query, self.kv.k[0]),
-                self.config.sampler_kernel and sample_kernel.is_supported(logits))
+                self.config.sampler_kernel and sample_kernel.is_supported(logits),
+                qkv and step_qkv.fits_decode(b.head_dim), qkv)
 
     def _warm_up(self, ctx: StepContext) -> None:
         """Eager prefills (1, 2 and many prompts) and decode steps (1 and 2 slots), so the fused

@@ -43,6 +43,8 @@ class StepContext:
     out: torch.Tensor  # [num_slots (prefill rows) + num_slots (decode rows), 1 + n_vq] int64
     attention_kernel: bool = False  # decode attention by the flash-decoding kernel (GPU)
     sampler_kernel: bool = False  # each draw as one Triton kernel (GPU)
+    qkv_kernel: bool = False  # decode layers' q/k norms, RoPE and cache write as one kernel (GPU)
+    local_kernel: bool = False  # the local frame's RoPE, cache write and attention as one kernel (GPU)
 
     @property
     def decode_offset(self) -> int:
@@ -109,7 +111,7 @@ class PrefillInputs:
 def _sample(ctx: StepContext, hidden, sampling: FrameSampling, frame_index, ignore_stop, active):
     """Sample a frame and record it in the history; emitted = active and not a (heeded) stop."""
     is_stop, codes = frame.sample_frame(ctx.model, ctx.fusions, ctx.rope, hidden, sampling, frame_index,
-                                        ctx.sampler_kernel)
+                                        ctx.sampler_kernel, ctx.local_kernel)
     emitted = active & ~(is_stop & ~ignore_stop)
     sampling.record(codes, emitted)
     return emitted, codes
@@ -128,7 +130,7 @@ def decode_step(ctx: StepContext, num_slots: int, kv_len: int) -> None:
     embeds = model.embed_rows(rows).to(model.dtype)
     positions = st.lengths[:n]
     hidden = backbone.decode(model.transformer, ctx.fusions, ctx.cache, embeds, ctx.slot_ids[:n],
-                             positions, kv_len, ctx.attention_kernel)
+                             positions, kv_len, ctx.attention_kernel, ctx.qkv_kernel)
     st.lengths[:n] += active.long()
     frame_index = st.frame_index[:n]
     emitted, codes = _sample(ctx, hidden, st.view(n), frame_index, st.ignore_stop[:n], active)

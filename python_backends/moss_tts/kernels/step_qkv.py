@@ -1,0 +1,230 @@
+"""What a decode step does between a layer's qkv GEMM and its attention, as one Triton kernel.
+
+decode_qkv (the Qwen3 backbone): RMSNorm of each q and k head, NeoX RoPE, and the new key and
+value written straight into the slot-major cache at each slot's position; returns the rotated q.
+It replaces, per layer, the compiled norm+RoPE kernel and the two index_put kernels of the
+cache write (36 layers: 108 kernels a step become 36).
+
+local_attention_step (the local transformer, one of a frame's 13 micro-steps): interleaved RoPE
+of q and k, the new key and value into the frame's local cache at `pos`, and attention of the
+one query over local positions [0, pos]. It replaces the compiled RoPE kernel, two cache copies
+and the two-kernel attention reduction (65 kernels a frame become 13).
+
+At batch 256 each of those kernels moves a few hundred KB; the H200 profile showed them costing
+their launch and ramp, not their bytes, so fewer of them is the gain. The math is that of the
+torch references below (the CPU path and the tests' oracle): norms, rotations and softmax in
+fp32, rounded to the activations' dtype where the modules round explicitly. Grids depend on
+shapes only and nothing is read back to the host: capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .fused import local_attention_reduced, local_qkv_rope, qk_norm_rope
+from .triton_setup import INTERPRET, jit, tl, triton
+
+NUM_WARPS = 4
+LOCAL_BLOCK_H = 8  # local heads per program: 4 programs per row at 32 heads
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def is_supported(x: torch.Tensor) -> bool:
+    """True where the kernels can run: triton importable, x on CUDA (or TRITON_INTERPRET=1)."""
+    return triton is not None and (INTERPRET or x.is_cuda) and x.dtype in (torch.float16, torch.bfloat16,
+                                                                            torch.float32)
+
+
+def fits_decode(head_dim: int) -> bool:
+    """decode_qkv loads each head as two halves of a power-of-two width (the NeoX pairs)."""
+    half = head_dim // 2
+    return head_dim % 2 == 0 and half >= 1 and half & (half - 1) == 0
+
+
+# ------------------------------------------------------------------------------------ backbone
+def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+               cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               positions: torch.Tensor, heads: int, kv_heads: int, use_kernel: bool = True) -> torch.Tensor:
+    """qkv [S, 1, (heads + 2 kv_heads) x d] (the merged projection's output, q heads then k then v);
+    cos/sin [S, 1, 1, d] (neox_rope); caches [N >= S, rows, kv_heads, d], slot s = row s;
+    positions [S] long. Writes slot s's normed, rotated key and its value at row positions[s] and
+    returns q [S, 1, heads, d], normed and rotated."""
+    if not (use_kernel and is_supported(qkv) and fits_decode(q_weight.shape[0])):
+        return reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
+                                    heads, kv_heads)
+    num_slots, head_dim = qkv.shape[0], q_weight.shape[0]
+    flat = qkv.reshape(num_slots, -1)
+    cos2, sin2 = cos.reshape(num_slots, head_dim), sin.reshape(num_slots, head_dim)
+    q = torch.empty(num_slots, 1, heads, head_dim, device=qkv.device, dtype=qkv.dtype)
+    assert flat.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    _decode_qkv_kernel[(num_slots, 2)](
+        flat, q_weight, k_weight, cos2, sin2, positions, q, k_cache, v_cache, eps,
+        flat.stride(0), cos2.stride(0), sin2.stride(0), q.stride(0), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        HEADS=heads, KV_HEADS=kv_heads, BLOCK_H=_next_pow2(max(heads, kv_heads)), HALF=head_dim // 2,
+        num_warps=NUM_WARPS)
+    return q
+
+
+def reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions, heads, kv_heads):
+    """The same in torch, as backbone._layer and StaticKVCache.write_step do it."""
+    num_slots, t, _ = qkv.shape
+    head_dim = q_weight.shape[0]
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k = qk_norm_rope(q.reshape(num_slots, t, heads, head_dim), k.reshape(num_slots, t, kv_heads, head_dim),
+                        q_weight, k_weight, eps, cos, sin)
+    slots = torch.arange(num_slots, device=qkv.device)
+    k_cache.index_put_((slots, positions), k[:, 0])
+    v_cache.index_put_((slots, positions), v.reshape(num_slots, t, kv_heads, head_dim)[:, 0])
+    return q
+
+
+@jit
+def _norm_rope(x_ptr, w_ptr, cos_lo, cos_hi, sin_lo, sin_hi, rows, n_rows, eps,
+               HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Heads [BLOCK_H, 2 HALF] at x_ptr (head h at h x 2 HALF): RMSNorm with weight w (normalised
+    in fp32, cast to x's dtype, then scaled: RMSNorm's order) and NeoX rotation -> fp32 halves."""
+    offs_d = tl.arange(0, HALF)
+    mask = (rows < n_rows)[:, None]
+    tile = x_ptr + rows[:, None] * (2 * HALF) + offs_d[None, :]
+    lo = tl.load(tile, mask=mask, other=0.0).to(tl.float32)
+    hi = tl.load(tile + HALF, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt((tl.sum(lo * lo, 1) + tl.sum(hi * hi, 1)) / (2 * HALF) + eps)
+    dtype = x_ptr.dtype.element_ty
+    w_lo = tl.load(w_ptr + offs_d).to(tl.float32)
+    w_hi = tl.load(w_ptr + HALF + offs_d).to(tl.float32)
+    lo = w_lo[None, :] * (lo * rstd[:, None]).to(dtype).to(tl.float32)
+    hi = w_hi[None, :] * (hi * rstd[:, None]).to(dtype).to(tl.float32)
+    return lo * cos_lo[None, :] - hi * sin_lo[None, :], hi * cos_hi[None, :] + lo * sin_hi[None, :]
+
+
+@jit
+def _decode_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+                       eps, stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh,
+                       stride_cs, stride_ct, stride_ch,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """One (slot, part): part 0 the q heads into q, part 1 the k heads (normed, rotated) and the
+    v heads into the caches at the slot's position."""
+    s = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HALF)
+    cos_lo = tl.load(cos_ptr + s * stride_cos + offs_d).to(tl.float32)
+    cos_hi = tl.load(cos_ptr + s * stride_cos + HALF + offs_d).to(tl.float32)
+    sin_lo = tl.load(sin_ptr + s * stride_sin + offs_d).to(tl.float32)
+    sin_hi = tl.load(sin_ptr + s * stride_sin + HALF + offs_d).to(tl.float32)
+    row = qkv_ptr + s * stride_qkv
+    dtype = q_ptr.dtype.element_ty
+    if tl.program_id(1) == 0:
+        lo, hi = _norm_rope(row, qw_ptr, cos_lo, cos_hi, sin_lo, sin_hi, rows, HEADS, eps, HALF, BLOCK_H)
+        mask = (rows < HEADS)[:, None]
+        out = q_ptr + s * stride_qs + rows[:, None] * stride_qh + offs_d[None, :]
+        tl.store(out, lo.to(dtype), mask=mask)
+        tl.store(out + HALF, hi.to(dtype), mask=mask)
+    else:
+        lo, hi = _norm_rope(row + HEADS * 2 * HALF, kw_ptr, cos_lo, cos_hi, sin_lo, sin_hi, rows, KV_HEADS, eps,
+                            HALF, BLOCK_H)
+        mask = (rows < KV_HEADS)[:, None]
+        at = (s * stride_cs + tl.load(pos_ptr + s).to(tl.int64) * stride_ct
+              + rows[:, None] * stride_ch + offs_d[None, :])
+        cache_dtype = k_cache_ptr.dtype.element_ty
+        tl.store(k_cache_ptr + at, lo.to(dtype).to(cache_dtype), mask=mask)
+        tl.store(k_cache_ptr + at + HALF, hi.to(dtype).to(cache_dtype), mask=mask)
+        v = row + (HEADS + KV_HEADS) * 2 * HALF + rows[:, None] * (2 * HALF) + offs_d[None, :]
+        tl.store(v_cache_ptr + at, tl.load(v, mask=mask, other=0.0).to(cache_dtype), mask=mask)
+        tl.store(v_cache_ptr + at + HALF, tl.load(v + HALF, mask=mask, other=0.0).to(cache_dtype), mask=mask)
+
+
+# ------------------------------------------------------------------------------------ local frame
+def local_attention_step(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, pos: int, heads: int, use_kernel: bool = True) -> torch.Tensor:
+    """qkv [B, 1, 3 x H] (c_attn's output: q, k, v); cos/sin [1, 1, 1, d] of local position `pos`
+    (interleaved pairs); caches [B, positions, heads, d]. Writes the rotated key and the value
+    at `pos` and returns the attention of the rotated query over positions [0, pos]: [B, 1, H]."""
+    if not (use_kernel and is_supported(qkv)):
+        return reference_local_attention_step(qkv, cos, sin, k_cache, v_cache, pos, heads)
+    b, width = qkv.shape[0], qkv.shape[-1] // 3
+    head_dim = width // heads
+    flat = qkv.reshape(b, -1)
+    out = torch.empty(b, 1, width, device=qkv.device, dtype=qkv.dtype)
+    assert flat.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    block_h = min(LOCAL_BLOCK_H, _next_pow2(heads))
+    _local_attention_kernel[(b, triton.cdiv(heads, block_h))](
+        flat, cos.reshape(-1), sin.reshape(-1), k_cache, v_cache, out, pos, head_dim ** -0.5,
+        flat.stride(0), k_cache.stride(0), k_cache.stride(1), out.stride(0),
+        HEADS=heads, HEAD_DIM=head_dim, BLOCK_H=block_h, HALF=_next_pow2(head_dim // 2), num_warps=NUM_WARPS)
+    return out
+
+
+def reference_local_attention_step(qkv, cos, sin, k_cache, v_cache, pos, heads):
+    """The same in torch, as frame.local_step does it with the compiled kernels' math."""
+    q, k, v = local_qkv_rope(qkv, cos, sin, heads)
+    k_cache[:, pos:pos + 1] = k
+    v_cache[:, pos:pos + 1] = v
+    out = local_attention_reduced(q, k_cache[:, :pos + 1], v_cache[:, :pos + 1])
+    return out.reshape(qkv.shape[0], 1, -1)
+
+
+@jit
+def _local_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, out_ptr, pos, scale,
+                            stride_qkv, stride_cb, stride_ct, stride_out,
+                            HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                            HALF: tl.constexpr):
+    """One (row, block of heads). Each head's dims are handled as pairs (2i, 2i+1): the even and
+    the odd dims of every tile are loaded apart, so the interleaved rotation is plain arithmetic."""
+    b = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    pair = tl.arange(0, HALF)
+    pair_ok = pair < HEAD_DIM // 2
+    mask = (heads < HEADS)[:, None] & pair_ok[None, :]
+    even = heads[:, None] * HEAD_DIM + 2 * pair[None, :]  # offset of dim 2i of each head
+    dtype = qkv_ptr.dtype.element_ty
+    cos_e = tl.load(cos_ptr + 2 * pair, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
+    cos_o = tl.load(cos_ptr + 2 * pair + 1, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
+    sin_e = tl.load(sin_ptr + 2 * pair, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
+    sin_o = tl.load(sin_ptr + 2 * pair + 1, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
+    row = qkv_ptr + b * stride_qkv + even
+    width = HEADS * HEAD_DIM
+    qe = tl.load(row, mask=mask, other=0.0).to(tl.float32)
+    qo = tl.load(row + 1, mask=mask, other=0.0).to(tl.float32)
+    ke = tl.load(row + width, mask=mask, other=0.0).to(tl.float32)
+    ko = tl.load(row + width + 1, mask=mask, other=0.0).to(tl.float32)
+    # rotated, rounded to the activations' dtype as the RoPE kernel's outputs are
+    q_even = (qe * cos_e - qo * sin_e).to(dtype)
+    q_odd = (qo * cos_o + qe * sin_o).to(dtype)
+    k_even = (ke * cos_e - ko * sin_e).to(dtype)
+    k_odd = (ko * cos_o + ke * sin_o).to(dtype)
+    v_even = tl.load(row + 2 * width, mask=mask, other=0.0)
+    v_odd = tl.load(row + 2 * width + 1, mask=mask, other=0.0)
+    cache_dtype = k_cache_ptr.dtype.element_ty
+    k_even, k_odd = k_even.to(cache_dtype), k_odd.to(cache_dtype)
+    v_even, v_odd = v_even.to(cache_dtype), v_odd.to(cache_dtype)
+    at = b * stride_cb + pos * stride_ct + even
+    tl.store(k_cache_ptr + at, k_even, mask=mask)
+    tl.store(k_cache_ptr + at + 1, k_odd, mask=mask)
+    tl.store(v_cache_ptr + at, v_even, mask=mask)
+    tl.store(v_cache_ptr + at + 1, v_odd, mask=mask)
+    q_even, q_odd = q_even.to(tl.float32), q_odd.to(tl.float32)
+    # Online softmax over positions [0, pos]: the earlier ones from the cache, `pos` itself
+    # from the registers (another thread's store of it need not be visible yet).
+    row_max = tl.sum(q_even * k_even.to(tl.float32) + q_odd * k_odd.to(tl.float32), 1) * scale
+    row_sum = tl.full([BLOCK_H], 1.0, tl.float32)
+    acc_e = v_even.to(tl.float32)
+    acc_o = v_odd.to(tl.float32)
+    for p in range(0, pos):
+        at_p = b * stride_cb + p * stride_ct + even
+        score = tl.sum(q_even * tl.load(k_cache_ptr + at_p, mask=mask, other=0.0).to(tl.float32)
+                       + q_odd * tl.load(k_cache_ptr + at_p + 1, mask=mask, other=0.0).to(tl.float32), 1) * scale
+        new_max = tl.maximum(row_max, score)
+        alpha = tl.exp(row_max - new_max)
+        weight = tl.exp(score - new_max)
+        acc_e = acc_e * alpha[:, None] + weight[:, None] * tl.load(v_cache_ptr + at_p, mask=mask, other=0.0).to(tl.float32)
+        acc_o = acc_o * alpha[:, None] + weight[:, None] * tl.load(v_cache_ptr + at_p + 1, mask=mask,
+                                                                   other=0.0).to(tl.float32)
+        row_sum = row_sum * alpha + weight
+        row_max = new_max
+    out = out_ptr + b * stride_out + even
+    tl.store(out, (acc_e / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out + 1, (acc_o / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
