@@ -25,6 +25,7 @@ The table is printed last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ import torch
 from moss_tts.contract.sampling_params import ChannelParams, SamplingParams
 from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest, Finished, backbone, frame, step
 from moss_tts.engine.slot_state import param_rows
+from moss_tts.kernels import fused
 from moss_tts.kernels.fused import Fusions
 from moss_tts.model.config import MossTTSConfig, real_model_config_dict
 from moss_tts.model.generation import generate
@@ -296,6 +298,8 @@ def split(bench: Bench, batches: list[int]) -> list[dict]:
             "step_no_qkv_kernels": lambda: step.decode_step(replace(ctx, qkv_kernel=False, local_kernel=False),
                                                             b, kv_len),
             "backbone_no_qkv_kernels": lambda: _backbone_part(replace(ctx, qkv_kernel=False), b, kv_len),
+            # the SiLU passes compiled with dynamic shapes, as before kernels/gated_silu.py
+            "step_compiled_silu": lambda: step.decode_step(replace(ctx, fusions=compiled_silu(ctx.fusions)), b, kv_len),
         }
         row = {"batch": b, "kv_len": kv_len}
         for name, fn in parts.items():
@@ -414,6 +418,12 @@ def fp32_equivalence(frames: int, prompt_rows: int) -> dict:
             "decode_graph_hits": stats.decode_graph_hits, "prefill_graph_hits": stats.prefill_graph_hits}
 
 
+def compiled_silu(fusions: Fusions) -> Fusions:
+    """fusions with the two SiLU passes torch.compile'd (dynamic shapes), as served before gated_silu."""
+    fuse = functools.partial(torch.compile, dynamic=True, fullgraph=True)
+    return replace(fusions, silu_mul_merged=fuse(fused.silu_mul_merged), silu=fuse(fused.silu))
+
+
 def _backbone_part(ctx, b: int, kv_len: int):
     model, st = ctx.model, ctx.state
     rows = model.feedback_rows(st.last_codes[:b], st.active[:b]).unsqueeze(1)
@@ -483,7 +493,8 @@ def table(results: dict) -> str:
     for r in results.get("split", []):
         if "step_no_qkv_kernels_ms" in r:
             lines.append(f"split b={r['batch']:<4} qkv_kernels=false: step {r['step_no_qkv_kernels_ms']:.2f} ms, "
-                         f"backbone {r['backbone_no_qkv_kernels_ms']:.2f} ms")
+                         f"backbone {r['backbone_no_qkv_kernels_ms']:.2f} ms; compiled SiLU: step "
+                         f"{r['step_compiled_silu_ms']:.2f} ms")
         if "step_sdpa_ms" in r:
             lines.append(f"split b={r['batch']:<4} step with SDPA attention instead of the decode kernel "
                          f"{r['step_sdpa_ms']:.2f} ms")

@@ -220,16 +220,20 @@ def test_gpu_captured_kernels_follow_new_inputs():
         step_qkv.local_attention_step(lqkv, lcos, lsin, lk, lv, 6, 32)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        q = step_qkv.decode_qkv(qkv, qw, kw, 1e-6, cos, sin, k_cache, v_cache, positions, 32, 8)
-        out = step_qkv.local_attention_step(lqkv, lcos, lsin, lk, lv, 6, 32)
-    new = decode_inputs(64, 32, 8, 128, "bfloat16", "cuda", seed=1)
-    new_local = local_inputs(64, 32, 80, 6, "bfloat16", "cuda", seed=1)
-    for dst, src in zip((qkv, qw, kw, cos, sin, k_cache, v_cache, positions), new):
-        dst.copy_(src)
-    for dst, src in zip((lqkv, lcos, lsin, lk, lv), new_local):
-        dst.copy_(src)
-    graph.replay()
+    try:
+        with torch.cuda.graph(graph):
+            q = step_qkv.decode_qkv(qkv, qw, kw, 1e-6, cos, sin, k_cache, v_cache, positions, 32, 8)
+            out = step_qkv.local_attention_step(lqkv, lcos, lsin, lk, lv, 6, 32)
+        new = decode_inputs(64, 32, 8, 128, "bfloat16", "cuda", seed=1)
+        new_local = local_inputs(64, 32, 80, 6, "bfloat16", "cuda", seed=1)
+        for dst, src in zip((qkv, qw, kw, cos, sin, k_cache, v_cache, positions), new):
+            dst.copy_(src)
+        for dst, src in zip((lqkv, lcos, lsin, lk, lv), new_local):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:  # a graph left for the garbage collector could be reset during a later test's capture
+        del graph
     ref_k, ref_v = new[5].clone(), new[6].clone()
     expected = step_qkv.reference_decode_qkv(*new[:5], ref_k, ref_v, new[7], 32, 8)
     assert relative_error(q, expected) <= TOLERANCE["bfloat16"]

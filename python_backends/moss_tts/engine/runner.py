@@ -131,15 +131,13 @@ class ModelRunner:
         self.ctx = ctx
 
     def _kernels(self) -> tuple[bool, bool, bool, bool]:
-        """(attention_kernel, sampler_kernel, qkv_kernel, local_kernel): each as configured and
-        where its Triton kernel can run on this device and dtype (not on the CPU), decided once."""
-        b, dev, dtype = self.model.cfg.backbone, self.device, self.dtype
-        query = torch.empty((1, b.num_attention_heads, b.head_dim), device=dev, dtype=dtype)
-        logits = torch.empty((1, self.model.cfg.audio_vocab_size), device=dev, dtype=dtype)
-        qkv = self.config.qkv_kernels and step_qkv.is_supported(query)
-        return (self.config.attention_kernel and decode_attention.is_supported(query, self.kv.k[0]),
-                self.config.sampler_kernel and sample_kernel.is_supported(logits),
-                qkv and step_qkv.fits_decode(b.head_dim), qkv)
+        """(attention, sampler, qkv, local) kernels: each as configured and where it can run here, decided once."""
+        b, c = self.model.cfg.backbone, self.config
+        query = torch.empty((1, b.num_attention_heads, b.head_dim), device=self.device, dtype=self.dtype)
+        logits = torch.empty((1, self.model.cfg.audio_vocab_size), device=self.device, dtype=self.dtype)
+        qkv = c.qkv_kernels and step_qkv.is_supported(query)
+        return (c.attention_kernel and decode_attention.is_supported(query, self.kv.k[0]),
+                c.sampler_kernel and sample_kernel.is_supported(logits), qkv and step_qkv.fits_decode(b.head_dim), qkv)
 
     def _warm_up(self, ctx: StepContext) -> None:
         """Eager prefills (1, 2 and many prompts) and decode steps (1 and 2 slots), so the fused

@@ -172,59 +172,48 @@ def _local_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr,
                             stride_qkv, stride_cb, stride_ct, stride_out,
                             HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
                             HALF: tl.constexpr):
-    """One (row, block of heads). Each head's dims are handled as pairs (2i, 2i+1): the even and
-    the odd dims of every tile are loaded apart, so the interleaved rotation is plain arithmetic."""
+    """One (row, block of heads). Every tile is a head's dims read contiguously ([BLOCK_H, 2 HALF],
+    the dims past HEAD_DIM masked to 0); q and k are split into their (2i, 2i+1) pairs in registers
+    for the interleaved rotation and joined back, so the dot products run on whole tiles."""
     b = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    pair = tl.arange(0, HALF)
-    pair_ok = pair < HEAD_DIM // 2
-    mask = (heads < HEADS)[:, None] & pair_ok[None, :]
-    even = heads[:, None] * HEAD_DIM + 2 * pair[None, :]  # offset of dim 2i of each head
+    dims = tl.arange(0, 2 * HALF)
+    mask = (heads < HEADS)[:, None] & (dims < HEAD_DIM)[None, :]
+    offs = heads[:, None] * HEAD_DIM + dims[None, :]
     dtype = qkv_ptr.dtype.element_ty
-    cos_e = tl.load(cos_ptr + 2 * pair, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
-    cos_o = tl.load(cos_ptr + 2 * pair + 1, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
-    sin_e = tl.load(sin_ptr + 2 * pair, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
-    sin_o = tl.load(sin_ptr + 2 * pair + 1, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
-    row = qkv_ptr + b * stride_qkv + even
+    # cos/sin hold each pair's value twice (dims 2i and 2i+1), so the even dims' copy serves the pair
+    cos, _ = tl.split(tl.reshape(tl.load(cos_ptr + dims, mask=dims < HEAD_DIM, other=0.0).to(tl.float32), [HALF, 2]))
+    sin, _ = tl.split(tl.reshape(tl.load(sin_ptr + dims, mask=dims < HEAD_DIM, other=0.0).to(tl.float32), [HALF, 2]))
+    row = qkv_ptr + b * stride_qkv + offs
     width = HEADS * HEAD_DIM
-    qe = tl.load(row, mask=mask, other=0.0).to(tl.float32)
-    qo = tl.load(row + 1, mask=mask, other=0.0).to(tl.float32)
-    ke = tl.load(row + width, mask=mask, other=0.0).to(tl.float32)
-    ko = tl.load(row + width + 1, mask=mask, other=0.0).to(tl.float32)
-    # rotated, rounded to the activations' dtype as the RoPE kernel's outputs are
-    q_even = (qe * cos_e - qo * sin_e).to(dtype)
-    q_odd = (qo * cos_o + qe * sin_o).to(dtype)
-    k_even = (ke * cos_e - ko * sin_e).to(dtype)
-    k_odd = (ko * cos_o + ke * sin_o).to(dtype)
-    v_even = tl.load(row + 2 * width, mask=mask, other=0.0)
-    v_odd = tl.load(row + 2 * width + 1, mask=mask, other=0.0)
+    q = _rotate_pairs(tl.load(row, mask=mask, other=0.0).to(tl.float32), cos, sin, BLOCK_H, HALF).to(dtype)
+    k = _rotate_pairs(tl.load(row + width, mask=mask, other=0.0).to(tl.float32), cos, sin, BLOCK_H, HALF).to(dtype)
+    v = tl.load(row + 2 * width, mask=mask, other=0.0)
     cache_dtype = k_cache_ptr.dtype.element_ty
-    k_even, k_odd = k_even.to(cache_dtype), k_odd.to(cache_dtype)
-    v_even, v_odd = v_even.to(cache_dtype), v_odd.to(cache_dtype)
-    at = b * stride_cb + pos * stride_ct + even
-    tl.store(k_cache_ptr + at, k_even, mask=mask)
-    tl.store(k_cache_ptr + at + 1, k_odd, mask=mask)
-    tl.store(v_cache_ptr + at, v_even, mask=mask)
-    tl.store(v_cache_ptr + at + 1, v_odd, mask=mask)
-    q_even, q_odd = q_even.to(tl.float32), q_odd.to(tl.float32)
-    # Online softmax over positions [0, pos]: the earlier ones from the cache, `pos` itself
-    # from the registers (another thread's store of it need not be visible yet).
-    row_max = tl.sum(q_even * k_even.to(tl.float32) + q_odd * k_odd.to(tl.float32), 1) * scale
+    k, v = k.to(cache_dtype), v.to(cache_dtype)
+    tl.store(k_cache_ptr + b * stride_cb + pos * stride_ct + offs, k, mask=mask)
+    tl.store(v_cache_ptr + b * stride_cb + pos * stride_ct + offs, v, mask=mask)
+    q = q.to(tl.float32)
+    # Online softmax over positions [0, pos]: `pos` itself from the registers (another thread's
+    # store of it need not be visible yet), the earlier ones from the cache.
+    row_max = tl.sum(q * k.to(tl.float32), 1) * scale
     row_sum = tl.full([BLOCK_H], 1.0, tl.float32)
-    acc_e = v_even.to(tl.float32)
-    acc_o = v_odd.to(tl.float32)
+    acc = v.to(tl.float32)
     for p in range(0, pos):
-        at_p = b * stride_cb + p * stride_ct + even
-        score = tl.sum(q_even * tl.load(k_cache_ptr + at_p, mask=mask, other=0.0).to(tl.float32)
-                       + q_odd * tl.load(k_cache_ptr + at_p + 1, mask=mask, other=0.0).to(tl.float32), 1) * scale
+        at = b * stride_cb + p * stride_ct + offs
+        score = tl.sum(q * tl.load(k_cache_ptr + at, mask=mask, other=0.0).to(tl.float32), 1) * scale
         new_max = tl.maximum(row_max, score)
         alpha = tl.exp(row_max - new_max)
         weight = tl.exp(score - new_max)
-        acc_e = acc_e * alpha[:, None] + weight[:, None] * tl.load(v_cache_ptr + at_p, mask=mask, other=0.0).to(tl.float32)
-        acc_o = acc_o * alpha[:, None] + weight[:, None] * tl.load(v_cache_ptr + at_p + 1, mask=mask,
-                                                                   other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + weight[:, None] * tl.load(v_cache_ptr + at, mask=mask, other=0.0).to(tl.float32)
         row_sum = row_sum * alpha + weight
         row_max = new_max
-    out = out_ptr + b * stride_out + even
-    tl.store(out, (acc_e / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out + 1, (acc_o / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + b * stride_out + offs, (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@jit
+def _rotate_pairs(x, cos, sin, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """x [BLOCK_H, 2 HALF] fp32 with pairs (2i, 2i+1) rotated by the pair's cos/sin [HALF]."""
+    even, odd = tl.split(tl.reshape(x, [BLOCK_H, HALF, 2]))
+    rotated = tl.join(even * cos[None, :] - odd * sin[None, :], odd * cos[None, :] + even * sin[None, :])
+    return tl.reshape(rotated, [BLOCK_H, 2 * HALF])
