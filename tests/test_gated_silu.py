@@ -20,6 +20,7 @@ CASES = {
     "f32_b2_t1_w1024": ((2, 1), 1024, "float32"),
     "f32_rows2_w1500": ((2,), 1500, "float32"),
     "f16_rows4_w300": ((4,), 300, "float16"),
+    "f32_prefill_n2_t3_w300": ((2, 3), 300, "float32"),  # a batched prefill's [N, T, 2I]
 }
 
 

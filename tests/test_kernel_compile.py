@@ -1,4 +1,4 @@
-"""The codec's Triton kernels compile for the H200 (sm_90) on a machine without a GPU.
+"""The Triton kernels of the codec and of the engine step compile for the H200 (sm_90) on a machine without a GPU.
 
 The interpreter tests (test_window_attention.py) check what the kernels compute, but the
 interpreter runs their Python: a construct that only the compiler refuses (a type that does not
@@ -15,7 +15,9 @@ import importlib.util
 import pytest
 
 from moss_tts.kernels import fused_linear as fl
+from moss_tts.kernels import gated_silu as gs
 from moss_tts.kernels import layer_norm as ln
+from moss_tts.kernels import step_qkv as sq
 from moss_tts.kernels import window_attention as wa
 
 if importlib.util.find_spec("triton") is None:
@@ -158,3 +160,39 @@ def test_fused_linear_compiles_for_float32_nn_linear_layout_and_ragged_k():
     assert compile_fused_linear(fl.gemm_config(10_000, True), True, True, dtype="fp32").asm["cubin"]
     assert compile_fused_linear(fl.gemm_config(10_000, False), False, False, n_major=False).asm["cubin"]
     assert compile_fused_linear(fl.gemm_config(10_000, True), True, True, even_k=False).asm["cubin"]
+
+
+# ------------------------------------------------------------------ the engine step's kernels
+STEP_STRIDES = ("stride_qkv", "stride_cos", "stride_sin", "stride_qs", "stride_qh", "stride_cs", "stride_ct", "stride_ch")
+
+
+def test_decode_qkv_kernel_compiles_for_the_h200_without_spills(tmp_path):
+    """As the backbone launches it: 32 q heads, 8 kv heads, head_dim 128, bf16."""
+    t = "*bf16"
+    signature = {"qkv_ptr": t, "qw_ptr": t, "kw_ptr": t, "cos_ptr": t, "sin_ptr": t, "pos_ptr": "*i64", "q_ptr": t,
+                 "k_cache_ptr": t, "v_cache_ptr": t, "eps": "fp32", **{name: "i32" for name in STEP_STRIDES}}
+    kernel = compile_for_h200(sq._decode_qkv_kernel, signature, {"HEADS": 32, "KV_HEADS": 8, "BLOCK_H": 32, "HALF": 64},
+                              sq.NUM_WARPS, 3, ("qkv_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", *STEP_STRIDES))
+    assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)
+
+
+@pytest.mark.parametrize("pos", [None, 1])  # a runtime position, and 1 (Triton makes an int 1 a constant)
+def test_local_attention_kernel_compiles_for_the_h200(pos):
+    """As the local frame launches it: 32 heads of 80 dims (40 pairs in a 64-wide tile), bf16."""
+    t = "*bf16"
+    signature = {"qkv_ptr": t, "cos_ptr": t, "sin_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "out_ptr": t,
+                 "pos": "i32", "scale": "fp32", **{name: "i32" for name in ("stride_qkv", "stride_cb", "stride_ct",
+                                                                              "stride_out")}}
+    constants = {"HEADS": 32, "HEAD_DIM": 80, "BLOCK_H": sq.LOCAL_BLOCK_H, "HALF": 64}
+    if pos is not None:
+        del signature["pos"]
+        constants["pos"] = pos
+    assert compile_for_h200(sq._local_attention_kernel, signature, constants, sq.NUM_WARPS, 3).asm["cubin"]
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_silu_kernel_compiles_for_the_h200_with_vector_loads(gated):
+    kernel = compile_for_h200(gs._silu_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "stride_row": "i32"},
+                              {"WIDTH": 9728, "GATED": gated, "BLOCK": gs.BLOCK}, gs.NUM_WARPS, 3,
+                              ("x_ptr", "out_ptr", "stride_row"))
+    assert "v4" in kernel.asm["ptx"]  # 16-byte loads: the point of a constant width

@@ -113,8 +113,10 @@ def wired_errors() -> dict[str, float]:
             results.append(backbone.decode(model.transformer, Fusions.eager(), cache, embeds, torch.arange(4),
                                            positions, 32, use_kernel=False, qkv_kernel=kernel))
             caches.append(cache)
+        layers = range(b.num_hidden_layers)
         errors = {"decode_hidden": relative_error(results[1], results[0]),
-                  "decode_cache": max(relative_error(caches[1].k[i], caches[0].k[i]) for i in range(b.num_hidden_layers))}
+                  "decode_cache": max(max(relative_error(caches[1].k[i], caches[0].k[i]),
+                                          relative_error(caches[1].v[i], caches[0].v[i])) for i in layers)}
         local = model.local_transformer
         rope = frame.LocalRope(local, cfg.n_vq + 1, "cpu", torch.float32)
         hidden = []

@@ -5,10 +5,10 @@ value written straight into the slot-major cache at each slot's position; return
 It replaces, per layer, the compiled norm+RoPE kernel and the two index_put kernels of the
 cache write (36 layers: 108 kernels a step become 36).
 
-local_attention_step (the local transformer, one of a frame's 13 micro-steps): interleaved RoPE
+local_attention_step (the local transformer, one of a frame's 12 micro-steps): interleaved RoPE
 of q and k, the new key and value into the frame's local cache at `pos`, and attention of the
 one query over local positions [0, pos]. It replaces the compiled RoPE kernel, two cache copies
-and the two-kernel attention reduction (65 kernels a frame become 13).
+and the two-kernel attention reduction (60 kernels a frame become 12).
 
 At batch 256 each of those kernels moves a few hundred KB; the H200 profile showed them costing
 their launch and ramp, not their bytes, so fewer of them is the gain. The math is that of the
@@ -51,7 +51,10 @@ def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
     """qkv [S, 1, (heads + 2 kv_heads) x d] (the merged projection's output, q heads then k then v);
     cos/sin [S, 1, 1, d] (neox_rope); caches [N >= S, rows, kv_heads, d], slot s = row s;
     positions [S] long. Writes slot s's normed, rotated key and its value at row positions[s] and
-    returns q [S, 1, heads, d], normed and rotated."""
+    returns q [S, 1, heads, d], normed and rotated. Unchecked, as the scheduler guarantees them:
+    slot s is cache row s (backbone.decode's slot_ids is an arange) and positions lie inside the
+    rows (a kernel cannot raise; an index_put would). Where the kernel cannot run, the torch
+    reference runs eagerly (the runner only enables the kernel where fits_decode holds)."""
     if not (use_kernel and is_supported(qkv) and fits_decode(q_weight.shape[0])):
         return reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
                                     heads, kv_heads)
@@ -60,6 +63,7 @@ def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
     cos2, sin2 = cos.reshape(num_slots, head_dim), sin.reshape(num_slots, head_dim)
     q = torch.empty(num_slots, 1, heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     assert flat.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    assert cos2.stride(1) == sin2.stride(1) == 1 and positions.stride(0) == 1
     _decode_qkv_kernel[(num_slots, 2)](
         flat, q_weight, k_weight, cos2, sin2, positions, q, k_cache, v_cache, eps,
         flat.stride(0), cos2.stride(0), sin2.stride(0), q.stride(0), q.stride(2),
