@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from ..model.local_transformer import apply_interleaved_rope
-from . import gated_silu
 from ..model.qwen3 import apply_neox_rope
 from ..model.sampler import apply_repetition_penalty, draw, temperature_scores
+from . import gated_silu
 
 RECOMPILE_LIMIT = 32  # specialisations per fused function (a handful are used)
 

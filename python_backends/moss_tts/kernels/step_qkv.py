@@ -28,10 +28,6 @@ NUM_WARPS = 4
 LOCAL_BLOCK_H = 8  # local heads per program: 4 programs per row at 32 heads
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def is_supported(x: torch.Tensor) -> bool:
     """True where the kernels can run: triton importable, x on CUDA (or TRITON_INTERPRET=1)."""
     return triton is not None and (INTERPRET or x.is_cuda) and x.dtype in (torch.float16, torch.bfloat16,
@@ -47,7 +43,7 @@ def fits_decode(head_dim: int) -> bool:
 # ------------------------------------------------------------------------------------ backbone
 def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
                cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               positions: torch.Tensor, heads: int, kv_heads: int, use_kernel: bool = True) -> torch.Tensor:
+               positions: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
     """qkv [S, 1, (heads + 2 kv_heads) x d] (the merged projection's output, q heads then k then v);
     cos/sin [S, 1, 1, d] (neox_rope); caches [N >= S, rows, kv_heads, d], slot s = row s;
     positions [S] long. Writes slot s's normed, rotated key and its value at row positions[s] and
@@ -55,7 +51,7 @@ def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
     slot s is cache row s (backbone.decode's slot_ids is an arange) and positions lie inside the
     rows (a kernel cannot raise; an index_put would). Where the kernel cannot run, the torch
     reference runs eagerly (the runner only enables the kernel where fits_decode holds)."""
-    if not (use_kernel and is_supported(qkv) and fits_decode(q_weight.shape[0])):
+    if not (is_supported(qkv) and fits_decode(q_weight.shape[0])):
         return reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
                                     heads, kv_heads)
     num_slots, head_dim = qkv.shape[0], q_weight.shape[0]
@@ -68,7 +64,7 @@ def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
         flat, q_weight, k_weight, cos2, sin2, positions, q, k_cache, v_cache, eps,
         flat.stride(0), cos2.stride(0), sin2.stride(0), q.stride(0), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        HEADS=heads, KV_HEADS=kv_heads, BLOCK_H=_next_pow2(max(heads, kv_heads)), HALF=head_dim // 2,
+        HEADS=heads, KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(max(heads, kv_heads)), HALF=head_dim // 2,
         num_warps=NUM_WARPS)
     return q
 
@@ -143,22 +139,23 @@ def _decode_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr
 
 # ------------------------------------------------------------------------------------ local frame
 def local_attention_step(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, pos: int, heads: int, use_kernel: bool = True) -> torch.Tensor:
+                         v_cache: torch.Tensor, pos: int, heads: int) -> torch.Tensor:
     """qkv [B, 1, 3 x H] (c_attn's output: q, k, v); cos/sin [1, 1, 1, d] of local position `pos`
     (interleaved pairs); caches [B, positions, heads, d]. Writes the rotated key and the value
     at `pos` and returns the attention of the rotated query over positions [0, pos]: [B, 1, H]."""
-    if not (use_kernel and is_supported(qkv)):
+    if not is_supported(qkv):
         return reference_local_attention_step(qkv, cos, sin, k_cache, v_cache, pos, heads)
     b, width = qkv.shape[0], qkv.shape[-1] // 3
     head_dim = width // heads
     flat = qkv.reshape(b, -1)
     out = torch.empty(b, 1, width, device=qkv.device, dtype=qkv.dtype)
     assert flat.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
-    block_h = min(LOCAL_BLOCK_H, _next_pow2(heads))
+    block_h = min(LOCAL_BLOCK_H, triton.next_power_of_2(heads))
     _local_attention_kernel[(b, triton.cdiv(heads, block_h))](
         flat, cos.reshape(-1), sin.reshape(-1), k_cache, v_cache, out, pos, head_dim ** -0.5,
         flat.stride(0), k_cache.stride(0), k_cache.stride(1), out.stride(0),
-        HEADS=heads, HEAD_DIM=head_dim, BLOCK_H=block_h, HALF=_next_pow2(head_dim // 2), num_warps=NUM_WARPS)
+        HEADS=heads, HEAD_DIM=head_dim, BLOCK_H=block_h, HALF=triton.next_power_of_2(head_dim // 2),
+        num_warps=NUM_WARPS)
     return out
 
 
