@@ -207,11 +207,10 @@ def streaming(steps: Steps, rows: int, codebook_size: int, chunks=(2, 10, 10, 8)
 
 # (stage heads, window, tokens per row of a 10-frame chunk) of the real decoder's six stages
 STAGES = ((20, 125, 10), (12, 250, 20), (12, 400, 40), (12, 400, 80), (12, 400, 160), (12, 400, 320))
-# (block_m, block_n, num_warps, num_stages, one_loop)
-SWEEP = ((16, 64, 4, 2, 0), (16, 64, 2, 2, 0), (16, 128, 4, 2, 0), (16, 64, 2, 2, 1), (16, 128, 4, 2, 1),
-         (16, 64, 4, 3, 1), (32, 64, 4, 2, 0), (32, 64, 2, 2, 0), (32, 64, 2, 2, 1), (32, 64, 4, 3, 1),
-         (32, 128, 4, 2, 1), (64, 64, 4, 2, 0), (64, 64, 4, 3, 0), (64, 64, 4, 3, 1), (64, 64, 4, 2, 1),
-         (64, 128, 4, 3, 1), (64, 64, 8, 3, 1), (128, 64, 8, 3, 0), (128, 64, 8, 3, 1), (128, 128, 8, 3, 1))
+# (block_m, block_n, num_warps, num_stages)
+SWEEP = ((16, 64, 2, 2), (16, 64, 4, 2), (16, 128, 4, 2), (16, 64, 4, 3), (32, 64, 2, 2), (32, 64, 4, 2),
+         (32, 64, 4, 3), (32, 128, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3),
+         (64, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2))
 
 
 def _graph_ms(call, reps: int = 10, iters: int = 10) -> float:
@@ -237,8 +236,8 @@ def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 3
                         torch.randperm(n, device=device), offsets) if streaming else None)
         row = {"heads": heads, "window": window, "tokens": t, "rows": n, "streaming": streaming, "ms": {}}
         for c in SWEEP:
-            config = wa.AttentionConfig(*c[:4], bool(c[4]))
-            if config.block_m > max(16, 2 * t) or (config.one_loop and not streaming):
+            config = wa.AttentionConfig(*c)
+            if config.block_m > max(16, 2 * t):
                 continue
             name = "x".join(map(str, c))
             try:
@@ -248,7 +247,7 @@ def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 3
                 row["ms"][name] = f"failed: {type(exc).__name__}"
         timed = {k: v for k, v in row["ms"].items() if isinstance(v, float)}
         d = wa.attention_config(t)
-        row["default"] = "x".join(map(str, (d.block_m, d.block_n, d.num_warps, d.num_stages, int(d.one_loop))))
+        row["default"] = "x".join(map(str, (d.block_m, d.block_n, d.num_warps, d.num_stages)))
         row["best"] = min(timed, key=timed.get)
         row["step_ms"] = {"best": timed[row["best"]] * num_layers, "default": timed.get(row["default"], 0) * num_layers}
         out.append(row)

@@ -34,6 +34,9 @@ INTERPRETER_CASES = {
     "d64_big_window": (4, 64, 125, 20, [130, 7], 3, [0, 2]),
     # stream positions past the int32 range: the kernels keep only the slot and the history
     "positions_past_int32": (2, 16, 24, 6, [2**31 + 3, 2**33 + 5, 7], 4, [0, 3, 1]),
+    # a window past two key tiles: the default 64 x 64 tiles have unmasked tiles between the
+    # masked edges (full history, history shorter than the window, a fresh row)
+    "unmasked_tiles": (2, 16, 200, 70, [500, 90, 0], 4, [0, 2, 1]),
 }
 TOLERANCE = 1e-4  # fp32 on both sides
 
@@ -89,10 +92,11 @@ def case_errors(case, device="cpu", dtype=torch.float32, seed=0, config: Attenti
     return errors
 
 
-# Tiles other than the defaults, so both loop forms and odd tile shapes stay correct whichever
-# attention_config picks: (block_m, block_n, warps, stages, one_loop).
-OTHER_CONFIGS = {"one_loop": AttentionConfig(16, 64, 4, 2, True), "one_loop_small_tiles": AttentionConfig(32, 16, 4, 2, True),
-                 "two_loops_small_tiles": AttentionConfig(16, 16, 4, 2, False)}
+# Tiles other than the defaults, so odd tile shapes (keys per tile below and above the queries
+# per block: the masked edge spans one tile or several) stay correct whichever attention_config
+# picks: (block_m, block_n, warps, stages).
+OTHER_CONFIGS = {"m16_n64": AttentionConfig(16, 64, 4, 2), "m32_n16": AttentionConfig(32, 16, 4, 2),
+                 "m16_n16": AttentionConfig(16, 16, 4, 2)}
 
 
 def repeated_row_errors(config: AttentionConfig | None = None) -> dict[str, float]:
@@ -122,6 +126,7 @@ PACKED_CASES = {
     "packed_padding_rows": (2, 16, 24, [3, 0, 0, 9], [30, 0, 0, 5], 5, [0, 4, 4, 2], 7, 10),
     "packed_longer_than_window": (2, 16, 8, [20, 3], [13, 2**31 + 3], 4, [3, 1], 0, 20),
     "packed_block_m_64": (2, 32, 64, [70, 5, 40], [200, 63, 0], 4, [1, 2, 0], 9, 80),
+    "packed_unmasked_tiles": (2, 16, 200, [70, 3, 130], [500, 90, 0], 4, [0, 2, 1], 5, 130),
 }
 
 
@@ -174,7 +179,7 @@ def interpreter_main() -> None:
         errors[name] = packed_case_errors(case)
         errors.update({f"{name}/{label}": packed_case_errors(case, config=config) for label, config in OTHER_CONFIGS.items()})
     errors["repeated_rows"] = repeated_row_errors()
-    errors["repeated_rows/one_loop"] = repeated_row_errors(OTHER_CONFIGS["one_loop"])
+    errors["repeated_rows/m16_n64"] = repeated_row_errors(OTHER_CONFIGS["m16_n64"])
     for label, config in OTHER_CONFIGS.items():
         errors.update({f"{name}/{label}": case_errors(case, config=config) for name, case in INTERPRETER_CASES.items()})
     print(json.dumps(errors))
@@ -207,7 +212,7 @@ def test_reference_packed_rows_match_each_row_alone(name):
     assert errors["padding"] == 0.0 and all(errors[key] <= TOLERANCE for key in ("out", "keys", "values")), errors
 
 
-@pytest.mark.parametrize("name", ["repeated_rows", "repeated_rows/one_loop"])
+@pytest.mark.parametrize("name", ["repeated_rows", "repeated_rows/m16_n64"])
 def test_interpreter_repeated_rows_touch_only_their_ring_row(interpreter_errors, name):
     errors = interpreter_errors[name]
     assert errors["others"] == 0.0, errors

@@ -20,7 +20,8 @@ Inputs come straight from the fused in_proj output qkv [n, T, 3*H*Dh] (per token
 then the k heads, then the v heads) and the output [n, T, H*Dh] is what out_proj reads, so no
 permute copies either. On CUDA (or with TRITON_INTERPRET=1 for CPU tests) three Triton kernels
 run: RoPE in place on the q/k part of qkv (the caller's temporary), flash attention over the two
-key sources (ring, then the chunk's own keys) with an online softmax, and the ring write.
+key sources (ring, then the chunk's own keys, in one loop of key tiles; only the tiles at the
+window's edge and the diagonal are masked) with an online softmax, and the ring write.
 Elsewhere `reference_window_attention` runs in plain torch; it is also the tests' oracle.
 Grids and allocations depend only on shapes, nothing is read back to the host: capturable.
 """
@@ -41,6 +42,7 @@ from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 BLOCK_N = 64  # keys per inner-loop tile
 ROPE_BLOCK_T = 32  # tokens per RoPE / ring-write program
+ROPE_HEADS = 4  # q/k heads per RoPE program (at most)
 NUM_WARPS = 4
 NUM_STAGES = 2
 
@@ -236,17 +238,22 @@ class AttentionConfig:
     block_n: int  # keys per inner-loop tile
     num_warps: int
     num_stages: int
-    one_loop: bool = False  # ring and chunk keys in one loop (streaming only)
 
 
 def attention_config(t: int) -> AttentionConfig:
     """Tiles for a chunk of t queries per row: tl.dot needs >= 16 queries, and short chunks
-    (2 frames) waste little padding at 16 or 32. From two H200 sweeps at 256 rows
+    (2 frames) waste little padding at 16 or 32. From H200 sweeps at 256 rows
     (bench_vocoder.py --attention-sweep, perf/RESULTS.md): 2 warps for 16/32 queries, 3 stages
-    for 64, and one loop over both key sources while the chunk is shorter than a window."""
+    for 64; 128-query tiles were slower at every stage."""
     if t <= 32:
         return AttentionConfig(16 if t <= 16 else 32, BLOCK_N, 2, NUM_STAGES)
-    return AttentionConfig(64, BLOCK_N, NUM_WARPS, 3, one_loop=t < 256)
+    return AttentionConfig(64, BLOCK_N, NUM_WARPS, 3)
+
+
+def rope_heads_per_program(num_heads: int) -> int:
+    """q and k heads one RoPE program rotates (a divisor of 2 x num_heads, at most
+    ROPE_HEADS): several heads' loads in flight at once instead of one head after another."""
+    return next(g for g in (ROPE_HEADS, 4, 2, 1) if (2 * num_heads) % g == 0)
 
 
 def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: AttentionConfig | None = None):
@@ -255,9 +262,10 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: 
     packed = ring is not None and ring.is_packed
     cos, sin = rope.cos.contiguous(), rope.sin.contiguous()
     stride_rn = cos.stride(0) if cos.shape[0] > 1 else 0  # one table shared by every row (offline)
-    _rope_kernel[(_cdiv(t, ROPE_BLOCK_T), n)](
-        qkv, cos, sin, t, num_heads, qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1),
-        HEAD_DIM=head_dim, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
+    group = rope_heads_per_program(num_heads)
+    _rope_kernel[(_cdiv(t, ROPE_BLOCK_T), n, 2 * num_heads // group)](
+        qkv, cos, sin, t, qkv.stride(0), qkv.stride(1), stride_rn, cos.stride(1),
+        HEAD_DIM=head_dim, HEADS=group, BLOCK_T=ROPE_BLOCK_T, num_warps=NUM_WARPS)
     # Packed: tokens no row covers (padding) are never stored, so they read as 0, not garbage.
     out = (qkv.new_zeros if packed else qkv.new_empty)(n, t, num_heads * head_dim)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E  # softmax in exp2
@@ -277,7 +285,7 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: 
         qkv, keys, values, rows, offsets, starts, lengths, out, per_row, num_heads, window,
         qkv.stride(0), qkv.stride(1), *ring_strides, out.stride(0), out.stride(1), qk_scale,
         HAS_RING=ring is not None, PACKED=packed, HEAD_DIM=head_dim, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        ONE_LOOP=c.one_loop, num_warps=c.num_warps, num_stages=c.num_stages)
+        num_warps=c.num_warps, num_stages=c.num_stages)
     if ring is not None:
         kept = min(per_row, window)
         _ring_write_kernel[(_cdiv(kept, ROPE_BLOCK_T), num_rows, num_heads)](
@@ -288,39 +296,45 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: 
 
 
 @jit
-def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, num_heads, stride_n, stride_t, stride_rn, stride_rt,
-                 HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
-    """One (token block, row): rotate every q and k head of those tokens in place. The table is
-    loaded once for all heads, and each head's [BLOCK_T, HEAD_DIM] tile is read and written
-    contiguously; its (real, imag) pairs are split apart in registers."""
+def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, stride_n, stride_t, stride_rn, stride_rt,
+                 HEAD_DIM: tl.constexpr, HEADS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One (token block, row, group of HEADS heads): rotate those q/k heads of those tokens in
+    place (heads 0..H-1 of a token are q, H..2H-1 are k: a group is contiguous). One
+    [BLOCK_T, HEADS, HEAD_DIM] load and store, so a program has all its heads' loads in flight
+    (one head after another, each program waited out a load per head: the small stages' few
+    programs ran at a fraction of the bandwidth). Pairs are split apart in registers."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     n = tl.program_id(1).to(tl.int64)
+    first_head = tl.program_id(2) * HEADS
     offs_d = tl.arange(0, HEAD_DIM)
     offs_half = tl.arange(0, HEAD_DIM // 2)
-    valid = (tok < T)[:, None]
+    offs_h = tl.arange(0, HEADS)
+    valid = (tok < T)[:, None, None]
     tok64 = tok.to(tl.int64)  # token x stride passes 2**31 past ~0.9 M tokens in one row (39 min of audio)
-    table = n * stride_rn + tok64[:, None] * stride_rt + offs_half[None, :]
-    cos = tl.load(cos_ptr + table, mask=valid, other=0.0)
+    table = n * stride_rn + tok64[:, None, None] * stride_rt + offs_half[None, None, :]
+    cos = tl.load(cos_ptr + table, mask=valid, other=0.0)  # [BLOCK_T, 1, HEAD_DIM/2], shared by the heads
     sin = tl.load(sin_ptr + table, mask=valid, other=0.0)
-    tile = qkv_ptr + n * stride_n + tok64[:, None] * stride_t + offs_d[None, :]
-    for head in range(2 * num_heads):  # heads 0..H-1 are q, H..2H-1 are k
-        x = tl.load(tile + head * HEAD_DIM, mask=valid, other=0.0).to(tl.float32)
-        real, imag = tl.split(tl.reshape(x, [BLOCK_T, HEAD_DIM // 2, 2]))
-        out = tl.join(real * cos - imag * sin, real * sin + imag * cos)
-        tl.store(tile + head * HEAD_DIM, tl.reshape(out, [BLOCK_T, HEAD_DIM]).to(qkv_ptr.dtype.element_ty),
-                 mask=valid)
+    tile = (qkv_ptr + n * stride_n + tok64[:, None, None] * stride_t
+            + (first_head + offs_h)[None, :, None] * HEAD_DIM + offs_d[None, None, :])
+    x = tl.load(tile, mask=valid, other=0.0).to(tl.float32)
+    real, imag = tl.split(tl.reshape(x, [BLOCK_T, HEADS, HEAD_DIM // 2, 2]))
+    out = tl.join(real * cos - imag * sin, real * sin + imag * cos)
+    tl.store(tile, tl.reshape(out, [BLOCK_T, HEADS, HEAD_DIM]).to(qkv_ptr.dtype.element_ty), mask=valid)
 
 
 @jit
 def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, starts_ptr, lengths_ptr, out_ptr,
                       T_max, H, W, stride_n, stride_t, stride_rs, stride_rh, stride_rw, stride_on, stride_ot,
                       qk_scale, HAS_RING: tl.constexpr, PACKED: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_LOOP: tl.constexpr):
-    """One (query block, row x head): online softmax over the ring keys, then the chunk's keys.
-    Chunk-relative key index j < 0 is the ring (position offset + j), j >= 0 the chunk itself.
-    ONE_LOOP walks both sources in one loop, each tile's rows loaded from whichever holds them
-    (one software pipeline instead of two short ones). PACKED: the row's tokens start at
-    starts[n] of the one sequence and number lengths[n] (T_max bounds them all)."""
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One (query block, row x head): online softmax over the keys the block's queries see, in
+    key tiles anchored at the oldest one. Chunk-relative key index j < 0 is the ring (position
+    offset + j, at most W back), j >= 0 the chunk itself; a tile's rows are loaded from
+    whichever holds them. The tiles every query of the block sees whole (j from the newest
+    query's window edge to the oldest query itself) run without a mask: with a 400-key window
+    and 64 queries, 5 of 8 tiles. Only the tiles at the window's edge and at the diagonal are
+    masked. PACKED: the row's tokens start at starts[n] of the one sequence and number
+    lengths[n] (T_max bounds them all)."""
     first_q = tl.program_id(0) * BLOCK_M
     n = tl.program_id(1) // H
     h = tl.program_id(1) % H
@@ -337,18 +351,11 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, st
         T = T_max
         token = qkv_ptr + n64 * stride_n
         out_row = out_ptr + n64 * stride_on
-    # A block past its row's last token (packed rows shorter than T_max) has nothing to do: its
-    # loops below run empty and it stores nothing.
-    active = first_q < T
     # token x stride in int64: it passes 2**31 past ~0.9 M tokens in one row (39 min of audio)
     q = tl.load(token + offs_m.to(tl.int64)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :],
                 mask=(offs_m < T)[:, None], other=0.0)
     k_base = token + (H + h) * HEAD_DIM
     v_base = token + (2 * H + h) * HEAD_DIM
-
-    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    row_sum = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if HAS_RING:
         # The stream position itself is int64 (it grows for as long as a stream lives); the
         # kernel needs only the ring slot of the chunk's first token and how many earlier
@@ -359,43 +366,35 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, st
         slot_row = tl.load(rows_ptr + n).to(tl.int64)
         ring_k = k_ring_ptr + slot_row * stride_rs + h * stride_rh
         ring_v = v_ring_ptr + slot_row * stride_rs + h * stride_rh
-        # Oldest key any query of the block needs, and never a position before the stream start.
-        ring_lo = tl.maximum(first_q - W + 1, -history)
-    if HAS_RING and ONE_LOOP:
-        hi = tl.minimum(first_q + BLOCK_M, T)
-        for first in range(tl.where(active, ring_lo, hi), hi, BLOCK_N):
-            j = first + offs_n
-            in_ring = j < 0
-            slot = tl.where(in_ring, (first_slot + j + W) % W, 0)  # j >= -W
-            row = tl.maximum(j, 0).to(tl.int64)
-            is_key = (j < hi)[:, None]
-            k = tl.load(tl.where(in_ring[:, None], ring_k + slot[:, None] * stride_rw, k_base + row[:, None] * stride_t)
-                        + offs_d[None, :], mask=is_key, other=0.0)
-            v = tl.load(tl.where(in_ring[:, None], ring_v + slot[:, None] * stride_rw, v_base + row[:, None] * stride_t)
-                        + offs_d[None, :], mask=is_key, other=0.0)
-            delta = offs_m[:, None] - j[None, :]
-            visible = (j < hi)[None, :] & (delta >= 0) & (delta < W)
-            row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
     else:
-        if HAS_RING:
-            for first in range(tl.where(active, ring_lo, 0), 0, BLOCK_N):
-                j = first + offs_n
-                is_key = j < 0
-                slot = tl.where(is_key, (first_slot + j + W) % W, 0)  # j >= -W
-                k = tl.load(ring_k + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
-                v = tl.load(ring_v + slot[:, None] * stride_rw + offs_d[None, :], mask=is_key[:, None], other=0.0)
-                visible = is_key[None, :] & (offs_m[:, None] - j[None, :] < W)  # j < 0 <= query: causal
-                row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
-        hi = tl.minimum(first_q + BLOCK_M, T)
-        chunk_lo = tl.where(active, tl.maximum(first_q - W + 1, 0), hi)
-        for first in range(chunk_lo, hi, BLOCK_N):
-            j = first + offs_n
-            is_key = j < hi
-            k = tl.load(k_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
-            v = tl.load(v_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=is_key[:, None], other=0.0)
-            delta = offs_m[:, None] - j[None, :]
-            visible = is_key[None, :] & (delta >= 0) & (delta < W)
-            row_max, row_sum, acc = _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc)
+        first_slot, history, ring_k, ring_v = 0, 0, k_base, v_base  # no ring: never read
+    # Keys lo .. hi-1: the oldest any query of the block sees (never before the stream's start)
+    # to the newest query. A block past its row's last token (packed rows shorter than T_max)
+    # has no tiles and stores nothing.
+    lo = tl.maximum(first_q - W + 1, -history)
+    hi = tl.minimum(first_q + BLOCK_M, T)
+    num_tiles = tl.where(first_q < T, tl.cdiv(hi - lo, BLOCK_N), 0)
+    # Tile k (keys lo + k*BLOCK_N ..) is seen whole by every query when its keys lie in
+    # [the newest query's window edge, the oldest query]; those tiles are k_full .. k_end-1.
+    full_lo = tl.maximum(first_q + BLOCK_M - W, -history)
+    k_end = tl.minimum((first_q + 1 - lo) // BLOCK_N, num_tiles)  # first_q + 1 - lo >= 1 here
+    k_full = tl.minimum(tl.cdiv(full_lo - lo, BLOCK_N), k_end)  # full_lo >= lo
+
+    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for k in range(0, k_full):  # the window's edge
+        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, lo + k * BLOCK_N, offs_m, offs_n, offs_d, hi,
+                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
+                                          qk_scale, HAS_RING, True)
+    for k in range(k_full, k_end):  # seen whole: no mask
+        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, lo + k * BLOCK_N, offs_m, offs_n, offs_d, hi,
+                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
+                                          qk_scale, HAS_RING, False)
+    for k in range(k_end, num_tiles):  # the diagonal and the chunk's end
+        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, lo + k * BLOCK_N, offs_m, offs_n, offs_d, hi,
+                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
+                                          qk_scale, HAS_RING, True)
     # every real query sees at least itself, so row_sum > 0; padding queries are not stored
     out = acc / tl.maximum(row_sum, 1e-30)[:, None]
     tl.store(out_row + offs_m.to(tl.int64)[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
@@ -403,12 +402,36 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, st
 
 
 @jit
-def _online_softmax_tile(q, k, v, visible, qk_scale, row_max, row_sum, acc):
-    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
-    scores = tl.where(visible, scores, float("-inf"))
-    new_max = tl.maximum(row_max, tl.max(scores, 1))
-    # A query may see no key of a tile (the window's edge): keep its -inf max from making NaNs.
-    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+def _key_tile(q, row_max, row_sum, acc, first, offs_m, offs_n, offs_d, hi, W, k_base, v_base, stride_t, ring_k,
+              ring_v, first_slot, stride_rw, qk_scale, HAS_RING: tl.constexpr, MASKED: tl.constexpr):
+    """Keys first .. first + BLOCK_N - 1 (chunk-relative, >= -W) into the online softmax. Unless
+    MASKED, the caller knows every key exists and every query sees it."""
+    j = first + offs_n
+    row = tl.maximum(j, 0).to(tl.int64)
+    if HAS_RING:
+        in_ring = (j < 0)[:, None]
+        slot = ((first_slot + j + W) % W)[:, None]  # j >= -W
+        k_ptr = tl.where(in_ring, ring_k + slot * stride_rw, k_base + row[:, None] * stride_t) + offs_d[None, :]
+        v_ptr = tl.where(in_ring, ring_v + slot * stride_rw, v_base + row[:, None] * stride_t) + offs_d[None, :]
+    else:
+        k_ptr = k_base + row[:, None] * stride_t + offs_d[None, :]
+        v_ptr = v_base + row[:, None] * stride_t + offs_d[None, :]
+    if MASKED:
+        is_key = j < hi
+        k = tl.load(k_ptr, mask=is_key[:, None], other=0.0)
+        v = tl.load(v_ptr, mask=is_key[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
+        delta = offs_m[:, None] - j[None, :]
+        scores = tl.where(is_key[None, :] & (delta >= 0) & (delta < W), scores, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        # A query may have seen no key yet (the window's edge): keep its -inf max from making NaNs.
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    else:
+        k = tl.load(k_ptr)
+        v = tl.load(v_ptr)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        safe_max = new_max  # every query saw a key of this tile: finite
     alpha = tl.exp2(row_max - safe_max)
     p = tl.exp2(scores - safe_max[:, None])
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
