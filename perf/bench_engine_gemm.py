@@ -1,0 +1,84 @@
+"""The engine's decode GEMMs alone, per BLAS back end and reduction setting (issue 34).
+
+    PYTHONPATH=python_backends:. python3 perf/bench_engine_gemm.py --out gemm.json    # H200, ~30 s
+
+A decode step at batch M runs, per backbone layer (Qwen3-4B: hidden 2560, 32 q / 8 kv heads of
+128, intermediate 9728), four bf16 GEMMs: qkv [M, 2560] x [6144, 2560]^T, o [M, 4096] x
+[2560, 4096]^T, gate/up [M, 2560] x [19456, 2560]^T, down [M, 9728] x [2560, 9728]^T; the local
+frame's (width 2560, inner 9728) run 12-13 times a step. cuBLAS picks a kernel per shape by
+heuristics (the graphed step's profile: down runs split-K plus a reduction kernel, 27 us a layer
+where its bytes and FLOPs need ~17). Each row times F.linear under torch's default back end,
+under cuBLASLt (`torch.backends.cuda.preferred_blas_library`), and with bf16 reduced-precision
+reduction off, by graph replays; every call reads its own weight copy (>= 128 MiB in rotation), so
+weights come from HBM as in the step, not from L2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from perf.graph_timing import graph_ms
+
+SHAPES = {  # name -> (K, N)
+    "qkv": (2560, 6144), "o": (4096, 2560), "gate_up": (2560, 19456), "down": (9728, 2560),
+    "local_qkv": (2560, 7680), "local_in": (2560, 9728), "local_out": (9728, 2560),
+}
+ROTATION_BYTES = 128 << 20
+
+
+def time_linear(m: int, k: int, n: int, device: torch.device) -> float:
+    copies = max(2, -(-ROTATION_BYTES // (k * n * 2)))
+    weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+    return graph_ms(lambda i: F.linear(xs[i % copies], weights[i % copies]), reps=copies * 4, iters=10)
+
+
+def settings():
+    """(name, apply) pairs; each apply sets torch's global BLAS state for the rows after it."""
+    matmul = torch.backends.cuda.matmul
+
+    def default():
+        torch.backends.cuda.preferred_blas_library("cublas")
+        matmul.allow_bf16_reduced_precision_reduction = True
+
+    def lt():
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        matmul.allow_bf16_reduced_precision_reduction = True
+
+    def no_reduced():
+        torch.backends.cuda.preferred_blas_library("cublas")
+        matmul.allow_bf16_reduced_precision_reduction = False
+
+    return [("cublas", default), ("cublaslt", lt), ("cublas_fp32_reduce", no_reduced)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="128,256")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda")
+    rows = []
+    for name, apply in settings():
+        apply()
+        for m in (int(x) for x in args.batches.split(",")):
+            for shape, (k, n) in SHAPES.items():
+                ms = time_linear(m, k, n, device)
+                rows.append({"setting": name, "m": m, "gemm": shape, "k": k, "n": n, "us": ms * 1e3,
+                             "tflops": 2 * m * k * n / (ms / 1e3) / 1e12})
+                print(f"{name:>18} M {m:>4} {shape:>9} [{k} -> {n}]: {ms * 1e3:7.2f} us "
+                      f"{rows[-1]['tflops']:6.1f} TFLOP/s", flush=True)
+    settings()[0][1]()
+    if args.out:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                                        "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
