@@ -55,9 +55,9 @@ def attention_signature(dtype: str) -> dict:
 
 
 # Each compile takes ~5 s on the 2-core CI machine, so the cases are the distinct code paths: the
-# streaming layouts at both tile sizes attention_config picks (16 queries, 2 warps; 64 queries,
-# 4 warps, 3 stages), the offline form, bf16 (served) and once fp32 (the codec's CPU-checkpoint
-# dtype on a GPU).
+# streaming layouts at both tile sizes attention_config picks (16 queries x 64 keys, 2 warps; 64
+# queries x 32 keys, 4 warps, 3 stages), the offline form, bf16 (served) and once fp32 (the
+# codec's CPU-checkpoint dtype on a GPU).
 ATTENTION_CASES = [("offline", 64, "bf16"), ("batched", 16, "bf16"), ("batched", 64, "bf16"), ("packed", 16, "bf16"),
                    ("packed", 64, "bf16"), ("packed", 64, "fp32")]
 
@@ -86,9 +86,9 @@ def test_ring_write_kernel_compiles_for_the_h200(packed):
 
 def test_rope_kernel_compiles_for_the_h200():
     signature = {"qkv_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-                 **{name: "i32" for name in ("T", "stride_n", "stride_t", "stride_rn", "stride_rt")}}
-    constants = {"HEAD_DIM": 64, "HEADS": wa.ROPE_HEADS, "BLOCK_T": wa.ROPE_BLOCK_T}
-    assert compile_for_h200(wa._rope_kernel, signature, constants, wa.NUM_WARPS, 2).asm["cubin"]
+                 **{name: "i32" for name in ("T", "num_heads", "stride_n", "stride_t", "stride_rn", "stride_rt")}}
+    assert compile_for_h200(wa._rope_kernel, signature, {"HEAD_DIM": 64, "BLOCK_T": wa.ROPE_BLOCK_T}, wa.NUM_WARPS,
+                            2).asm["cubin"]
 
 
 @pytest.mark.parametrize("width", [768, 1280])  # the codec's two LayerNorm widths
