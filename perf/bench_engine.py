@@ -558,6 +558,10 @@ def main(argv=None) -> int:
     model, device = build(args)
     results = {"meta": {"device": device, "torch": torch.__version__,
                         "stack": os.environ.get("MOSS_STACK", "unchecked (not under the device pack's env.sh)"),
+                        # which tree's code ran: the pack's env.sh puts the directory it was sourced
+                        # in first on every Python's path, whatever PYTHONPATH says (an A/B of two
+                        # trees must source it in each; issue 34, sixth round)
+                        "moss_tts": sys.modules["moss_tts"].__file__,
                         "frames": args.frames,
                         "prompt_rows": args.prompt_rows, "model_build_s": time.perf_counter() - start},
                "errors": {}}
