@@ -103,7 +103,7 @@ prepare_repo() {
     sed -i "s/key: \"${kv%%=*}\" value: { string_value: \"[^\"]*\" }/key: \"${kv%%=*}\" value: { string_value: \"${kv#*=}\" }/" \
       "$W/repo/moss_tts/config.pbtxt"
   done
-  grep -E 'key: "(vocoder|reserved_memory_gib|max_slots|gil_switch_interval_ms|chunk_frames|vocoder_round_rows|vocoder_round_min_frames|vocoder_hold_ms|stream_turn)"' \
+  grep -E 'key: "(vocoder|reserved_memory_gib|max_slots|gil_switch_interval_ms|chunk_frames|vocoder_round_rows|vocoder_round_min_frames|vocoder_hold_ms)"' \
     "$W/repo/moss_tts/config.pbtxt" "$W/repo/vocoder/config.pbtxt" | tee -a "$R/scaling.log"
 }
 

@@ -129,28 +129,3 @@ def test_reference_errors_pass_through(streams, builder):
 
     with pytest.raises(ChildError, match="could not be decoded"):
         next(EngineCodes(streams(), builder, synthesis("ref"), broken).chunks())
-
-
-def test_the_prompt_is_built_and_submitted_on_the_streams_turn_and_chunks_are_awaited_off_it(streams, builder):
-    class Turn:
-        depth = 0
-
-        def __enter__(self):
-            self.depth += 1
-
-        def __exit__(self, *exc):
-            self.depth -= 1
-
-    turn, seen = Turn(), []
-
-    class Builder:
-        def build(self, spec):
-            seen.append(turn.depth)
-            return builder.build(spec)
-
-    codes = EngineCodes(streams(), Builder(), synthesis("t", MAX_FRAMES=4, IGNORE_STOP=True), lambda: None, turn=turn)
-    chunks = []
-    for chunk in codes.chunks():
-        chunks.append((chunk, turn.depth))  # the generator waited for this one: off the turn
-    assert seen == [1] and frames_of([c for c, _ in chunks]) == 4
-    assert all(depth == 0 for _, depth in chunks)

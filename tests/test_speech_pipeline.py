@@ -291,69 +291,6 @@ def test_each_chunk_is_due_when_the_audio_before_it_has_played_out():
     assert end is None  # END: due now (it only frees the slot)
 
 
-class CheckedTurn:
-    """The stream threads' turn, counting how deep the current thread holds it."""
-
-    def __init__(self):
-        self.depth = 0
-
-    def __enter__(self):
-        self.depth += 1
-
-    def __exit__(self, *exc):
-        self.depth -= 1
-
-
-class TurnChildren(AsyncChildren):
-    """Records whether the stream held its turn at each wait (the engine's next chunk, a vocoder
-    call's audio) and at each vocoder call."""
-
-    def __init__(self, chunks, turn, **kwargs):
-        super().__init__(chunks, **kwargs)
-        self.turn, self.held = turn, []
-
-    def stream_codes(self):
-        for chunk in super().stream_codes():
-            self.held.append(("next chunk", self.turn.depth))
-            yield chunk
-
-    def vocode(self, c, start, end, deadline=None):
-        self.held.append(("vocode", self.turn.depth))
-        later = super().vocode(c, start, end, deadline)
-        wait = later.wait
-        later.wait = lambda timeout=None: self.held.append(("wait", self.turn.depth)) or wait(timeout)
-        return later
-
-
-class TurnClient(FakeClient):
-    def __init__(self, turn, held):
-        super().__init__()
-        self.turn, self.held = turn, held
-
-    def send(self, audio, codes, context, final):
-        self.held.append(("send", self.turn.depth))
-        super().send(audio, codes, context, final)
-
-    def send_final(self):
-        self.held.append(("send", self.turn.depth))
-        super().send_final()
-
-
-@pytest.mark.parametrize("stream", [True, False])
-def test_a_stream_holds_its_turn_to_vocode_and_never_while_it_waits_or_sends(stream):
-    turn = CheckedTurn()
-    children = TurnChildren([CodesChunk(EMPTY, codes(3, 100))] + [CodesChunk(codes(n), EMPTY) for n in (2, 4, 8)], turn)
-    client = TurnClient(turn, children.held)
-    # The last chunk's call is answered only by a blocking wait in _finish.
-    SpeechStream(children, client, stream=stream, turn=turn).run()
-    assert client.finals == 1 and not client.errors and turn.depth == 0
-    kinds = {kind for kind, _ in children.held}
-    assert kinds == {"next chunk", "vocode", "wait", "send"}
-    # A send is an IPC round trip: held there, a wave's sends would go one at a time.
-    assert all(depth == 0 for kind, depth in children.held if kind in ("next chunk", "wait", "send")), children.held
-    assert all(depth > 0 for kind, depth in children.held if kind == "vocode"), children.held
-
-
 @pytest.mark.parametrize("stream", [True, False])
 def test_once_its_codes_are_all_in_a_stream_hurries_the_calls_it_waits_for(stream):
     """A held vocoder round would otherwise wait for company while the stream waits to end (a

@@ -435,7 +435,8 @@ def test_a_small_round_waits_until_due_or_until_an_end_comes(codec, streams, off
 def test_vocoder_hold_parameters_are_validated():
     with pytest.raises(ValueError, match="vocoder_round_min_frames"):
         VocoderPlacement.from_parameters({"vocoder_round_min_frames": "-1"})
-    assert VocoderPlacement.from_parameters({"stream_turn": "false", "vocoder_hold_ms": "100"}).stream_turn is False
+    # stream_turn was removed (measured slower); a config that still sets it loads as before.
+    assert VocoderPlacement.from_parameters({"stream_turn": "false", "vocoder_hold_ms": "100"}).vocoder_hold_ms == 100
 
 
 def test_a_hurried_job_is_not_held(codec, streams):

@@ -17,7 +17,6 @@ serving/stream_io.py (whose BLS calls are never decoupled: docs/structure.md say
 
 import logging
 import sys
-import threading
 import time
 
 import torch
@@ -93,10 +92,7 @@ class TritonPythonModel:
             self.streams, builder,
             lambda codes: TritonChildren(codes, self.key, self.watch, self.worker, self.pool.is_stopping),
             lambda audio: encode_reference(audio, self.watch), lambda record: self.metrics.observe(record),
-            self.pool.is_stopping, TraceLog.from_env(),
-            # In process, the stream threads may take turns (stream_turn, pipeline/speech_stream.py);
-            # over BLS they wait in vocoder calls, which must not hold the others back.
-            turn=threading.RLock() if self.worker is not None and placement.stream_turn else None)
+            self.pool.is_stopping, TraceLog.from_env())
         self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
         # Session requests that reached another instance of this server come here to be spoken
         # (several instances: sessions/relay.py).

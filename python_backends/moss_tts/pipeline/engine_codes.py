@@ -11,7 +11,6 @@ finished aborts it. No Triton import.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Callable, Iterator, Optional
 
 import numpy as np
@@ -33,13 +32,12 @@ WAIT_S = 1.0  # how often a waiting stream gets a chance to notice a cancel
 
 class EngineCodes:
     def __init__(self, streams: EngineStreams, builder: PromptBuilder, synthesis: SynthesisRequest,
-                 reference_codes: Callable[[], Optional[np.ndarray]], wait_s: float = WAIT_S, turn=None) -> None:
+                 reference_codes: Callable[[], Optional[np.ndarray]], wait_s: float = WAIT_S) -> None:
         self.streams = streams
         self.builder = builder
         self.synthesis = synthesis
         self.reference_codes = reference_codes  # [frames, 12] or None; may raise ChildError
         self.wait_s = wait_s
-        self.turn = turn if turn is not None else nullcontext()  # the stream threads' (speech_stream.py)
         self._is_aborted = False
         self._feed = None
         self._is_woken = False  # a wake before the feed exists is delivered when it does
@@ -83,11 +81,10 @@ class EngineCodes:
         ref = None if reference is None else torch.from_numpy(reference.astype(np.int64))
         s = self.synthesis
         try:
-            with self.turn:  # tokenizing and the prompt's rows: Python that never waits
-                rows = self.builder.build(s.prompt_spec(ref))
-                params = s.params_for(rows.shape[0], self.streams.max_seq_len)
-                return self.streams.submit(EngineRequest(s.request_id, rows, params, s.first_chunk_frames,
-                                                         s.chunk_frames))
+            rows = self.builder.build(s.prompt_spec(ref))
+            params = s.params_for(rows.shape[0], self.streams.max_seq_len)
+            return self.streams.submit(EngineRequest(s.request_id, rows, params, s.first_chunk_frames,
+                                                     s.chunk_frames))
         except QueueFull as exc:
             raise ChildError(f"server busy: {exc}", ErrorKind.UNAVAILABLE) from None
         except EngineClosed:

@@ -91,15 +91,14 @@ class SegmentedCodes:
 
 
 def codes_for(streams, builder, synthesis: SynthesisRequest, reference: Callable[[], Optional[np.ndarray]],
-              max_segment_chars: int = MAX_SEGMENT_CHARS, turn=None):
+              max_segment_chars: int = MAX_SEGMENT_CHARS):
     """The codes source of one request: EngineCodes, or SegmentedCodes for a text longer than one
-    segment (InvalidRequest for a duration that cannot apply to several segments). `turn`: the
-    stream threads' turn, held while a prompt is built and submitted (speech_stream.py)."""
+    segment (InvalidRequest for a duration that cannot apply to several segments)."""
     segments = split_text(synthesis.text, max_segment_chars)
     if len(segments) < 2:
-        return EngineCodes(streams, builder, synthesis, reference, turn=turn)
+        return EngineCodes(streams, builder, synthesis, reference)
     if synthesis.fields.tokens is not None:
         raise InvalidRequest(f"TOKENS sets the duration of one utterance, but this text is long-form ({len(segments)} "
                              f"segments of up to {max_segment_chars} characters): drop TOKENS or shorten the text")
-    return SegmentedCodes(lambda request, ref: EngineCodes(streams, builder, request, ref, turn=turn), synthesis, segments,
+    return SegmentedCodes(lambda request, ref: EngineCodes(streams, builder, request, ref), synthesis, segments,
                           reference)

@@ -38,7 +38,7 @@ def requested_outputs(names) -> set:
 class SpeechRequests:
     def __init__(self, streams: EngineStreams, builder, children: Callable[[object], Children],
                  encode_reference: Callable[[bytes], np.ndarray], observe: Callable[[RequestRecord], None],
-                 is_stopping: Callable[[], bool], trace_log: Optional[TraceLog] = None, turn=None) -> None:
+                 is_stopping: Callable[[], bool], trace_log: Optional[TraceLog] = None) -> None:
         self.streams = streams
         self.builder = builder  # model.processor.PromptBuilder
         self.children = children
@@ -46,7 +46,6 @@ class SpeechRequests:
         self.observe = observe
         self.is_stopping = is_stopping
         self.trace_log = trace_log  # first_audio_trace.TraceLog, or None (the trace is off)
-        self.turn = turn  # the stream threads' turn (speech_stream.py), or None: each on its own
 
     def stream(self, get: Getter, request_id: str, requested: set, client: Client,
                started: float) -> tuple[SpeechStream, str]:
@@ -59,7 +58,7 @@ class SpeechRequests:
                 else "stream" if synthesis.stream else "offline")
         recording = self.record(client, started)
         stream = SpeechStream(self.children(codes), recording, synthesis.stream, "AUDIO" in requested,
-                              self.is_stopping, recording.trace, turn=self.turn)
+                              self.is_stopping, recording.trace)
         return stream, path
 
     @staticmethod
@@ -83,7 +82,7 @@ class SpeechRequests:
 
     def codes(self, synthesis: SynthesisRequest, reference: Reference):
         """EngineCodes, or SegmentedCodes for a long text."""
-        return codes_for(self.streams, self.builder, synthesis, reference, turn=self.turn)
+        return codes_for(self.streams, self.builder, synthesis, reference)
 
     def record(self, client: Client, started: float, session_index: Optional[int] = None) -> RecordingClient:
         """`client`, recording what the request did for the operator's metrics (request_record.py)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from contextlib import AbstractContextManager, closing, nullcontext
+from contextlib import closing
 from typing import Callable, Optional
 
 import numpy as np
@@ -40,7 +40,7 @@ END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then th
 class SpeechStream:
     def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
                  is_stopping: Callable[[], bool] = lambda: False, trace: Optional[FirstAudioTrace] = None,
-                 playback: Optional[Playback] = None, turn: Optional[AbstractContextManager] = None) -> None:
+                 playback: Optional[Playback] = None) -> None:
         self.children = children
         self.client = client
         self.stream = stream
@@ -58,14 +58,6 @@ class SpeechStream:
         self.playback = playback if playback is not None else Playback()
         self._is_playback_begun = False
         self.trace = trace  # None unless the first-audio trace is on
-        # The stream threads' turn, when the adapter shares one among them (`stream_turn`, off
-        # by default): held while this thread runs Python that never waits (its vocoder calls;
-        # EngineCodes builds its prompt on it), so fewer stream threads at once compete for the
-        # GIL with the engine and the vocoder in a wave of ~256 streams made runnable together.
-        # Never held across an IPC round trip (a send, is_cancelled): held there, a wave's sends
-        # went one at a time and first audio came later. Measured on the H200 (issue 34's fourth
-        # round) it cut the engine's host time in those waves but served 1-2% less.
-        self.turn = turn if turn is not None else nullcontext()
 
     def run(self) -> None:
         if self.trace is not None:
@@ -92,7 +84,7 @@ class SpeechStream:
     def _pump(self) -> Optional[str]:
         """Consume the engine's chunks: None when they are all in, else "cancelled" / "stopping"."""
         with closing(self.children.stream_codes()) as chunks:
-            for chunk in chunks:  # waits (for the engine, a vocoder call) off the turn
+            for chunk in chunks:
                 if chunk is not AUDIO_READY:
                     ended = self._ended()
                     if ended is not None:
@@ -114,8 +106,7 @@ class SpeechStream:
             if chunk.codes.shape[0]:
                 self.client.send(None, chunk.codes, self._take_context(), final=False)
         elif chunk.codes.shape[0]:
-            with self.turn:  # a vocoder call: Python that never waits
-                self._vocode_chunk(chunk.codes)
+            self._vocode_chunk(chunk.codes)
 
     def _take_context(self) -> np.ndarray:
         """The continuation's reference codes on the first response that leaves, else empty."""
@@ -186,8 +177,7 @@ class SpeechStream:
             # chunk is decoded, and before the final response: by the time the client has it, the
             # stream's slot is free (its max_streams place follows as this thread returns), so a
             # client that sends its next request at once is not refused for one it finished.
-            with self.turn:
-                end = self._end_vocoder()
+            end = self._end_vocoder()
             ended = self._send_ready(block=True)
             if ended is not None:
                 return ended
@@ -201,8 +191,7 @@ class SpeechStream:
         codes = np.concatenate(self._gathered) if self._gathered else NO_CODES
         audio = None
         if self.wants_audio:
-            with self.turn:
-                pending = self._open_vocoder(codes, send=None, end=True)  # START, everything, END
+            pending = self._open_vocoder(codes, send=None, end=True)  # START, everything, END
             ended = self._send_ready(block=True)
             if ended is not None:
                 return ended

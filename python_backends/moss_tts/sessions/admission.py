@@ -120,5 +120,5 @@ class SessionAdmission:
             children = self.requests.children(SessionCodes(codes, session, is_first))
             children.sequence_id = session.sequence_id
             stream = SpeechStream(SessionChildren(children, session, inputs.is_end, client), client, True, True,
-                                  self.pool.is_stopping, recording.trace, session.playback, turn=self.requests.turn)
+                                  self.pool.is_stopping, recording.trace, session.playback)
         return SessionRequest(self.sessions, session, ticket, stream, client, self.pool.is_stopping)

@@ -97,9 +97,6 @@ class VocoderPlacement:
     # engine's steps (vocoder/jobs.hold_until).
     vocoder_round_min_frames: int = 256
     vocoder_hold_ms: float = 250.0
-    # in_process: the stream threads take turns to run their Python (pipeline/speech_stream.py;
-    # measured 1-2% slower on the H200, so off).
-    stream_turn: bool = False
     # in_process: how the codec's LayerNorms and GELU run on the GPU (codec.transformer.FUSIONS):
     # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
     # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
