@@ -53,7 +53,11 @@ rm -f "$p"/site/tritonclient/perf_* 2>/dev/null || true
 [ -d "$p/site/tritonclient/grpc" ] || { echo "tritonclient.grpc missing from the pack"; exit 1; }
 
 # 4. The environment: the stub imports from the base interpreter's site-packages, so a .pth there
-#    prepends MOSS_PACK_PATH (this site/ + the project's python_backends) when that variable is set.
+#    prepends MOSS_TTS_STUB_PATH (the project's python_backends + this site/) when that variable is
+#    set. It applies to every python3 started with it set, before PYTHONPATH: a script that runs
+#    another tree's code (an A/B against an old commit) must source env.sh inside that tree, or it
+#    imports the tree env.sh was sourced in (issue 34's sixth round lost an A/B to this;
+#    bench_engine.py and bench_vocoder.py record the moss_tts they imported).
 cat > "$p/env.sh" <<'ENV'
 # source me on the device machine, from the project root
 _pack="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
