@@ -86,9 +86,9 @@ def test_ring_write_kernel_compiles_for_the_h200(packed):
 
 def test_rope_kernel_compiles_for_the_h200():
     signature = {"qkv_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-                 **{name: "i32" for name in ("T", "num_heads", "stride_n", "stride_t", "stride_rn", "stride_rt")}}
-    assert compile_for_h200(wa._rope_kernel, signature, {"HEAD_DIM": 64, "BLOCK_T": wa.ROPE_BLOCK_T}, wa.NUM_WARPS,
-                            2).asm["cubin"]
+                 **{name: "i32" for name in ("T", "stride_n", "stride_t", "stride_rn", "stride_rt")}}
+    constants = {"HEAD_DIM": 64, "HEADS": wa.ROPE_HEADS, "BLOCK_T": wa.ROPE_BLOCK_T}
+    assert compile_for_h200(wa._rope_kernel, signature, constants, wa.NUM_WARPS, 2).asm["cubin"]
 
 
 @pytest.mark.parametrize("width", [768, 1280])  # the codec's two LayerNorm widths
