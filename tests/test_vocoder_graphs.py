@@ -102,15 +102,18 @@ def test_buckets_are_powers_of_two_then_halves_and_max_rows():
         assert all(b / n < 1.5 for n in range(33, max_rows + 1) for b in [min(x for x in buckets if x >= n)])
 
 
-def test_frame_buckets_are_row_buckets_to_64_then_quarter_steps():
+def test_frame_buckets_are_row_buckets_to_64_then_quarter_then_eighth_steps():
     assert frame_buckets(1) == (1,)
     assert frame_buckets(40) == row_buckets(40)
     assert frame_buckets(100) == (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 100)
-    assert frame_buckets(2560)[7:] == (64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896,
-                                       1024, 1280, 1536, 1792, 2048, 2560)
+    assert frame_buckets(2560)[7:] == (64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 576, 640, 704,
+                                       768, 832, 896, 960, 1024, 1152, 1280, 1408, 1536, 1664, 1792, 1920, 2048,
+                                       2304, 2560)
     for max_frames in (65, 100, 1000, 2560, 2880):  # from 64 frames on, padding adds less than a quarter
         buckets = frame_buckets(max_frames)
         assert all(b / n < 1.25 for n in range(65, max_frames + 1) for b in [min(x for x in buckets if x >= n)])
+        # and from 512 on, less than an eighth
+        assert all(b / n < 1.125 for n in range(513, max_frames + 1) for b in [min(x for x in buckets if x >= n)])
 
 
 @pytest.mark.parametrize("kwargs, field", [({"max_graph_frames": 0}, "max_graph_frames"),
