@@ -196,3 +196,18 @@ def test_silu_kernel_compiles_for_the_h200_with_vector_loads(gated):
                               {"WIDTH": 9728, "GATED": gated, "BLOCK": gs.BLOCK}, gs.NUM_WARPS, 3,
                               ("x_ptr", "out_ptr", "stride_row"))
     assert "v4" in kernel.asm["ptx"]  # 16-byte loads: the point of a constant width
+
+
+@pytest.mark.parametrize("vocab, has_seen", [(1024, True), (2, False)])  # a codebook; the stop head
+def test_draw_kernel_compiles_for_the_h200(vocab, has_seen, tmp_path):
+    """As the local frame launches it: the codebook's draw has the tl.topk path and the full sort
+    (runtime branches that must unify), the stop head's 16-wide block only the sort."""
+    from moss_tts.kernels import sample_kernel as sk
+
+    signature = {"logits_ptr": "*bf16", "logits_stride": "i32", "seen_ptr": "*i1" if has_seen else "*bf16",
+                 "seen_stride": "i32", "penalty_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i64",
+                 "top_p_ptr": "*fp32", "seed_ptr": "*i64", "position_ptr": "*i64", "out_ptr": "*i64", "vocab": "i32"}
+    block = sk._block(vocab)
+    kernel = compile_for_h200(sk._draw_kernel, signature, {"HAS_SEEN": has_seen, "BLOCK": block, "FAST_K": sk.FAST_K,
+                                                           "LIBDEVICE": True}, sk._num_warps(block), 3)
+    assert kernel.asm["cubin"]

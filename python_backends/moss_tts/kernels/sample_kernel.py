@@ -35,6 +35,10 @@ except ImportError:  # GPU-less installs: draw_tokens falls back to reference_dr
 
 MAX_VOCAB = 4096  # 4096 int64 keys + fp32/fp64 temporaries still fit one program's registers
 MIN_BLOCK = 16  # the stop head's 2 logits are padded with -inf to this many
+# Rows whose top_k is below this draw from their FAST_K best scores (tl.topk) instead of a full
+# sort, unless the k-th score's ties run past them; the audio codebooks' default top_k is 25
+# (contract/sampling_options.py)
+FAST_K = 32
 
 
 def draw_tokens(logits: torch.Tensor, seen: torch.Tensor | None, penalty: torch.Tensor,
@@ -106,7 +110,7 @@ def _triton_draw(logits, seen, penalty, temperature, top_k, top_p, seed, positio
     block = _block(vocab)
     _draw_kernel[(num_rows,)](
         logits, logits.stride(0), seen_arg, seen.stride(0) if has_seen else 0, penalty, temperature, top_k, top_p,
-        seed, position, out, vocab, HAS_SEEN=has_seen, BLOCK=block, LIBDEVICE=not INTERPRET,
+        seed, position, out, vocab, HAS_SEEN=has_seen, BLOCK=block, FAST_K=FAST_K, LIBDEVICE=not INTERPRET,
         num_warps=_num_warps(block))
     return out
 
@@ -172,7 +176,7 @@ def _ordered_bits(x):
 @jit
 def _draw_kernel(logits_ptr, logits_stride, seen_ptr, seen_stride, penalty_ptr, temperature_ptr, top_k_ptr,
                  top_p_ptr, seed_ptr, position_ptr, out_ptr, vocab, HAS_SEEN: tl.constexpr, BLOCK: tl.constexpr,
-                 LIBDEVICE: tl.constexpr):
+                 FAST_K: tl.constexpr, LIBDEVICE: tl.constexpr):
     """One row: the scores never leave registers; comments name the torch op each step repeats."""
     row = tl.program_id(0).to(tl.int64)
     idx = tl.arange(0, BLOCK)
@@ -191,13 +195,42 @@ def _draw_kernel(logits_ptr, logits_stride, seen_ptr, seen_stride, penalty_ptr, 
     # torch.sort(scaled, descending=True, stable=True) in registers: the id bits make every key
     # unique, so the unstable bitonic sort has only one possible result
     bits = _ordered_bits(scaled.to(tl.int32, bitcast=True))
-    keys = tl.sort((bits.to(tl.int64) << 32) | (BLOCK - 1 - idx).to(tl.int64), descending=True)
+    keys = (bits.to(tl.int64) << 32) | (BLOCK - 1 - idx).to(tl.int64)
+    top_k = tl.load(top_k_ptr + row)
+    top_k = tl.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
+    top_p = tl.load(top_p_ptr + row)
+    row_hash = _row_hash(tl.load(seed_ptr + row), tl.load(position_ptr + row))
+    token = row * 0  # int64, set by one of the two draws below
+    is_fast = False
+    if BLOCK > FAST_K:
+        is_fast = top_k < FAST_K
+        if is_fast:
+            # tl.topk gives the FAST_K best keys in the full sort's order (a bitonic top-k: about a
+            # third of the sort's compare-and-swap stages at V = 1024). Top-k keeps the entries
+            # scoring at least the k-th; when the last of the FAST_K scores lies below it, every
+            # kept entry is among them and the rest would be -inf (no weight) in the full draw.
+            best = tl.topk(keys, FAST_K)
+            best_scores = _ordered_bits((best >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
+            kth = tl.max(tl.where(tl.arange(0, FAST_K) == top_k - 1, best_scores, float("-inf")), 0)
+            is_fast = tl.min(best_scores, 0) < kth
+            if is_fast:
+                token = _draw_sorted(best, top_k, top_p, row_hash, is_greedy, BLOCK, FAST_K, LIBDEVICE)
+    if not is_fast:  # top_k >= FAST_K, or the k-th score's ties run past the FAST_K best
+        token = _draw_sorted(tl.sort(keys, descending=True), top_k, top_p, row_hash, is_greedy, BLOCK, BLOCK,
+                             LIBDEVICE)
+    tl.store(out_ptr + row, token)
+
+
+@jit
+def _draw_sorted(keys, top_k, top_p, row_hash, is_greedy, BLOCK: tl.constexpr, N: tl.constexpr,
+                 LIBDEVICE: tl.constexpr):
+    """The draw from a row's N best keys in descending order (N = BLOCK: all of them; N < BLOCK
+    only when top-k cuts every entry beyond them, which as -inf add nothing to the softmax)."""
+    idx = tl.arange(0, N)
     sorted_scores = _ordered_bits((keys >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
     sorted_ids = BLOCK - 1 - (keys & 0xFFFFFFFF)
 
     # top-k: `<` keeps every tie of the k-th score
-    top_k = tl.load(top_k_ptr + row)
-    top_k = tl.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
     kth = tl.max(tl.where(idx == top_k - 1, sorted_scores, float("-inf")), 0)
     sorted_scores = tl.where(sorted_scores < kth, float("-inf"), sorted_scores)
 
@@ -209,17 +242,15 @@ def _draw_kernel(logits_ptr, logits_stride, seen_ptr, seen_stride, penalty_ptr, 
         weights = libdevice.exp(shifted)
     else:
         weights = tl.exp(shifted)
-    cumulative = tl.cumsum(tl.math.div_rn(weights, tl.sum(weights, 0) + tl.zeros([BLOCK], tl.float32)), 0)
-    top_p = tl.load(top_p_ptr + row)
-    last_kept = tl.min(tl.where(cumulative > top_p, idx, BLOCK), 0)
-    last_kept = tl.where(top_p < 1.0, last_kept, BLOCK)  # top_p 1.0 is off, whatever the rounding
+    cumulative = tl.cumsum(tl.math.div_rn(weights, tl.sum(weights, 0) + tl.zeros([N], tl.float32)), 0)
+    last_kept = tl.min(tl.where(cumulative > top_p, idx, N), 0)
+    last_kept = tl.where(top_p < 1.0, last_kept, N)  # top_p 1.0 is off, whatever the rounding
     sorted_scores = tl.where(idx > last_kept, float("-inf"), sorted_scores)
 
     # Gumbel-max in float64; argmax keeps the first maximum in sorted order, as torch's does
-    row_hash = _row_hash(tl.load(seed_ptr + row), tl.load(position_ptr + row))
     perturbed = sorted_scores.to(tl.float64) + _gumbel(row_hash, sorted_ids, LIBDEVICE)
     best = tl.argmax(perturbed, 0)
     drawn = tl.sum(tl.where(idx == best, sorted_ids, 0), 0)
     # greedy: scaled == scores when temperature is 0, so the stable sort's first id is torch's argmax
     greedy = tl.sum(tl.where(idx == 0, sorted_ids, 0), 0)
-    tl.store(out_ptr + row, tl.where(is_greedy, greedy, drawn))
+    return tl.where(is_greedy, greedy, drawn)
