@@ -207,9 +207,8 @@ def streaming(steps: Steps, rows: int, codebook_size: int, chunks=(2, 10, 10, 8)
 
 # (stage heads, window, tokens per row of a 10-frame chunk) of the real decoder's six stages
 STAGES = ((20, 125, 10), (12, 250, 20), (12, 400, 40), (12, 400, 80), (12, 400, 160), (12, 400, 320))
-# (block_m, block_n, num_warps, num_stages[, per_source])
-SWEEP = ((16, 64, 2, 2, True), (16, 32, 2, 2, True), (32, 64, 2, 2, True), (32, 32, 2, 2, True),
-         (16, 16, 2, 2), (16, 32, 2, 2), (32, 32, 2, 2), (32, 32, 4, 2),  # short chunks: more unmasked tiles
+# (block_m, block_n, num_warps, num_stages)
+SWEEP = ((16, 16, 2, 2), (16, 32, 2, 2), (32, 32, 2, 2), (32, 32, 4, 2),  # short chunks: more unmasked tiles
          (16, 64, 2, 2), (16, 64, 4, 2), (16, 128, 4, 2), (16, 64, 4, 3), (32, 64, 2, 2), (32, 64, 4, 2),
          (32, 64, 4, 3), (32, 128, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3),
          (64, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2))
@@ -241,7 +240,7 @@ def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 3
             config = wa.AttentionConfig(*c)
             if config.block_m > max(16, 2 * t):
                 continue
-            name = "x".join(map(str, c[:4])) + ("ps" if config.per_source else "")
+            name = "x".join(map(str, c))
             try:
                 row["ms"][name] = _graph_ms(lambda: wa._triton_window_attention(qkv, rope, heads, window, ring, None,
                                                                                  config))
@@ -249,8 +248,7 @@ def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 3
                 row["ms"][name] = f"failed: {type(exc).__name__}"
         timed = {k: v for k, v in row["ms"].items() if isinstance(v, float)}
         d = wa.attention_config(t)
-        row["default"] = ("x".join(map(str, (d.block_m, d.block_n, d.num_warps, d.num_stages)))
-                          + ("ps" if d.per_source else ""))
+        row["default"] = "x".join(map(str, (d.block_m, d.block_n, d.num_warps, d.num_stages)))
         row["best"] = min(timed, key=timed.get)
         row["step_ms"] = {"best": timed[row["best"]] * num_layers, "default": timed.get(row["default"], 0) * num_layers}
         out.append(row)

@@ -66,7 +66,7 @@ ATTENTION_CASES = [("offline", 64, "bf16"), ("batched", 16, "bf16"), ("batched",
 def test_attention_kernel_compiles_for_the_h200(layout, tokens, dtype):
     config = wa.attention_config(tokens)
     constants = {"HAS_RING": layout != "offline", "PACKED": layout == "packed", "HEAD_DIM": 64,
-                 "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "PER_SOURCE": config.per_source}
+                 "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
     assert compile_for_h200(wa._attention_kernel, attention_signature(dtype), constants, config.num_warps,
                             config.num_stages).asm["cubin"]
 

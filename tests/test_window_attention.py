@@ -96,8 +96,7 @@ def case_errors(case, device="cpu", dtype=torch.float32, seed=0, config: Attenti
 # per block: the masked edge spans one tile or several) stay correct whichever attention_config
 # picks: (block_m, block_n, warps, stages).
 OTHER_CONFIGS = {"m16_n64": AttentionConfig(16, 64, 4, 2), "m32_n16": AttentionConfig(32, 16, 4, 2),
-                 "m16_n16": AttentionConfig(16, 16, 4, 2), "m64_n16_per_source": AttentionConfig(64, 16, 4, 2, True),
-                 "m16_n16_per_source": AttentionConfig(16, 16, 4, 2, True)}
+                 "m16_n16": AttentionConfig(16, 16, 4, 2)}
 
 
 def repeated_row_errors(config: AttentionConfig | None = None) -> dict[str, float]:

@@ -238,7 +238,6 @@ class AttentionConfig:
     block_n: int  # keys per inner-loop tile
     num_warps: int
     num_stages: int
-    per_source: bool = False  # streaming: the ring's tiles, then the chunk's (else one walk over both)
 
 
 def attention_config(t: int) -> AttentionConfig:
@@ -247,8 +246,8 @@ def attention_config(t: int) -> AttentionConfig:
     (bench_vocoder.py --attention-sweep, perf/RESULTS.md): 2 warps for 16/32 queries; for 64
     queries 32-key tiles in 3 stages (2-6% faster than 64-key tiles at the four 400-key stages
     once the inner tiles lost their mask); 128-query tiles were slower at every stage."""
-    if t <= 32:  # to measure (round 7): per-source walks, as before the sixth round, for short chunks
-        return AttentionConfig(16 if t <= 16 else 32, BLOCK_N, 2, NUM_STAGES, per_source=True)
+    if t <= 32:
+        return AttentionConfig(16 if t <= 16 else 32, BLOCK_N, 2, NUM_STAGES)
     return AttentionConfig(64, BLOCK_N // 2, NUM_WARPS, 3)
 
 
@@ -290,7 +289,7 @@ def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: 
         qkv, keys, values, rows, offsets, starts, lengths, out, per_row, num_heads, window,
         qkv.stride(0), qkv.stride(1), *ring_strides, out.stride(0), out.stride(1), qk_scale,
         HAS_RING=ring is not None, PACKED=packed, HEAD_DIM=head_dim, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        PER_SOURCE=c.per_source, num_warps=c.num_warps, num_stages=c.num_stages)
+        num_warps=c.num_warps, num_stages=c.num_stages)
     if ring is not None:
         kept = min(per_row, window)
         _ring_write_kernel[(_cdiv(kept, ROPE_BLOCK_T), num_rows, num_heads)](
@@ -333,17 +332,15 @@ def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, stride_n, stride_t, stride_rn, st
 def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, starts_ptr, lengths_ptr, out_ptr,
                       T_max, H, W, stride_n, stride_t, stride_rs, stride_rh, stride_rw, stride_on, stride_ot,
                       qk_scale, HAS_RING: tl.constexpr, PACKED: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PER_SOURCE: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One (query block, row x head): online softmax over the keys the block's queries see, in
     key tiles anchored at the oldest one. Chunk-relative key index j < 0 is the ring (position
     offset + j, at most W back), j >= 0 the chunk itself; a tile's rows are loaded from
     whichever holds them. The tiles every query of the block sees whole (j from the newest
     query's window edge to the oldest query itself) run without a mask: with a 400-key window,
     64 queries and 32-key tiles, 10 of 15 tiles. Only the tiles at the window's edge and at the
-    diagonal are masked. PER_SOURCE (streaming): the ring's tiles, then the chunk's, each tile
-    loaded from one source (short chunks: their tiles are mostly edges, and choosing each key's
-    source cost the sixth round's 16/32-query stages 9.5-12%). PACKED: the row's tokens start at
-    starts[n] of the one sequence and number lengths[n] (T_max bounds them all)."""
+    diagonal are masked. PACKED: the row's tokens start at starts[n] of the one sequence and number
+    lengths[n] (T_max bounds them all)."""
     first_q = tl.program_id(0) * BLOCK_M
     n = tl.program_id(1) // H
     h = tl.program_id(1) % H
@@ -379,25 +376,31 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, st
         first_slot, history, ring_k, ring_v = 0, 0, k_base, v_base  # no ring: never read
     # Keys lo .. hi-1: the oldest any query of the block sees (never before the stream's start)
     # to the newest query. A block past its row's last token (packed rows shorter than T_max)
-    # has no tiles and stores nothing. A key is seen by every query of the block when it lies in
-    # [full_lo, first_q]: from the newest query's window edge to the oldest query.
+    # has no tiles and stores nothing.
     lo = tl.maximum(first_q - W + 1, -history)
-    hi = tl.where(first_q < T, tl.minimum(first_q + BLOCK_M, T), lo)
+    hi = tl.minimum(first_q + BLOCK_M, T)
+    num_tiles = tl.where(first_q < T, tl.cdiv(hi - lo, BLOCK_N), 0)
+    # Tile k (keys lo + k*BLOCK_N ..) is seen whole by every query when its keys lie in
+    # [the newest query's window edge, the oldest query]; those tiles are k_full .. k_end-1.
     full_lo = tl.maximum(first_q + BLOCK_M - W, -history)
+    k_end = tl.minimum((first_q + 1 - lo) // BLOCK_N, num_tiles)  # first_q + 1 - lo >= 1 here
+    k_full = tl.minimum(tl.cdiv(full_lo - lo, BLOCK_N), k_end)  # full_lo >= lo
+
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if HAS_RING and PER_SOURCE:  # the ring's keys, then the chunk's: no per-key source choice
-        row_max, row_sum, acc = _key_range(q, row_max, row_sum, acc, lo, tl.minimum(hi, 0), full_lo, first_q + 1,
-                                           offs_m, offs_n, offs_d, W, k_base, v_base, stride_t, ring_k, ring_v,
-                                           first_slot, stride_rw, qk_scale, 1, BLOCK_N)
-        row_max, row_sum, acc = _key_range(q, row_max, row_sum, acc, tl.maximum(lo, 0), hi, full_lo, first_q + 1,
-                                           offs_m, offs_n, offs_d, W, k_base, v_base, stride_t, ring_k, ring_v,
-                                           first_slot, stride_rw, qk_scale, 0, BLOCK_N)
-    else:
-        row_max, row_sum, acc = _key_range(q, row_max, row_sum, acc, lo, hi, full_lo, first_q + 1, offs_m, offs_n,
-                                           offs_d, W, k_base, v_base, stride_t, ring_k, ring_v, first_slot,
-                                           stride_rw, qk_scale, 2 if HAS_RING else 0, BLOCK_N)
+    for k in range(0, k_full):  # the window's edge
+        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, lo + k * BLOCK_N, offs_m, offs_n, offs_d, hi,
+                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
+                                          qk_scale, HAS_RING, True)
+    for k in range(k_full, k_end):  # seen whole: no mask
+        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, lo + k * BLOCK_N, offs_m, offs_n, offs_d, hi,
+                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
+                                          qk_scale, HAS_RING, False)
+    for k in range(k_end, num_tiles):  # the diagonal and the chunk's end
+        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, lo + k * BLOCK_N, offs_m, offs_n, offs_d, hi,
+                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
+                                          qk_scale, HAS_RING, True)
     # every real query sees at least itself, so row_sum > 0; padding queries are not stored
     out = acc / tl.maximum(row_sum, 1e-30)[:, None]
     tl.store(out_row + offs_m.to(tl.int64)[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
@@ -405,46 +408,17 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, st
 
 
 @jit
-def _key_range(q, row_max, row_sum, acc, start, end, full_lo, full_hi, offs_m, offs_n, offs_d, W, k_base, v_base,
-               stride_t, ring_k, ring_v, first_slot, stride_rw, qk_scale, SOURCE: tl.constexpr,
-               BLOCK_N: tl.constexpr):
-    """Keys start .. end-1 in tiles anchored at start: the tiles whose keys all lie in
-    [full_lo, full_hi) (seen by every query, and all before `end`) without a mask, the rest
-    (the window's edge, the diagonal, a source's last partial tile) masked."""
-    num_tiles = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
-    k_end = tl.minimum(tl.maximum(tl.minimum(full_hi, end) - start, 0) // BLOCK_N, num_tiles)
-    k_full = tl.minimum(tl.cdiv(tl.maximum(full_lo - start, 0), BLOCK_N), k_end)
-    for k in range(0, k_full):  # the window's edge
-        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, start + k * BLOCK_N, offs_m, offs_n, offs_d, end,
-                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
-                                          qk_scale, SOURCE, True)
-    for k in range(k_full, k_end):  # seen whole: no mask
-        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, start + k * BLOCK_N, offs_m, offs_n, offs_d, end,
-                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
-                                          qk_scale, SOURCE, False)
-    for k in range(k_end, num_tiles):  # the diagonal, the range's end
-        row_max, row_sum, acc = _key_tile(q, row_max, row_sum, acc, start + k * BLOCK_N, offs_m, offs_n, offs_d, end,
-                                          W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
-                                          qk_scale, SOURCE, True)
-    return row_max, row_sum, acc
-
-
-@jit
 def _key_tile(q, row_max, row_sum, acc, first, offs_m, offs_n, offs_d, hi, W, k_base, v_base, stride_t, ring_k,
-              ring_v, first_slot, stride_rw, qk_scale, SOURCE: tl.constexpr, MASKED: tl.constexpr):
-    """Keys first .. first + BLOCK_N - 1 (chunk-relative, >= -W; keys from hi on are masked
-    out) into the online softmax. SOURCE: 0 the chunk, 1 the ring, 2 each key's own (ring for
-    j < 0). Unless MASKED, the caller knows every key exists and every query sees it."""
+              ring_v, first_slot, stride_rw, qk_scale, HAS_RING: tl.constexpr, MASKED: tl.constexpr):
+    """Keys first .. first + BLOCK_N - 1 (chunk-relative, >= -W) into the online softmax. Unless
+    MASKED, the caller knows every key exists and every query sees it."""
     j = first + offs_n
     row = tl.maximum(j, 0).to(tl.int64)
-    slot = ((first_slot + j + W) % W)[:, None]  # j >= -W
-    if SOURCE == 2:
+    if HAS_RING:
         in_ring = (j < 0)[:, None]
+        slot = ((first_slot + j + W) % W)[:, None]  # j >= -W
         k_ptr = tl.where(in_ring, ring_k + slot * stride_rw, k_base + row[:, None] * stride_t) + offs_d[None, :]
         v_ptr = tl.where(in_ring, ring_v + slot * stride_rw, v_base + row[:, None] * stride_t) + offs_d[None, :]
-    elif SOURCE == 1:
-        k_ptr = ring_k + slot * stride_rw + offs_d[None, :]
-        v_ptr = ring_v + slot * stride_rw + offs_d[None, :]
     else:
         k_ptr = k_base + row[:, None] * stride_t + offs_d[None, :]
         v_ptr = v_base + row[:, None] * stride_t + offs_d[None, :]
