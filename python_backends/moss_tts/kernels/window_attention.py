@@ -305,10 +305,8 @@ def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, stride_n, stride_t, stride_rn, st
     """One (token block, row, group of HEADS heads): rotate those q/k heads of those tokens in
     place (heads 0..H-1 of a token are q, H..2H-1 are k: a group is contiguous). One
     [BLOCK_T, HEADS, HEAD_DIM] load and store, so a program has all its heads' loads in flight
-    instead of one head's at a time. A packed 256-row round's RoPE took 2.22 ms on one H200
-    against 2.77 for the per-head kernel on another, where an unchanged kernel of the same kind
-    (the ring write) took 1.81 ms on both (issue 34, sixth round): not yet an A/B on one machine.
-    Pairs are split apart in registers."""
+    instead of one head's at a time: a packed 256-row round's RoPE took 2.04 ms against 2.79 for
+    the per-head kernel on one H200 (issue 34, seventh round). Pairs are split apart in registers."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     n = tl.program_id(1).to(tl.int64)
     first_head = tl.program_id(2) * HEADS
