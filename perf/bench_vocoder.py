@@ -20,7 +20,8 @@ device-to-host copy included, into pinned memory). Sections, each also in the JS
                and audio-s/s = rows x frames / 12.5 / seconds
   rounds       --rounds ROWS vocoder rounds whose rows bring 1..--max-graph-frames frames (seeded,
                uniform): one packed graph step per round against one graph step per distinct
-               length (how rounds ran before packing), ms and frames/s each
+               length (how rounds ran before packing), ms and frames/s each; and the packed
+               round's parts: the replay of inputs already staged, and the host staging alone
   offline      codec.decode of --offline ROWSxFRAMES codes already on the device (no host copy)
   fidelity     (--fidelity ROWSxFRAMES) the served form's offline decode against the fp32
                reference: the same seeded weights, loaded form, computed in fp32. Max |diff| /
@@ -302,6 +303,19 @@ def rounds(steps: Steps, rows: int, codebook_size: int, iters: int, warmup: int,
     for name, fn in (("packed", packed), ("per_length", per_length)):
         ms = median_ms(fn, steps.device, iters, warmup)
         out[f"{name}_ms"], out[f"{name}_frames_per_s"] = ms, sum(lengths) / (ms / 1e3)
+    # The packed round's parts: its host staging alone (host time, the copy left in flight), and
+    # the replay of inputs already staged (device time, no copy back), so packed_ms - replay_ms
+    # is host work, copies and waits around the graph rather than the graph's own gaps.
+    shape = steps.graphs.stage(slots, host)
+    out["bucket"] = list(shape)
+    out["replay_ms"] = median_ms(lambda: steps.graphs.replay(shape), steps.device, iters, warmup)
+    stage_s = []
+    for _ in range(iters):
+        sync(steps.device)
+        start = time.perf_counter()
+        steps.graphs.stage(slots, host)
+        stage_s.append(time.perf_counter() - start)
+    out["stage_host_ms"] = statistics.median(stage_s) * 1e3
     return out
 
 
@@ -366,7 +380,9 @@ def table(results: dict) -> str:
     for r in results.get("rounds", []):
         lines.append(f"round of {r['rows']} rows, {r['frames']} frames, {r['distinct_lengths']} lengths: packed "
                      f"{r['packed_ms']:.2f} ms ({r['packed_frames_per_s']:.0f} frames/s), one step per length "
-                     f"{r['per_length_ms']:.2f} ms ({r['per_length_frames_per_s']:.0f} frames/s)")
+                     f"{r['per_length_ms']:.2f} ms ({r['per_length_frames_per_s']:.0f} frames/s); packed parts: "
+                     f"graph {r['bucket'][0]} x {r['bucket'][1]} replay {r['replay_ms']:.2f} ms, "
+                     f"host staging {r['stage_host_ms']:.2f} ms")
     if results.get("offline"):
         o = results["offline"]
         lines.append(f"offline decode {o['rows']} x {o['frames']}: {o['ms']:.1f} ms, {o['audio_s_per_s']:.1f} audio-s/s")

@@ -36,6 +36,9 @@ INTERPRETER_CASES = {
     "stop_head_bf16": (16, 2, "bfloat16", "stop", False, "mixed"),
     "f32_vocab_1000_strided_neg_inf": (6, 1000, "float32", "neg_inf", True, "mixed"),
     "f16_defaults": (4, 1024, "float16", "normal", True, "defaults"),
+    # a NaN with the sign bit set orders below -inf (outside the 32 best) yet survives top-k in
+    # the full draw: the top-k path must not take such rows
+    "f32_negative_nan_top_k_2": (4, 64, "float32", "negative_nan", False, (1.3, 2, 1.0, 1.0)),
 }
 NOISE_SEEDS = [0, 1, 2**40 + 5, -1, 2**63 - 1, -2**63, 2**31 - 1, 123456789]
 NOISE_POSITIONS = [0, 1, 12, 2**31 + 7, 5, 999_999, 2**40, 13]
@@ -44,7 +47,7 @@ NOISE_POSITIONS = [0, 1, 12, 2**31 + 7, 5, 999_999, 2**40, 13]
 def make_logits(rows: int, vocab: int, kind: str, gen: torch.Generator) -> torch.Tensor:
     """normal: N(0, 2.5^2) (bf16 rounding makes ties); ties: 9 distinct values, and rows 0, 7 and
     12 all equal, so top-k and the top-p cut fall inside tie groups; stop: rows 0 and 5 equal
-    logits; neg_inf: ~5% -inf, as masked codes."""
+    logits; neg_inf: ~5% -inf, as masked codes; negative_nan: code 3 of every row a NaN with its sign bit set."""
     logits = torch.randn(rows, vocab, generator=gen) * 2.5
     if kind == "ties":
         logits = torch.randint(-6, 3, (rows, vocab), generator=gen) * 0.75
@@ -53,10 +56,13 @@ def make_logits(rows: int, vocab: int, kind: str, gen: torch.Generator) -> torch
         logits[[0, 5], 1] = logits[[0, 5], 0]
     elif kind == "neg_inf":
         logits[torch.rand(rows, vocab, generator=gen) < 0.05] = float("-inf")
+    elif kind == "negative_nan":
+        logits[:, 3] = -torch.tensor(float("nan"))
+        assert torch.signbit(logits[:, 3]).all()
     return logits
 
 
-def make_case(rows: int, vocab: int, dtype: str, kind: str, has_seen: bool, params: str,
+def make_case(rows: int, vocab: int, dtype: str, kind: str, has_seen: bool, params: str | tuple,
               device: str = "cpu", seed: int = 0):
     """The draw_tokens arguments of one case; strided logits and seen where vocab is not a power of two."""
     gen = torch.Generator().manual_seed(seed)
@@ -64,7 +70,8 @@ def make_case(rows: int, vocab: int, dtype: str, kind: str, has_seen: bool, para
     seen = (torch.rand(rows, vocab, generator=gen) < 0.1).to(device) if has_seen else None
     if vocab & (vocab - 1):
         logits, seen = _strided(logits), _strided(seen)
-    table = [PARAM_ROWS[r % len(PARAM_ROWS)] for r in range(rows)] if params == "mixed" else [DEFAULT_ROW] * rows
+    table = ([PARAM_ROWS[r % len(PARAM_ROWS)] for r in range(rows)] if params == "mixed"
+             else [params] * rows if isinstance(params, tuple) else [DEFAULT_ROW] * rows)
     temperature, top_k, top_p, penalty = (torch.tensor(col, device=device) for col in zip(*table))
     seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen).to(device)
     positions = torch.randint(0, 2**20, (rows,), generator=gen).to(device)

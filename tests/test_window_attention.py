@@ -138,7 +138,8 @@ def packed_case_errors(case, device="cpu", dtype=torch.float32, seed=0,
     heads, head_dim, window, lengths, offsets, num_slots, rows, pad, max_len = case
     gen = torch.Generator().manual_seed(seed)
     width = 3 * heads * head_dim
-    qkvs = [torch.randn(1, n, width, generator=gen) for n in lengths] + [torch.randn(1, pad, width, generator=gen)]
+    # Padding tokens' q/k/v are NaN: a kernel that read one would spread it into a row's outputs.
+    qkvs = [torch.randn(1, n, width, generator=gen) for n in lengths] + [torch.full((1, pad, width), float("nan"))]
     keys, values = (torch.full((num_slots, heads, window, head_dim), GARBAGE) for _ in range(2))
     for row, offset, n in zip(rows, offsets, lengths):
         if n:

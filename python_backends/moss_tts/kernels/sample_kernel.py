@@ -212,7 +212,10 @@ def _draw_kernel(logits_ptr, logits_stride, seen_ptr, seen_stride, penalty_ptr, 
             best = tl.topk(keys, FAST_K)
             best_scores = _ordered_bits((best >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
             kth = tl.max(tl.where(tl.arange(0, FAST_K) == top_k - 1, best_scores, float("-inf")), 0)
-            is_fast = tl.min(best_scores, 0) < kth
+            # A NaN score (a sign-bit NaN orders below -inf, outside the best) is kept by the full
+            # draw's top-k (NaN < kth is false): such rows take the full sort
+            no_nan = tl.max((scaled != scaled).to(tl.int32), 0) == 0
+            is_fast = (tl.min(best_scores, 0) < kth) & no_nan
             if is_fast:
                 token = _draw_sorted(best, top_k, top_p, row_hash, is_greedy, BLOCK, FAST_K, LIBDEVICE)
     if not is_fast:  # top_k >= FAST_K, or the k-th score's ties run past the FAST_K best

@@ -14,7 +14,8 @@ Packed (`Ring.starts`/`lengths` set): qkv [1, N, ...] holds the rows' tokens bac
 at tokens starts[i] .. starts[i] + lengths[i] - 1, so rows of different lengths share one step
 (the vocoder decodes a round of 2-, 4- and 10-frame chunks in one call instead of one per
 length: each codec call has a ~4.5 ms floor on the H200). Tokens no row covers are padding:
-their output is 0 and they are never read or written to a ring.
+they are never read, written to a ring or stored (their output holds whatever the memory held;
+the reference writes 0 there).
 
 Inputs come straight from the fused in_proj output qkv [n, T, 3*H*Dh] (per token: the q heads,
 then the k heads, then the v heads) and the output [n, T, H*Dh] is what out_proj reads, so no

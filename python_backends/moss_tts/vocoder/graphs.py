@@ -132,17 +132,29 @@ class VocoderGraphs:
         1 <= T_i <= max_frames) -> fp32 audio [2, sum(T_i)*3840] on the device, row i's after
         the rows before it: a view of the static output, valid until the next run."""
         frames = sum(c.shape[0] for c in codes)
+        return self.replay(self.stage(slots, codes))[:, :frames * self.codec.samples_per_frame]
+
+    def stage(self, slots: list[int], codes: list[np.ndarray]) -> tuple[int, int]:
+        """run's first half, host work and an asynchronous copy: the step's inputs into the static
+        buffers of its (row bucket, frame bucket) shape, which it returns."""
+        frames = sum(c.shape[0] for c in codes)
         shape = (self.buckets[bisect.bisect_left(self.buckets, len(slots))],
                  self.frame_buckets[bisect.bisect_left(self.frame_buckets, frames)])
-        inputs = self._inputs[shape]
         with self._on_device():
-            inputs.copy_from(slots, codes, self.scratch_row, self._is_cuda)
+            self._inputs[shape].copy_from(slots, codes, self.scratch_row, self._is_cuda)
+        return shape
+
+    def replay(self, shape: tuple[int, int]) -> torch.Tensor:
+        """run's second half: the step of the inputs staged for `shape` (its graph, or the same
+        ops uncaptured) -> the static output of the shape's frames, padding included. Replaying
+        without staging again runs the same codes again, one step further on (benchmarks)."""
+        with self._on_device():
             graph = self._graphs.get(shape)
             if graph is None:
-                self._forward(inputs)
+                self._forward(self._inputs[shape])
             else:
                 graph.replay()
-        return self._output(shape[1])[:, :frames * self.codec.samples_per_frame]
+        return self._output(shape[1])
 
     def capture(self) -> None:
         """Warm up and capture every shape, largest first, into one pool (CUDA only)."""
