@@ -13,6 +13,8 @@
 #   AB="a:k=v,...;b:k=v,..." perf/h200_scaling.sh ab   # the single layout once per variant, each
 #                                              # with its PARAMS, files tagged a, b (an A/B of
 #                                              # moss_tts parameters on one machine)
+#   perf/h200_scaling.sh trees DIR             # the single layout from this tree (TAG newK) and from
+#                                              # the tree in DIR (TAG oldK), alternating ROUNDS (1) times
 #   perf/h200_scaling.sh soak SECONDS          # single layout, perf/soak.py (the mixed load: cancels,
 #                                              # bad input, clones, continuations, codes, ensemble,
 #                                              # offline) at CONCURRENCY (256), then SIGTERM + checks;
@@ -418,6 +420,19 @@ ab() {
   IFS=';' read -ra variants <<< "${AB:?AB=\"name:k=v,...;name:k=v,...\"}"
   for variant in "${variants[@]}"; do
     TAG=${variant%%:*} PARAMS=${variant#*:} layout single
+  done
+}
+
+# An A/B of two trees on one machine (after one setup): the single layout served from this tree
+# (TAG new) and from the tree in $1 (TAG old: its own script, env.sh and model repository, so its
+# own moss_tts: the pack's env.sh puts the tree it is sourced in first on every python3's path),
+# alternating ROUNDS times (1). Each layout takes ~2.5 min at REPEAT=1: one round fits a call.
+trees() {
+  local other=${1:?"trees DIR: the other tree (e.g. git archive OLD | tar -x -C DIR)"} k
+  [ -f "$other/perf/h200_scaling.sh" ] || { log "trees: $other/perf/h200_scaling.sh missing"; return 1; }
+  for k in $(seq "${ROUNDS:-1}"); do
+    TAG="new$k" layout single
+    (cd "$other" && TAG="old$k" bash perf/h200_scaling.sh layout single)
   done
 }
 
