@@ -254,8 +254,12 @@ def attention_config(t: int) -> AttentionConfig:
 
 def rope_heads_per_program(num_heads: int) -> int:
     """q and k heads one RoPE program rotates (a divisor of 2 x num_heads, at most
-    ROPE_HEADS): several heads' loads in flight at once instead of one head after another."""
-    return next(g for g in (ROPE_HEADS, 4, 2, 1) if (2 * num_heads) % g == 0)
+    ROPE_HEADS, a power of two: tl.arange needs one): several heads' loads in flight at once
+    instead of one head after another."""
+    group = ROPE_HEADS
+    while (2 * num_heads) % group:
+        group //= 2
+    return group
 
 
 def _triton_window_attention(qkv, rope, num_heads, window, ring, scale, config: AttentionConfig | None = None):
