@@ -418,6 +418,9 @@ def parse_args(argv):
                     help="codec.serving_form_'s fusion (codec.transformer.FUSIONS; default: the one served)")
     ap.add_argument("--fidelity", default="", help="ROWSxFRAMES: also decode that many random codes offline and "
                     "compare the audio with the fp32 reference of the same weights")
+    ap.add_argument("--splitk", choices=("on", "off"), default="on",
+                    help="off: no split-K in bf16 GEMMs (allow_bf16_reduced_precision_reduction = (False, False), "
+                         "the only pair torch takes without split-K): do the residual GEMMs' memsets go?")
     ap.add_argument("--skip", default="", help="comma-separated sections not to run (e.g. offline,streaming)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -429,6 +432,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("moss_tts").setLevel(logging.INFO)  # the capture's one log line
     shapes = parse_shapes(args.shapes)
+    if args.splitk == "off":
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = (False, False)
     start = time.perf_counter()
     codec, device = build(args)
     results = {"meta": {"device": str(device), "torch": torch.__version__,
@@ -437,13 +442,16 @@ def main(argv=None) -> int:
                         # in first on every Python's path, whatever PYTHONPATH says (an A/B of two
                         # trees must source it in each; issue 34, sixth round)
                         "moss_tts": sys.modules["moss_tts"].__file__,
-                        "fusion": args.fusion,
+                        "fusion": args.fusion, "splitk": args.splitk,
                         "fusion_running": sorted({m.fusion for m in codec.modules() if hasattr(m, "fusion")}),
                         "codec": "tiny fp32" if args.tiny else
                         "real-size bf16", "codec_build_s": time.perf_counter() - start,
                         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},
                "errors": {}}
-    steps = Steps(codec, device, max(r for r, _ in shapes), args.max_graph_frames)
+    # Rows for the largest of the step shapes, the rounds and the profiled round: sized by the
+    # shapes alone, `--shapes 1x2 --rounds 256` dropped the round and the profile failed.
+    round_rows = [int(x) for x in args.rounds.split(",") if x] + [args.profile_round or 0]
+    steps = Steps(codec, device, max(*(r for r, _ in shapes), *round_rows), args.max_graph_frames)
     size = codec.codebook_size
     sections = [
         ("capture", steps.capture),

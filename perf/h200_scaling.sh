@@ -28,6 +28,7 @@
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
 # PARAMS="key=value,..." (any layout): moss_tts config.pbtxt parameters changed for the run.
 # TRACE=1 (layout, ab): the server's first-audio trace cut by the bench's levels (trace_phases_NAME.json).
+# C1_REQUESTS=N (layout, ab, trees): after the levels, one stream of N requests (bench_NAME_c1.json).
 # VOCODER=bls (single): moss_tts calls the vocoder model over BLS (288 slots) instead of decoding
 # in its own process (the comparison of docs/scaling.md).
 # single = config.pbtxt with only GPU 0 visible; the others = --model-config-name=NAME
@@ -143,7 +144,8 @@ dump_stubs() {
   done
 }
 
-# Engine, in-process vocoder and garbage-collection counters every 0.5 s while the levels run (rates per level), with
+# Engine, in-process vocoder and garbage-collection counters every METRICS_INTERVAL s (0.5; the stub
+# publishes them every 0.25 s) while the levels run (rates per level), with
 # each model's heartbeat and moss_tts's queue in Triton (a stall shows which side stopped).
 sample_metrics() {
   while :; do
@@ -151,7 +153,7 @@ sample_metrics() {
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=2).read().decode())" \
       2>/dev/null | grep -E '^moss_(engine|tts_vocoder|tts_gc)\{|^moss_heartbeat_total|^nv_inference_pending_request_count\{model="moss_tts"' \
       | sed -E 's/\{model_instance="[^"]*",stat="([a-z_]+)"\}/ \1/'
-    sleep 0.5
+    sleep "${METRICS_INTERVAL:-0.5}"
   done > "$R/metrics_series_$1.txt"
 }
 
@@ -220,6 +222,14 @@ layout() {
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "$R/gpu_util_$n.txt" 2>&1 &
     local smi=$!
     bench_runs "$n" "${LEVELS:-1,128,256,512}" "${MODE:-stream}"
+    # C1_REQUESTS=N: then one stream N requests in a row (bench_NAME_c1.json): first audio at
+    # concurrency 1 from more than the levels' 2 requests.
+    if [ -n "${C1_REQUESTS:-}" ]; then
+      log "$n: one stream, $C1_REQUESTS requests"
+      PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency 1 --mode stream \
+        --frames "${FRAMES:-112}" --requests "$C1_REQUESTS" --processes 1 --warmup 2 --timeout 120 \
+        --out "$R/bench_${n}_c1.json" 2>&1 | tee -a "$R/scaling.log"
+    fi
     kill "$smi" "$sampler" 2>/dev/null
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
       > "$W/metrics_$n.txt" 2>/dev/null

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moss_tts.kernels.decode_attention import decode_attention, reference_attention, split_plan
+from moss_tts.kernels.decode_attention import DecodeConfig, decode_attention, reference_attention, split_plan
 from triton_interpreter import interpreter_json
 
 GARBAGE = 1e4  # cache rows no slot may read: large enough to show up in any result that read one
@@ -33,6 +33,10 @@ INTERPRETER_CASES = {
     "strided_cache": (4, 2, 16, [1, 150, 77], 150, 2, "float32", "strided"),
     "fp16_splits1": (8, 2, 64, [150, 1, 65, 130, 37], 150, 1, "float16", ""),
     "fp16_splits3": (8, 2, 64, [150, 1, 65, 130, 37], 150, 3, "float16", ""),
+    # Other tiles than the default 64 keys (DecodeConfig.block_n; the H200 sweep's candidates):
+    # lengths that end inside a tile, splits that are whole tiles, wholly empty splits.
+    **{f"block{block}_splits{splits}": (8, 2, 32, [150, 1, 65, 130, 37], 150, splits, "float32", f"block{block}")
+       for block in (32, 128) for splits in (None, 1, 3)},
 }
 TOLERANCE = {"float32": 1e-4, "float16": 5e-3}
 
@@ -72,7 +76,8 @@ def interpreter_main() -> None:
         q, k, v, lens = make_inputs(heads, kv_heads, head_dim, lengths, max_len, getattr(torch, dtype),
                                     strided=extra == "strided")
         scale = 0.3 if extra == "scale" else None
-        out = decode_attention(q, k, v, lens, max_len, scale, num_splits=splits)
+        config = DecodeConfig(block_n=int(extra[5:])) if extra.startswith("block") else DecodeConfig()
+        out = decode_attention(q, k, v, lens, max_len, scale, num_splits=splits, config=config)
         errors[name] = max_error(out, q, k, v, lens, max_len, scale)
     print(json.dumps(errors))
 
@@ -101,6 +106,17 @@ def test_interpreter_kernel_matches_reference(interpreter_errors, name):
 ])
 def test_split_plan(num_slots, max_len, expected):
     assert split_plan(num_slots, 8, max_len, num_sms=132) == expected
+
+
+def test_split_plan_whole_tiles_of_the_configured_block():
+    assert split_plan(1, 8, 256, num_sms=132, config=DecodeConfig(block_n=128)) == (2, 128)
+    assert split_plan(3, 2, 150, num_splits=2, config=DecodeConfig(block_n=32)) == (2, 96)
+
+
+def test_decode_config_is_checked():
+    for bad in ({"block_n": 48}, {"block_n": 8}, {"num_warps": 0}, {"num_stages": 0}, {"programs_per_sm": 0}):
+        with pytest.raises(ValueError):
+            DecodeConfig(**bad)
 
 
 def test_split_plan_forced_count_is_kept():

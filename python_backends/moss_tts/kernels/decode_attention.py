@@ -14,31 +14,51 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
-BLOCK_N = 64  # keys per inner-loop tile; split lengths are multiples of it
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16, so a KV head's query heads are padded to this
-PROGRAMS_PER_SM = 3  # split programs per SM to aim for: an H200 sweep found 3-4 best at S=16
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked (interpreter)
-NUM_WARPS = 4
-NUM_STAGES = 2
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The kernel's launch shape. block_n: keys per inner-loop tile (split lengths are multiples
+    of it); programs_per_sm: split programs per SM to aim for (an H200 sweep found 3-4 best at
+    S=16); num_warps, num_stages: Triton's. perf/bench_decode_attention.py sweeps them."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    programs_per_sm: int = 3
+
+    def __post_init__(self):
+        if self.block_n < 16 or self.block_n & (self.block_n - 1) or self.num_warps < 1 or self.num_stages < 1 \
+                or self.programs_per_sm < 1:
+            raise ValueError(f"DecodeConfig: block_n a power of two >= 16, the rest >= 1; got {self}")
+
+
+DEFAULT_CONFIG = DecodeConfig()
+BLOCK_N = DEFAULT_CONFIG.block_n  # the default tile (tests size their windows by it)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-                     max_len: int, scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+                     max_len: int, scale: float | None = None, num_splits: int | None = None,
+                     config: DecodeConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """q [S, heads, d]; k_cache/v_cache [N >= S, max_seq_len, kv_heads, d] (slot-major, may be the
     whole per-layer cache; slot s = row s); lengths [S] int64 on the device: slot s attends to its rows
     [0, lengths[s]) (lengths >= 1); max_len (Python int) bounds every length (the caller's window
     bucket) and may pick the split count. Returns [S, heads, d] in q.dtype.
     Default scale 1/sqrt(d). num_splits forces the split count (tests); None picks it from S and max_len.
+    config: the kernel's launch shape (the default everywhere but benchmarks and tests).
     """
     if not is_supported(q, k_cache):
         return reference_attention(q, k_cache, v_cache, lengths, max_len, scale)
-    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits)
+    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config)
 
 
 def is_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -64,16 +84,17 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 def split_plan(num_slots: int, kv_heads: int, max_len: int, num_sms: int = DEFAULT_NUM_SMS,
-               num_splits: int | None = None) -> tuple[int, int]:
-    """(num_splits, split_len): enough splits that S * kv_heads * num_splits >= PROGRAMS_PER_SM * num_sms,
-    at most one per BLOCK_N tile of the window, each a whole number of tiles."""
-    num_blocks = _cdiv(max_len, BLOCK_N)
+               num_splits: int | None = None, config: DecodeConfig = DEFAULT_CONFIG) -> tuple[int, int]:
+    """(num_splits, split_len): enough splits that S * kv_heads * num_splits >= programs_per_sm * num_sms,
+    at most one per block_n tile of the window, each a whole number of tiles."""
+    block_n = config.block_n
+    num_blocks = _cdiv(max_len, block_n)
     if num_splits is None:
-        wanted = _cdiv(PROGRAMS_PER_SM * num_sms, num_slots * kv_heads)
+        wanted = _cdiv(config.programs_per_sm * num_sms, num_slots * kv_heads)
         num_splits = max(1, min(wanted, num_blocks))
-        split_len = _cdiv(num_blocks, num_splits) * BLOCK_N
+        split_len = _cdiv(num_blocks, num_splits) * block_n
         return _cdiv(max_len, split_len), split_len  # rounding may leave the last splits empty: drop them
-    return num_splits, _cdiv(num_blocks, num_splits) * BLOCK_N
+    return num_splits, _cdiv(num_blocks, num_splits) * block_n
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -87,11 +108,11 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits):
+def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config):
     num_slots, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     groups = heads // kv_heads
-    num_splits, split_len = split_plan(num_slots, kv_heads, max_len, _num_sms(q.device), num_splits)
+    num_splits, split_len = split_plan(num_slots, kv_heads, max_len, _num_sms(q.device), num_splits, config)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E  # softmax in exp2
     out = torch.empty(num_slots, heads, head_dim, dtype=q.dtype, device=q.device)
     parts = num_splits if num_splits > 1 else 0  # one split writes the output directly: no partials
@@ -102,12 +123,12 @@ def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits):
         q, k_cache, v_cache, lengths, out, part_acc, part_max, part_sum,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         max_len, split_len, heads, num_splits, qk_scale,
-        GROUPS=groups, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(groups)), BLOCK_N=BLOCK_N,
-        HEAD_DIM=head_dim, DIRECT=num_splits == 1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        GROUPS=groups, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(groups)), BLOCK_N=config.block_n,
+        HEAD_DIM=head_dim, DIRECT=num_splits == 1, num_warps=config.num_warps, num_stages=config.num_stages)
     if num_splits > 1:
         _combine_kernel[(num_slots, heads)](
             part_acc, part_max, part_sum, out, *out.stride(), heads, num_splits,
-            HEAD_DIM=head_dim, BLOCK_SPLITS=triton.next_power_of_2(num_splits), num_warps=NUM_WARPS)
+            HEAD_DIM=head_dim, BLOCK_SPLITS=triton.next_power_of_2(num_splits), num_warps=4)
     return out
 
 
