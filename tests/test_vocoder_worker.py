@@ -257,25 +257,6 @@ def test_placement_parameters():
             VocoderPlacement.from_parameters(bad)
 
 
-def test_the_urgent_stream_parameter():
-    """vocoder_urgent_rows: 4 by default, 0 turns it off, never negative; without CUDA no stream."""
-    assert VocoderPlacement.from_parameters({}).vocoder_urgent_rows == 4
-    assert VocoderPlacement.from_parameters({"vocoder_urgent_rows": "0"}).vocoder_urgent_rows == 0
-    with pytest.raises(ValueError, match="vocoder_urgent_rows"):
-        VocoderPlacement.from_parameters({"vocoder_urgent_rows": "-1"})
-
-
-def test_on_the_cpu_there_is_no_urgent_stream(codec, streams, offline):
-    worker = make(codec, urgent_rows=4)
-    try:
-        assert worker.urgent_rows == 0
-        jobs = [worker.submit(0, streams[0, a:b], start=a == 0, end=b == 30) for a, b in ((0, 2), (2, 30))]
-        close(np.concatenate([job.result(TIMEOUT_S) for job in jobs], axis=-1), offline[0])
-        assert worker.stats().urgent_rounds == 0
-    finally:
-        worker.stop()
-
-
 def test_the_vocoder_models_fusion_parameter():
     """The vocoder model (vocoder=bls layouts) serves the in-process vocoder's default unless told."""
     assert codec_fusion({}) == VocoderPlacement.from_parameters({}).vocoder_fusion == "ln_lt_gelu"
@@ -470,47 +451,4 @@ def test_a_hurried_job_is_not_held(codec, streams):
         held.hurry()  # its stream waits for it (a text session's sentence ends without END)
         assert held.wait(TIMEOUT_S) and clock.monotonic() - asked < 3.0  # not at 4.95 s
     finally:
-        worker.stop()
-
-
-@pytest.mark.gpu
-def test_on_the_gpu_small_rounds_take_the_urgent_stream_and_stay_in_order(tiny_dir, streams):
-    """urgent_rows=1: a round of one stream runs on the urgent CUDA stream, wider rounds on the
-    worker's own, the two alternate (each waits for the other's last round), beside a busy
-    engine-priority stream: every stream's audio == offline, and both streams were used."""
-    codec = load_codec(tiny_dir / "codec", torch.device("cuda"), torch.float32).eval()
-    sessions = VocoderSessions(codec, VocoderConfig(max_slots=4, max_public_sessions=4, device="cuda",
-                                                    cuda_graphs=True, max_step_rows=4))
-    worker = VocoderWorker(sessions, urgent_rows=1, urgent_priority=-2)
-    busy, stop = torch.cuda.Stream(priority=-1), threading.Event()
-
-    def load():
-        x = torch.randn(2048, 2048, device="cuda")
-        with torch.cuda.stream(busy):
-            while not stop.is_set():
-                x = (x @ x).tanh_()
-                busy.synchronize()
-
-    loader = threading.Thread(target=load, daemon=True)
-    loader.start()
-    try:
-        audio = {seq: [] for seq in range(3)}
-        audio[0].append(worker.submit(0, streams[0, 0:2], start=True, end=False).result(TIMEOUT_S))  # alone
-        together = {seq: [worker.submit(seq, streams[seq, a:b], start=a == 0 and seq > 0, end=b == 30 and seq > 0)
-                          for a, b in (((2, 6), (6, 14)) if seq == 0 else ((0, 2), (2, 6), (6, 14), (14, 30)))]
-                    for seq in range(3)}
-        for seq, jobs in together.items():
-            audio[seq] += [job.result(TIMEOUT_S) for job in jobs]
-        for a, b in ((14, 24), (24, 30)):  # stream 0 alone again, after the wide rounds
-            audio[0].append(worker.submit(0, streams[0, a:b], start=False, end=b == 30).result(TIMEOUT_S))
-        with torch.inference_mode():
-            offline = codec.decode(torch.from_numpy(streams).cuda()).float().cpu().numpy()
-        for seq in range(3):
-            joined = np.concatenate(audio[seq], axis=-1)
-            assert np.abs(joined - offline[seq]).max() <= 1e-4 * np.abs(offline[seq]).max(), seq
-        stats = worker.stats()
-        assert 3 <= stats.urgent_rounds < stats.rounds and stats.graph_calls == stats.decode_calls
-    finally:
-        stop.set()
-        loader.join(10)
         worker.stop()

@@ -27,7 +27,7 @@ from moss_tts.contract.errors import ErrorKind, ServingError
 from moss_tts.contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS, stat_names
 from moss_tts.contract.parameters import switch_interval_s
 from moss_tts.engine.config import EngineConfig
-from moss_tts.engine.engine import STREAM_PRIORITY as ENGINE_STREAM_PRIORITY, Engine
+from moss_tts.engine.engine import Engine
 from moss_tts.engine.stats import EngineStats
 from moss_tts.model.loading import load_model, load_tokenizer
 from moss_tts.model.processor import PromptBuilder
@@ -153,8 +153,7 @@ class TritonPythonModel:
             max_step_rows=placement.vocoder_step_rows))
         return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s, round_rows=placement.vocoder_round_rows,
                              min_round_frames=placement.vocoder_round_min_frames,
-                             hold_slack_s=placement.vocoder_hold_ms / 1000,
-                             urgent_rows=placement.vocoder_urgent_rows, urgent_priority=ENGINE_STREAM_PRIORITY - 1)
+                             hold_slack_s=placement.vocoder_hold_ms / 1000)
 
     def execute(self, requests):
         self.stop_watch.arm()  # the server serves: from now on "Server not ready" is its end

@@ -97,10 +97,6 @@ class VocoderPlacement:
     # engine's steps (vocoder/jobs.hold_until).
     vocoder_round_min_frames: int = 256
     vocoder_hold_ms: float = 250.0
-    # in_process, CUDA: a round of at most this many streams runs on a second CUDA stream above
-    # the engine's priority (0 = never): at light load the first chunk's round is the first
-    # audio's last leg, and beside the engine's steps it took ~7.3 ms against ~3.9 alone.
-    vocoder_urgent_rows: int = 4
     # in_process: how the codec's LayerNorms and GELU run on the GPU (codec.transformer.FUSIONS):
     # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
     # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
@@ -111,13 +107,12 @@ class VocoderPlacement:
         if self.vocoder not in PLACEMENTS:
             raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
         if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0 \
-                or self.vocoder_round_rows < 0 or self.vocoder_round_min_frames < 0 or not self.vocoder_hold_ms >= 0 \
-                or self.vocoder_urgent_rows < 0:
+                or self.vocoder_round_rows < 0 or self.vocoder_round_min_frames < 0 or not self.vocoder_hold_ms >= 0:
             raise ValueError(f"vocoder_slots must be >= 0 (0 = max_streams), vocoder_step_rows >= 1, "
-                             f"vocoder_idle_s > 0, vocoder_round_rows, vocoder_round_min_frames, "
-                             f"vocoder_hold_ms and vocoder_urgent_rows >= 0; got {self.vocoder_slots}, "
-                             f"{self.vocoder_step_rows}, {self.vocoder_idle_s}, {self.vocoder_round_rows}, "
-                             f"{self.vocoder_round_min_frames}, {self.vocoder_hold_ms}, {self.vocoder_urgent_rows}")
+                             f"vocoder_idle_s > 0, vocoder_round_rows, vocoder_round_min_frames and "
+                             f"vocoder_hold_ms >= 0; got {self.vocoder_slots}, {self.vocoder_step_rows}, "
+                             f"{self.vocoder_idle_s}, {self.vocoder_round_rows}, {self.vocoder_round_min_frames}, "
+                             f"{self.vocoder_hold_ms}")
 
     @classmethod
     def from_parameters(cls, parameters) -> "VocoderPlacement":

@@ -20,4 +20,3 @@ class WorkerStats:
     sessions_failed: int
     graph_calls: int
     decode_calls: int
-    urgent_rounds: int = 0  # rounds on the urgent CUDA stream (VocoderWorker urgent_rows)

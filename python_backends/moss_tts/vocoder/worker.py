@@ -42,15 +42,10 @@ log = logging.getLogger(__name__)
 
 class VocoderWorker:
     def __init__(self, sessions: VocoderSessions, idle_seconds: float = 60.0, stream_priority: int = 0,
-                 round_rows: int = 0, min_round_frames: int = 0, hold_slack_s: float = 0.25,
-                 urgent_rows: int = 0, urgent_priority: int = -2) -> None:
+                 round_rows: int = 0, min_round_frames: int = 0, hold_slack_s: float = 0.25) -> None:
         """idle_seconds: a sequence without a job for this long is ended (a stream that died
         without its END). stream_priority: the CUDA stream's priority (0 = normal; the engine runs
-        above it). min_round_frames, hold_slack_s: see jobs.hold_until (0 frames: never held).
-        urgent_rows: a round of at most this many sequences runs on a second CUDA stream of
-        `urgent_priority` (lower is higher; the engine's is -1), 0 = never: at light load a
-        round is a first chunk's last leg to the listener, and beside the engine's steps at the
-        same GPU it took ~7.3 ms against ~3.9 alone (issue 34, eighth round)."""
+        above it). min_round_frames, hold_slack_s: see jobs.hold_until (0 frames: never held)."""
         self.sessions = sessions
         self.min_round_frames, self.hold_slack_s = min_round_frames, hold_slack_s
         # While a round is held back: until when, the frames queued (a submit wakes the worker
@@ -73,10 +68,6 @@ class VocoderWorker:
         device = sessions.config.torch_device
         # Made here, not on the worker thread: the engine may be capturing its graphs by then.
         self._stream = torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None
-        self.urgent_rows = urgent_rows if self._stream is not None else 0
-        self._urgent_stream = torch.cuda.Stream(device, priority=urgent_priority) if self.urgent_rows else None
-        self._last_stream = self._stream  # worker thread only: the stream of the last round launched
-        self._urgent_rounds = 0
         self._thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)
         self._thread.start()
 
@@ -113,7 +104,7 @@ class VocoderWorker:
             queued = sum(len(q) for q in self._queues.values())
             return WorkerStats(self._rounds, self._jobs, self._frames, int(self._round_s * 1e3), queued,
                                s.active_slots, s.free_slots, s.sessions_started, s.sessions_ended,
-                               s.sessions_failed, s.graph_calls, s.decode_calls, self._urgent_rounds)
+                               s.sessions_failed, s.graph_calls, s.decode_calls)
 
     def stalled_seconds(self) -> float:
         started = self._round_started
@@ -197,31 +188,7 @@ class VocoderWorker:
 
     def _launch(self, picks: list[list[tuple[VocodeJob, int]]]) -> Optional["Round"]:
         """Start the round's sequences, answer its START/END-only jobs, and enqueue one decode
-        of every other sequence's frames without waiting for it: the Round to _land later.
-        On the urgent stream when the round is small (urgent_rows)."""
-        stream = self._round_stream(len(picks))
-        if stream is None:
-            return self._launch_on_stream(picks)
-        with torch.cuda.stream(stream):
-            return self._launch_on_stream(picks)
-
-    def _round_stream(self, num_rows: int) -> Optional["torch.cuda.Stream"]:
-        """The CUDA stream of a round of num_rows sequences (None: the thread's, no CUDA). A
-        round on the other stream than the last one first waits for that one on the device: the
-        rounds share one decoder state and the graphs' static inputs, so they run in launch order
-        whatever their priority (the urgent one only goes ahead of the engine's kernels)."""
-        if self._urgent_stream is None:
-            return None
-        stream = self._urgent_stream if num_rows <= self.urgent_rows else self._stream
-        if stream is not self._last_stream:
-            stream.wait_stream(self._last_stream)
-            self._last_stream = stream
-        if stream is self._urgent_stream:
-            with self._cond:
-                self._urgent_rounds += 1
-        return stream
-
-    def _launch_on_stream(self, picks: list[list[tuple[VocodeJob, int]]]) -> Optional["Round"]:
+        of every other sequence's frames without waiting for it: the Round to _land later."""
         with self._cond:
             self._rounds += 1
         heads = [spans[0][0] for spans in picks]
