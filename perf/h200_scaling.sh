@@ -218,8 +218,10 @@ layout() {
     [ -n "${RECORD:-}" ] && record_stub "$n" &
     sample_metrics "$n" &
     local sampler=$!
-    # GPU busy fraction every 0.5 s while the levels run (time stamps line up with scaling.log).
-    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "$R/gpu_util_$n.txt" 2>&1 &
+    # GPU busy fraction, SM clock, power and temperature every 0.5 s while the levels run
+    # (time stamps line up with scaling.log).
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,clocks.sm,power.draw,temperature.gpu \
+      --format=csv,noheader -lms 500 > "$R/gpu_util_$n.txt" 2>&1 &
     local smi=$!
     bench_runs "$n" "${LEVELS:-1,128,256,512}" "${MODE:-stream}"
     # C1_REQUESTS=N: then one stream N requests in a row (bench_NAME_c1.json): first audio at
