@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 
 import torch
 
 from moss_tts.kernels.decode_attention import DEFAULT_CONFIG, DecodeConfig, decode_attention
+from perf.graph_timing import graph_ms
 
 HEADS, KV_HEADS, HEAD_DIM, MAX_SEQ_LEN, LAYERS, CACHES = 32, 8, 128, 2048, 36, 4
 
@@ -44,28 +44,11 @@ def window_of(max_length: int) -> int:
 
 
 def time_config(q, caches, lengths, window, config, num_splits, iters=20) -> float:
-    """µs per call: the median of `iters` replays of a graph of LAYERS calls."""
-    def calls():
-        for layer in range(LAYERS):
-            k, v = caches[layer % CACHES]
-            decode_attention(q, k, v, lengths, window, num_splits=num_splits, config=config)
-    calls()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / LAYERS)
-    del graph
-    return statistics.median(times)
+    """µs per call: the median of `iters` replays of a graph of LAYERS calls (perf/graph_timing)."""
+    def call(layer: int):
+        k, v = caches[layer % CACHES]
+        decode_attention(q, k, v, lengths, window, num_splits=num_splits, config=config)
+    return graph_ms(call, LAYERS, iters) * 1e3
 
 
 def main(argv=None) -> int:
@@ -120,10 +103,10 @@ def main(argv=None) -> int:
             runs = [r for r in results["runs"] if r["batch"] == batch and r["mix"] == mix]
             if runs:
                 best = min(runs, key=lambda r: r["us_per_call"])
-                default = next((r for r in runs if r["is_default"]), None)
+                default_us = next((r["us_per_call"] for r in runs if r["is_default"]), float("nan"))
                 print(f"best b{batch} {mix}: block {best['block_n']} warps {best['num_warps']} stages "
                       f"{best['num_stages']} splits {best['splits'] or 'plan'}: {best['us_per_call']:.2f} µs "
-                      f"({best['tb_per_s']:.2f} TB/s); default {default['us_per_call'] if default else float('nan'):.2f} µs")
+                      f"({best['tb_per_s']:.2f} TB/s); default {default_us:.2f} µs")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -464,16 +464,15 @@ def main(argv=None) -> int:
                "errors": {}}
     # Rows for the largest of the step shapes, the rounds and the profiled round: sized by the
     # shapes alone, `--shapes 1x2 --rounds 256` dropped the round and the profile failed.
-    round_rows = [int(x) for x in args.rounds.split(",") if x] + [args.profile_round or 0]
-    steps = Steps(codec, device, max(*(r for r, _ in shapes), *round_rows), args.max_graph_frames)
+    round_rows = [int(x) for x in args.rounds.split(",") if x]
+    steps = Steps(codec, device, max(*(r for r, _ in shapes), *round_rows, args.profile_round), args.max_graph_frames)
     size = codec.codebook_size
     sections = [
         ("capture", steps.capture),
         ("equivalence", lambda: equivalence(steps, shapes, size)),
         ("streaming", lambda: streaming(steps, min(args.stream_rows, steps.graphs.max_rows), size)),
         ("step", lambda: step_times(steps, shapes, size, args.iters, args.warmup)),
-        ("rounds", lambda: [rounds(steps, n, size, args.iters, args.warmup)
-                            for n in (int(x) for x in args.rounds.split(",") if x) if n <= steps.graphs.max_rows]),
+        ("rounds", lambda: [rounds(steps, n, size, args.iters, args.warmup) for n in round_rows]),
         ("offline", lambda: offline(codec, device, parse_shapes(args.offline)[0], max(3, args.iters // 4),
                                     args.warmup)),
     ]

@@ -17,7 +17,7 @@ GARBAGE = 1e4  # cache rows no slot may read: large enough to show up in any res
 INTERPRETER_TIMEOUT_S = 300
 
 # name -> (heads, kv_heads, head_dim, lengths, max_len, num_splits, dtype, extra); lengths not
-# multiples of BLOCK_N (64) on purpose, and always one slot at 1 or at exactly max_len
+# multiples of the default tile (DecodeConfig.block_n, 64) on purpose, and always one slot at 1 or at exactly max_len
 INTERPRETER_CASES = {
     **{f"d16_s{len(lens)}_splits{splits}": (4, 2, 16, lens, 150, splits, "float32", "")
        for lens in ([150], [1, 150, 77], [150, 1, 65, 130, 37])

@@ -43,7 +43,6 @@ class DecodeConfig:
 
 
 DEFAULT_CONFIG = DecodeConfig()
-BLOCK_N = DEFAULT_CONFIG.block_n  # the default tile (tests size their windows by it)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
