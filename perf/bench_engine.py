@@ -19,10 +19,6 @@ prompts are 150 random text rows. Sections, in order, each also written to DIR/b
                at concurrency 1 (reused prefix: only the rest is prefilled)
   profile      kernel time by name of one eager decode step at the largest batch (torch.profiler),
                written to DIR/profile.txt
-  fp8          fp8 weights (EngineConfig.fp8_weights) against fp32 and bf16 copies of the model:
-               the backbone's last hidden state of each prompt (relative error, cosine) and the
-               greedy codes (frame 0 equal, leading frames equal); GPU only
-With --fp8 the bench's own engine runs fp8 weights (every section but fp8 measures that engine).
 The table is printed last.
 """
 
@@ -49,7 +45,7 @@ from moss_tts.engine.slot_state import param_rows
 from moss_tts.kernels import fused
 from moss_tts.kernels.fused import Fusions
 from moss_tts.model.config import MossTTSConfig, real_model_config_dict
-from moss_tts.model.generation import generate, left_pad
+from moss_tts.model.generation import generate
 from moss_tts.model.loading import build_random_model
 from moss_tts.tools.random_inputs import random_prompt_rows
 
@@ -422,51 +418,6 @@ def fp32_equivalence(frames: int, prompt_rows: int) -> dict:
             "decode_graph_hits": stats.decode_graph_hits, "prefill_graph_hits": stats.prefill_graph_hits}
 
 
-def fp8_fidelity(prompt_rows: int, frames: int = 8, count: int = 16) -> dict:
-    """fp8 weights against the fp32 reference, beside bf16 against it (what bf16 already costs).
-    Three models of one seed: fp32, bf16, and that bf16 model with its projections in fp8 (the
-    engine's quantization, applied directly). The last hidden state of each of `count` random
-    prompts through model.transformer (no engine: the same op order for all three), then greedy
-    generate() for `frames` frames. Random weights: how far fp8 moves the computation, not what a
-    listener would hear from the trained model."""
-    cfg = MossTTSConfig.from_dict(real_model_config_dict(), "real")
-    prompts = [random_prompt_rows(prompt_rows - 7 * (i % 5), 500 + i) for i in range(count)]
-    greedy = [SamplingParams.greedy(max_frames=frames, ignore_stop=True)] * count
-    out: dict = {"prompts": count, "prompt_rows": prompt_rows, "frames": frames}
-
-    def last_hidden(model) -> torch.Tensor:
-        rows, mask = left_pad(prompts, model.cfg.pad_token_id, model.cfg.audio_pad_code)
-        rows, mask = rows.to("cuda"), mask.to("cuda")
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        with torch.inference_mode():
-            return model.transformer(model.embed_rows(rows).to(model.dtype), positions, mask)[:, -1].float()
-
-    def codes(model) -> list[torch.Tensor]:
-        with torch.inference_mode():
-            return [r.codes for r in generate(model, prompts, greedy)]
-
-    model = build_random_model(cfg, "cuda", torch.float32, seed=0)
-    ref_hidden, ref_codes = last_hidden(model), codes(model)
-    del model
-    torch.cuda.empty_cache()
-    model = build_random_model(cfg, "cuda", torch.bfloat16, seed=0)
-    for name in ("bf16", "fp8"):
-        if name == "fp8":
-            with torch.inference_mode():
-                backbone.merge_projections(model.transformer, fp8=True)
-        hidden, got = last_hidden(model), codes(model)
-        cos = torch.nn.functional.cosine_similarity(hidden, ref_hidden, dim=-1)
-        out[name] = {"hidden_rel_err": ((hidden - ref_hidden).norm() / ref_hidden.norm()).item(),
-                     "hidden_rel_err_max": ((hidden - ref_hidden).norm(dim=-1) / ref_hidden.norm(dim=-1)).max().item(),
-                     "hidden_cos_min": cos.min().item(),
-                     "frame0_codes_equal": sum(int((g[0] == r[0]).sum()) for g, r in zip(got, ref_codes)),
-                     "frame0_codes": sum(int(r[0].numel()) for r in ref_codes),
-                     "leading_frames_equal": [_leading_equal(g, r) for g, r in zip(got, ref_codes)]}
-    del model
-    torch.cuda.empty_cache()
-    return out
-
-
 def compiled_silu(fusions: Fusions) -> Fusions:
     """fusions with the two SiLU passes torch.compile'd (dynamic shapes), as served before gated_silu."""
     fuse = functools.partial(torch.compile, dynamic=True, fullgraph=True)
@@ -565,13 +516,6 @@ def table(results: dict) -> str:
     if results.get("probe"):
         lines.append("eager prefill (150-row prompts): " + ", ".join(
             f"{r['prompts']}: {r['total_ms']:.0f} ms (host {r['host_ms']:.0f})" for r in results["probe"]))
-    if results.get("fp8"):
-        f = results["fp8"]
-        for name in ("bf16", "fp8"):
-            r = f[name]
-            lines.append(f"{name} vs fp32  last hidden rel. error {r['hidden_rel_err']:.4f} (max {r['hidden_rel_err_max']:.4f},"
-                         f" cos min {r['hidden_cos_min']:.5f}); greedy frame 0 codes equal {r['frame0_codes_equal']}/"
-                         f"{r['frame0_codes']}; leading frames equal {r['leading_frames_equal']} of {f['frames']}")
     for name, err in results.get("errors", {}).items():
         lines.append(f"ERROR in {name}: {err.splitlines()[-1]}")
     return "\n".join(lines)
@@ -589,7 +533,6 @@ def parse_args(argv):
     ap.add_argument("--max-seq-len", type=int, default=0,
                     help="engine max_seq_len (default: prompt rows + frames + 122, windows 256 and 384)")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
-    ap.add_argument("--fp8", action="store_true", help="the bench's engine with fp8_weights (EngineConfig)")
     return ap.parse_args(argv)
 
 
@@ -624,8 +567,7 @@ def main(argv=None) -> int:
                "errors": {}}
     config = EngineConfig(max_running_requests=max(batches), max_queue=1024,
                           max_seq_len=args.max_seq_len or args.prompt_rows + args.frames + 122,
-                          prefill_chunk_tokens=8192, fp8_weights=args.fp8)
-    results["meta"]["fp8_weights"] = args.fp8
+                          prefill_chunk_tokens=8192)
     bench = Bench(model, config, args.frames, args.prompt_rows)
     results["meta"]["engine_setup_s"] = bench.setup_s
     is_gpu = not args.tiny
@@ -641,7 +583,6 @@ def main(argv=None) -> int:
         ("prefix", lambda: prefix_reuse(bench, max(batches), args.shared_rows)),
         ("profile", lambda: profile_step(bench, max(batches), args.out) if is_gpu else {}),
         ("fp32", lambda: fp32_equivalence(min(args.frames, 40), args.prompt_rows) if is_gpu else {}),
-        ("fp8", lambda: fp8_fidelity(args.prompt_rows) if is_gpu else {}),
     ]
     for name, run in sections:
         if name in skip:

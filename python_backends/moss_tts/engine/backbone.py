@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..kernels import decode_attention, fp8_linear, step_qkv
+from ..kernels import decode_attention, step_qkv
 from ..kernels.fused import Fusions
 from ..model.qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
 from .kv_cache import StaticKVCache
@@ -29,49 +29,13 @@ AttendQkvFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Te
 class MergedProjections:
     """One layer's q/k/v weights as one matrix and gate/up as another: a step then runs 4 GEMMs
     per layer instead of 7, with wider tiles at decode batch sizes. The modules' own weights
-    become views into these, so the model keeps working unchanged and nothing is stored twice.
-    With `quantize_fp8_` all four GEMMs of the layer run in fp8 (kernels/fp8_linear.py)."""
+    become views into these, so the model keeps working unchanged and nothing is stored twice."""
 
     def __init__(self, layer: Qwen3Layer) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = _merge(attn.q_proj, attn.k_proj, attn.v_proj)
         self.gate_up = _merge(mlp.gate_proj, mlp.up_proj)
         self.q_rows, self.kv_rows = attn.q_proj.out_features, attn.k_proj.out_features
-        self.qkv8: fp8_linear.Fp8Weight | None = None
-        self.gate_up8: fp8_linear.Fp8Weight | None = None
-
-    @property
-    def is_fp8(self) -> bool:
-        return self.qkv8 is not None
-
-    def quantize_fp8_(self, layer: Qwen3Layer) -> None:
-        """All seven projections of `layer` to fp8 weights (per output channel), the bf16 ones
-        freed: the modules become Fp8Linear views of the merged fp8 matrices (q/k/v, gate/up) or
-        of their own (o_proj, down_proj), so the model's forward still runs. Idempotent."""
-        if self.is_fp8:
-            return
-        attn, mlp = layer.self_attn, layer.mlp
-        self.qkv8, self.gate_up8 = fp8_linear.quantize_weight(self.qkv), fp8_linear.quantize_weight(self.gate_up)
-        q, kv = self.q_rows, self.kv_rows
-        attn.q_proj = fp8_linear.Fp8Linear(self.qkv8.rows(0, q))
-        attn.k_proj = fp8_linear.Fp8Linear(self.qkv8.rows(q, q + kv))
-        attn.v_proj = fp8_linear.Fp8Linear(self.qkv8.rows(q + kv, q + 2 * kv))
-        half = self.gate_up8.out_features // 2
-        mlp.gate_proj = fp8_linear.Fp8Linear(self.gate_up8.rows(0, half))
-        mlp.up_proj = fp8_linear.Fp8Linear(self.gate_up8.rows(half, 2 * half))
-        attn.o_proj = fp8_linear.Fp8Linear(fp8_linear.quantize_weight(attn.o_proj.weight))
-        mlp.down_proj = fp8_linear.Fp8Linear(fp8_linear.quantize_weight(mlp.down_proj.weight))
-        self.qkv = self.gate_up = None
-
-    def project_qkv(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.qkv) if self.qkv8 is None else fp8_linear.linear(h, self.qkv8)
-
-    def mlp(self, layer: Qwen3Layer, h: torch.Tensor, f: Fusions) -> torch.Tensor:
-        """down_proj(silu(gate) * up) of normed h; in fp8 the SwiGLU product is made by the
-        kernel that quantizes down_proj's input."""
-        if self.gate_up8 is None:
-            return layer.mlp.down_proj(f.silu_mul_merged(F.linear(h, self.gate_up)))
-        return layer.mlp.down_proj(fp8_linear.linear(h, self.gate_up8), gated=True)
 
 
 def _merge(*linears: torch.nn.Linear) -> torch.Tensor:
@@ -83,16 +47,12 @@ def _merge(*linears: torch.nn.Linear) -> torch.Tensor:
     return merged
 
 
-def merge_projections(backbone: Qwen3Backbone, fp8: bool = False) -> list[MergedProjections]:
-    """Once per model, before any graph capture (the concatenation must not be recorded); with
-    `fp8` the projections are then quantized (EngineConfig.fp8_weights). fp8 stays once chosen."""
+def merge_projections(backbone: Qwen3Backbone) -> list[MergedProjections]:
+    """Once per model, before any graph capture (the concatenation must not be recorded)."""
     merged = getattr(backbone, "_engine_merged", None)
     if merged is None:
         merged = [MergedProjections(layer) for layer in backbone.layers]
         backbone._engine_merged = merged
-    if fp8:
-        for projections, layer in zip(merged, backbone.layers):
-            projections.quantize_fp8_(layer)
     return merged
 
 
@@ -103,12 +63,12 @@ def _layer(layer: Qwen3Layer, x, h, cos, sin, attend, f: Fusions, next_norm: tor
     attn, mlp, c = layer.self_attn, layer.mlp, layer.self_attn.cfg
     b, t, _ = h.shape
     if attend_qkv is not None and merged is not None:
-        attended = attend_qkv(merged.project_qkv(h), cos, sin)
+        attended = attend_qkv(F.linear(h, merged.qkv), cos, sin)
     else:
         if merged is None:
             q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
         else:
-            q, k, v = merged.project_qkv(h).split([merged.q_rows, merged.kv_rows, merged.kv_rows], dim=-1)
+            q, k, v = F.linear(h, merged.qkv).split([merged.q_rows, merged.kv_rows, merged.kv_rows], dim=-1)
         q = q.reshape(b, t, c.num_attention_heads, c.head_dim)
         k = k.reshape(b, t, c.num_key_value_heads, c.head_dim)
         v = v.reshape(b, t, c.num_key_value_heads, c.head_dim)
@@ -116,9 +76,10 @@ def _layer(layer: Qwen3Layer, x, h, cos, sin, attend, f: Fusions, next_norm: tor
         attended = attend(q, k, v)
     x, h = f.add_rms_norm(x, attended, layer.post_attention_layernorm.weight, c.rms_norm_eps)
     if merged is None:
-        delta = mlp.down_proj(f.silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))
+        gated = f.silu_mul(mlp.gate_proj(h), mlp.up_proj(h))
     else:
-        delta = merged.mlp(layer, h, f)
+        gated = f.silu_mul_merged(F.linear(h, merged.gate_up))
+    delta = mlp.down_proj(gated)
     return f.add_rms_norm(x, delta, next_norm, c.rms_norm_eps)
 
 

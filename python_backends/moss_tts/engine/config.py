@@ -60,11 +60,6 @@ class EngineConfig:
     qkv_kernels: bool = True  # what a decode step does between a layer's qkv GEMM and its attention
     # (backbone: q/k norms, RoPE, the cache write; local frame: RoPE, cache write, attention) as one
     # Triton kernel each (kernels/step_qkv.py); false = the compiled kernels and index copies
-    # The backbone's GEMMs in fp8 (weights per output channel, activations per row, both by
-    # their absolute maximum; kernels/fp8_linear.py): an approximation, off by default. Its
-    # effect on the outputs against fp32 is measured (perf/RESULTS.md, issue 34). CUDA needs
-    # bf16 and compute capability >= 8.9; on CPU a dequantizing reference runs (tests).
-    fp8_weights: bool = False
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
     cuda_graph_prefill_tokens: int = CUDA_GRAPH_PREFILL_TOKENS  # 0 = no prefill graphs
     min_kv_bucket: int = MIN_KV_BUCKET

@@ -20,14 +20,14 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from ..contract.sampling_params import SamplingParams
-from ..kernels import decode_attention, fp8_linear, sample_kernel, step_qkv
+from ..kernels import decode_attention, sample_kernel, step_qkv
 from ..kernels.fused import Fusions
 from ..kernels.uploads import to_device, upload_index
 from ..model.tts_model import MossTTSLocalModel
 from . import backbone, step
 from .buckets import Buckets
 from .cache_manager import PrefixStore, StepPlan
-from .config import EngineConfig, EngineConfigError
+from .config import EngineConfig
 from .frame import LocalRope
 from .graph_runner import REMEDIES, GraphCaptureError, GraphRunner
 from .kv_cache import StaticKVCache, in_batches
@@ -99,13 +99,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             check_memory_budget(self.config, self.model, self.kv.num_bytes(self.dtype), self.device)
         self.kv.setup(self.device, self.dtype)
-        if self.config.fp8_weights and self.device.type == "cuda" and not (
-                fp8_linear.gemm_supported(self.device) and self.dtype == torch.bfloat16):
-            raise EngineConfigError(f"EngineConfig.fp8_weights needs bfloat16 weights on a GPU of compute "
-                                    f"capability >= 8.9 (this engine: {self.dtype}, "
-                                    f"{torch.cuda.get_device_name(self.device)}); set fp8_weights false")
         with torch.inference_mode():
-            backbone.merge_projections(self.model.transformer, fp8=self.config.fp8_weights)
+            backbone.merge_projections(self.model.transformer)
         cfg, slots = self.model.cfg, self.kv.num_slots
         fusions = Fusions.for_device(self.device, self.config.fuse_kernels)
         ctx = StepContext(self.model, self.kv, SlotState.allocate(slots, cfg, self.device), fusions,
