@@ -75,6 +75,11 @@ class LevelReport:
     # cuts the server's first-audio trace by them.
     wall_start: float = 0.0
     wall_end: float = 0.0
+    # Client processes: how far apart they began sending (their imports and channels done), and
+    # whether they waited for each other first (--start-together). The wall counts from the
+    # first one's start, so a spread is time the server could not have served every stream.
+    client_start_spread_s: float = 0.0
+    start_together: bool = False
 
     @property
     def audio_s_per_s(self) -> float:
@@ -136,14 +141,17 @@ async def one_stream(client, model: str, frames: int, seed: int, stream: bool, t
 
 
 async def run_workers(url: str, model: str, mode: str, workers: range, requests_per_worker: int, frames: int,
-                      timeout_s: float) -> tuple[list[StreamResult], float, float]:
+                      timeout_s: float, ready=None) -> tuple[list[StreamResult], float, float]:
     """Run the workers `workers` (their indices seed the requests) -> (results, start, end) with
-    start/end in time.time() seconds, comparable across processes."""
+    start/end in time.time() seconds, comparable across processes. `ready` (a multiprocessing
+    Barrier): wait there for the other client processes before the first request."""
     import tritonclient.grpc.aio as grpcclient
 
     # One channel per 32 streams: a single HTTP/2 connection caps concurrent streams at ~100.
     clients = [grpcclient.InferenceServerClient(url) for _ in range(max(1, -(-len(workers) // 32)))]
     results: list[StreamResult] = []
+    if ready is not None:
+        ready.wait(120)  # blocks the loop, which has nothing to do yet
 
     async def worker(index: int) -> None:
         client = clients[index % len(clients)]
@@ -159,30 +167,42 @@ async def run_workers(url: str, model: str, mode: str, workers: range, requests_
     return results, start, time.time()
 
 
-def _worker_process(args: tuple) -> tuple[list[dict], float, float]:
-    results, start, end = asyncio.run(run_workers(*args))
-    return [asdict(r) for r in results], start, end
+def _worker_process(args: tuple, ready, out) -> None:
+    results, start, end = asyncio.run(run_workers(*args, ready=ready))
+    out.put(([asdict(r) for r in results], start, end))
 
 
 def run_level(url: str, model: str, mode: str, concurrency: int, requests_per_worker: int, frames: int,
-              timeout_s: float, processes: int = 1) -> LevelReport:
+              timeout_s: float, processes: int = 1, start_together: bool = False) -> LevelReport:
     """One level; with processes > 1 the workers are split over that many client processes (one
-    Python process decoding ~0.4 MB of audio per stream-second tops out below a GPU's output)."""
+    Python process decoding ~0.4 MB of audio per stream-second tops out below a GPU's output),
+    each beginning once its imports and channels are ready, or, `start_together`, once all are."""
     processes = max(1, min(processes, concurrency))
     shares = [range(concurrency)[i::processes] for i in range(processes)]
     if processes == 1:
         results, start, end = asyncio.run(run_workers(url, model, mode, shares[0], requests_per_worker, frames,
                                                       timeout_s))
+        spread = 0.0
     else:
         import multiprocessing
 
-        jobs = [(url, model, mode, share, requests_per_worker, frames, timeout_s) for share in shares]
-        with multiprocessing.get_context("spawn").Pool(processes) as pool:
-            parts = pool.map(_worker_process, jobs)
+        # One process per share, not a Pool: a pool worker may take two shares, and a barrier
+        # would then wait for a party that never comes.
+        ctx = multiprocessing.get_context("spawn")
+        ready, out = (ctx.Barrier(processes) if start_together else None), ctx.Queue()
+        procs = [ctx.Process(target=_worker_process, args=((url, model, mode, share, requests_per_worker, frames,
+                                                             timeout_s), ready, out)) for share in shares]
+        for p in procs:
+            p.start()
+        parts = [out.get() for _ in procs]  # before join: a child exits once its result is taken
+        for p in procs:
+            p.join()
         results = [StreamResult(**r) for part, _, _ in parts for r in part]
         start, end = min(p[1] for p in parts), max(p[2] for p in parts)
+        spread = max(p[1] for p in parts) - start
     report = level_report(mode, concurrency, results, end - start)
     report.wall_start, report.wall_end = start, end
+    report.client_start_spread_s, report.start_together = round(spread, 4), start_together and processes > 1
     return report
 
 
@@ -221,6 +241,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="utterances sent once before the levels")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds without a response = failure")
     p.add_argument("--processes", type=int, default=1, help="client processes per level (spread the decoding)")
+    p.add_argument("--start-together", action="store_true",
+                   help="client processes wait for each other before their first request (the level's "
+                        "wall then holds no client start-up spread)")
     p.add_argument("--out", type=Path, help="write every level's report as JSON")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -233,7 +256,7 @@ def main(argv=None) -> int:
     for mode in modes:
         for concurrency in levels:
             report = run_level(args.url, args.model, mode, concurrency, args.requests, args.frames, args.timeout,
-                               args.processes)
+                               args.processes, args.start_together)
             reports.append(report)
             print(markdown([report]).splitlines()[-1], flush=True)
     print(markdown(reports))

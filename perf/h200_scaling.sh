@@ -27,6 +27,9 @@
 #                                              # and the shim's WebSocket (shim_K.json, REPEAT runs)
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
 # PARAMS="key=value,..." (any layout): moss_tts config.pbtxt parameters changed for the run.
+# BENCH_ARGS: more perf/bench_triton.py arguments (e.g. --start-together); VARIANT_ARGS: each bench
+# run followed by one with these instead (bench_NAME_v_K.json); RECORD_RATE: py-spy samples a
+# second for RECORD (50).
 # TRACE=1 (layout, ab): the server's first-audio trace cut by the bench's levels (trace_phases_NAME.json).
 # C1_REQUESTS=N (layout, ab, trees): after the levels, one stream of N requests (bench_NAME_c1.json).
 # VOCODER=bls (single): moss_tts calls the vocoder model over BLS (288 slots) instead of decoding
@@ -173,7 +176,7 @@ record_stub() {
       native) flags="--native --idle" ;;
       *) flags="--idle --nonblocking"; mode=all ;;
     esac
-    /tmp/pyspy/bin/py-spy record --pid "$pid" -d "$dur" -r 50 -f raw --threads $flags -o "$R/record_$1_${at}s_$mode.txt" \
+    /tmp/pyspy/bin/py-spy record --pid "$pid" -d "$dur" -r "${RECORD_RATE:-50}" -f raw --threads $flags -o "$R/record_$1_${at}s_$mode.txt" \
       > "$R/record_$1_${at}s_$mode.log" 2>&1
   done
 }
@@ -185,7 +188,15 @@ bench_runs() {
     log "$1: bench run $k"
     PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "$2" \
       --mode "$3" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
-      --warmup 2 --timeout 120 --out "$R/bench_$1_$k.json" 2>&1 | tee -a "$R/scaling.log"
+      --warmup 2 --timeout 120 ${BENCH_ARGS:-} --out "$R/bench_$1_$k.json" 2>&1 | tee -a "$R/scaling.log"
+    # VARIANT_ARGS: each run followed by one with these bench_triton arguments instead of
+    # BENCH_ARGS (bench_NAME_v_K.json): an A/B of the client's method on one server.
+    if [ -n "${VARIANT_ARGS:-}" ]; then
+      log "$1: bench run $k, variant: $VARIANT_ARGS"
+      PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "$2" \
+        --mode "$3" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
+        --warmup 2 --timeout 120 $VARIANT_ARGS --out "$R/bench_$1_v_$k.json" 2>&1 | tee -a "$R/scaling.log"
+    fi
   done
 }
 

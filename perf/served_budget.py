@@ -12,6 +12,11 @@ over the sample intervals whose both ends had a number of running engine rows in
   vocoder  rounds, frames per round, ms per round, µs per frame (round_ms / frames: wall time of
            a round, the GPU shared with the engine) and busy (round_ms over the window's time).
 Rounds run beside steps, so the two per-frame figures overlap: their sum is not the GPU's time.
+
+With --timeline every sample interval is printed instead (all rows): running and waiting
+requests, requests admitted, engine and vocoder frames/s, and per step the host ms split into
+launch, apply and the rest (scheduling, staging admitted prompts) beside the device wait: where
+an admission burst's host time goes.
 """
 
 from __future__ import annotations
@@ -78,6 +83,42 @@ def budget(samples: list[dict[str, float]], rows: tuple[int, int]) -> dict:
     return out
 
 
+TIMELINE = ("steps", "step_host_ms", "step_launch_ms", "step_apply_ms", "step_wait_ms", "frames_generated",
+            "requests_admitted")
+
+
+def timeline(samples: list[dict[str, float]]) -> list[dict]:
+    """Per sample interval with engine steps or vocoder rounds: the counters' rates and per-step means."""
+    rows = []
+    t0 = samples[0]["t"] if samples else 0.0
+    for a, b in zip(samples, samples[1:]):
+        dt = b["t"] - a["t"]
+        inc = {k: b.get(f"engine.{k}", 0.0) - a.get(f"engine.{k}", 0.0) for k in TIMELINE}
+        rounds = b.get("vocoder.rounds", 0.0) - a.get("vocoder.rounds", 0.0)
+        decoded = b.get("vocoder.frames", 0.0) - a.get("vocoder.frames", 0.0)
+        if dt <= 0 or not (inc["steps"] or rounds):
+            continue
+        steps = max(inc["steps"], 1.0)
+        host, launch, apply = inc["step_host_ms"] / steps, inc["step_launch_ms"] / steps, inc["step_apply_ms"] / steps
+        rows.append({"t": round(b["t"] - t0, 2), "dt": round(dt, 3), "running": b.get("engine.running", 0.0),
+                     "waiting": b.get("engine.waiting", 0.0), "admitted": inc["requests_admitted"],
+                     "engine_fps": inc["frames_generated"] / dt, "vocoder_fps": decoded / dt, "steps": inc["steps"],
+                     "host_ms": host, "launch_ms": launch, "apply_ms": apply, "rest_ms": host - launch - apply,
+                     "wait_ms": inc["step_wait_ms"] / steps, "rounds": rounds,
+                     "frames_per_round": decoded / rounds if rounds else 0.0})
+    return rows
+
+
+def timeline_text(rows: list[dict]) -> str:
+    lines = ["     t    dt  run wait adm eng_fps voc_fps steps  host launch apply  rest  wait rounds fr/round"]
+    for r in rows:
+        lines.append(f"{r['t']:6.2f} {r['dt']:5.2f} {r['running']:4.0f} {r['waiting']:4.0f} {r['admitted']:3.0f} "
+                     f"{r['engine_fps']:7.0f} {r['vocoder_fps']:7.0f} {r['steps']:5.0f} {r['host_ms']:5.1f} "
+                     f"{r['launch_ms']:6.1f} {r['apply_ms']:5.1f} {r['rest_ms']:5.1f} {r['wait_ms']:5.1f} "
+                     f"{r['rounds']:6.0f} {r['frames_per_round']:8.0f}")
+    return "\n".join(lines)
+
+
 def markdown(results: dict[str, dict]) -> str:
     lines = ["| series | seconds | host ms / step | device wait ms / step | rows / step | vocoder frames / round "
              "| ms / round | vocoder µs / frame | vocoder busy |", "|---|---|---|---|---|---|---|---|---|"]
@@ -97,7 +138,12 @@ def main(argv=None) -> int:
     ap.add_argument("series", nargs="+", type=Path, help="metrics_series_*.txt files (or .gz)")
     ap.add_argument("--rows", default="200-300", help="LO-HI: running engine rows at both ends of an interval")
     ap.add_argument("--out", type=Path, default=None, help="JSON file to write the results to")
+    ap.add_argument("--timeline", action="store_true", help="print every sample interval instead")
     args = ap.parse_args(argv)
+    if args.timeline:
+        for path in args.series:
+            print(f"== {path}\n{timeline_text(timeline(read_series(path)))}")
+        return 0
     lo, _, hi = args.rows.partition("-")
     rows = (int(lo), int(hi or lo))
     if rows[0] > rows[1]:

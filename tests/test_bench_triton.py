@@ -51,3 +51,16 @@ def test_client_processes_split_the_workers_and_merge_their_results(triton, tmp_
     assert code == 0 and report["failures"] == 0 and report["requests"] == 6
     assert report["audio_s"] == pytest.approx(6 * 8 / 12.5) and report["wall_s"] > 0
     assert report["wall_end"] - report["wall_start"] == pytest.approx(report["wall_s"])
+    assert report["client_start_spread_s"] >= 0 and report["start_together"] is False
+
+
+@pytest.mark.triton
+def test_start_together_holds_the_client_processes_at_a_barrier(triton, tmp_path):
+    out = tmp_path / "bench.json"
+    code = main(["--url", triton.grpc_url, "--concurrency", "3", "--mode", "stream", "--frames", "8",
+                 "--requests", "1", "--warmup", "0", "--processes", "3", "--start-together", "--out", str(out)])
+    (report,) = json.loads(out.read_text())
+    assert code == 0 and report["failures"] == 0 and report["requests"] == 3 and report["start_together"] is True
+    # Released together: their first requests within a fraction of a second (without the barrier
+    # each process starts when its own imports are done).
+    assert report["client_start_spread_s"] < 0.5, report

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perf.served_budget import budget, main, read_series
+from perf.served_budget import budget, main, read_series, timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,3 +85,20 @@ def test_the_committed_series_give_perf_results_figures():
         got = budget(read_series(ROOT / f"perf/results/issue34/r2-metrics-series-{name}.txt.gz"), (200, 300))
         assert (round(got["host_ms_per_step"], 2), round(got["wait_ms_per_step"], 2)) == (host, wait), name
         assert (round(got["frames_per_round"]), round(got["vocoder_us_per_frame"])) == (frames, us), name
+
+
+def test_timeline_splits_each_intervals_host_time(tmp_path, capsys):
+    samples = [dict(s) for s in SAMPLES[:3]]
+    samples[1] = {**samples[1], "engine": {**samples[1]["engine"], "step_launch_ms": 20, "step_apply_ms": 10,
+                                           "requests_admitted": 256}}
+    samples[2] = {**samples[2], "engine": {**samples[2]["engine"], "step_launch_ms": 80, "step_apply_ms": 30,
+                                           "requests_admitted": 300}}
+    path = tmp_path / "metrics_series_t.txt"
+    path.write_text(series_text(samples))
+    rows = timeline(read_series(path))
+    assert [r["t"] for r in rows] == [0.5, 1.0]
+    second = rows[1]  # 20 steps: host 100 ms = launch 60 + apply 20 + the rest 20
+    assert second["admitted"] == 44 and second["engine_fps"] == pytest.approx(5120 / 0.5)
+    assert (second["host_ms"], second["launch_ms"], second["apply_ms"]) == pytest.approx((5.0, 3.0, 1.0))
+    assert second["rest_ms"] == pytest.approx(1.0) and second["frames_per_round"] == pytest.approx(300)
+    assert main([str(path), "--timeline"]) == 0 and "launch" in capsys.readouterr().out

@@ -165,11 +165,15 @@ class Engine:
         for state in plan.cancelled:
             self._emit(Finished(state.request_id, "cancelled", None, state.num_flushed))
         staged = [state for state in plan.admitted if self._stage(state)]
+        launching = time.perf_counter()
         launch = self._launch(staged, plan.running)
+        completing = time.perf_counter()
         previous, self._in_flight = self._in_flight, launch
         waited = self._complete(previous) if previous is not None else 0.0
+        end = time.perf_counter()
         with self._cond:
-            self._counters.record_time(time.perf_counter() - start - waited, waited)
+            self._counters.record_time(end - start - waited, waited, launch_s=completing - launching,
+                                       apply_s=end - completing - waited)
 
     def _schedule(self) -> Schedule:
         with self._cond:

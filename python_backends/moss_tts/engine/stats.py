@@ -39,6 +39,12 @@ class EngineStats:
     # busy engine with a small wait share is host-bound.
     step_host_ms: int = 0
     step_wait_ms: int = 0
+    # Two parts of step_host_ms (the rest is scheduling and staging admitted prompts): launching
+    # the step (the runner's uploads, prefills, graph replay) and applying the previous step's
+    # frames (stops, chunks, events). Which part grows while a burst of requests is admitted
+    # tells the engine's own work from waiting for the GIL at its torch calls (issue 34).
+    step_launch_ms: int = 0
+    step_apply_ms: int = 0
 
 
 @dataclass
@@ -79,12 +85,16 @@ class StatsCounters:
     graphs: GraphUse = field(default_factory=GraphUse)
     host_s: float = 0.0
     wait_s: float = 0.0
+    launch_s: float = 0.0
+    apply_s: float = 0.0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
     step_ms: Histogram = field(default_factory=lambda: Histogram(STEP_MS_BUCKETS))
 
-    def record_time(self, host_s: float, wait_s: float) -> None:
+    def record_time(self, host_s: float, wait_s: float, launch_s: float = 0.0, apply_s: float = 0.0) -> None:
         self.host_s += host_s
         self.wait_s += wait_s
+        self.launch_s += launch_s
+        self.apply_s += apply_s
         self.step_ms.observe((host_s + wait_s) * 1000)  # one engine loop: host work + wait for the device
 
     def record_step(self, batch_size: int, use: GraphUse) -> None:
@@ -110,4 +120,5 @@ class StatsCounters:
                            prefix_prompt_rows=p.prompt_rows, prefix_reused_rows=p.reused_rows,
                            prefix_blocks_stored=p.blocks_stored, prefix_blocks_evicted=p.blocks_evicted,
                            prefix_pool_blocks_used=p.pool_blocks_used, step_host_ms=round(self.host_s * 1000),
-                           step_wait_ms=round(self.wait_s * 1000))
+                           step_wait_ms=round(self.wait_s * 1000), step_launch_ms=round(self.launch_s * 1000),
+                           step_apply_ms=round(self.apply_s * 1000))
