@@ -452,3 +452,24 @@ def test_a_hurried_job_is_not_held(codec, streams):
         assert held.wait(TIMEOUT_S) and clock.monotonic() - asked < 3.0  # not at 4.95 s
     finally:
         worker.stop()
+
+
+def test_each_round_that_starts_a_sequence_is_posted_once(codec, streams):
+    """The engine's first-audio gate hears of every round carrying a START's first frames, and of
+    no other round (None: no CUDA event on the CPU)."""
+    worker = make(codec)
+    posted = SharedList()  # on_start_round runs on the worker thread
+    worker.on_start_round = posted.append
+    try:
+        first = [worker.submit(seq, streams[seq, :2], start=True, end=False) for seq in range(2)]
+        for job in first:
+            job.result(TIMEOUT_S)
+        rounds = worker.stats().rounds
+        assert 1 <= len(posted.snapshot()) <= rounds and set(posted.snapshot()) == {None}
+        before = len(posted.snapshot())
+        for seq in range(2):  # later chunks and the ENDs: no START, nothing posted
+            worker.submit(seq, streams[seq, 2:6], start=False, end=False).result(TIMEOUT_S)
+            worker.submit(seq, np.zeros((0, 12), np.int64), start=False, end=True).result(TIMEOUT_S)
+        assert len(posted.snapshot()) == before
+    finally:
+        worker.stop()

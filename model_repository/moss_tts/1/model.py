@@ -28,6 +28,7 @@ from moss_tts.contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS, stat_
 from moss_tts.contract.parameters import switch_interval_s
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.engine import Engine
+from moss_tts.engine.first_audio_gate import FirstAudioGate
 from moss_tts.engine.stats import EngineStats
 from moss_tts.model.loading import load_model, load_tokenizer
 from moss_tts.model.processor import PromptBuilder
@@ -81,6 +82,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(problem)
         self.worker = self._vocoder_worker(placement, device, dtype, max_streams, device_id)
         self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event))
+        if self.worker is not None and engine_config.first_audio_hold_rows:
+            # Light load: a new stream's first vocoder round runs before the engine's next step.
+            gate = FirstAudioGate()
+            self.streams.engine.use_first_audio_gate(gate)
+            self.worker.on_start_round = gate.round_launched
         self.streams.start()
         self.key = internal_key.internal_key()
         self.pool = StreamPool(max_streams, name=f"{instance}-stream")

@@ -60,6 +60,11 @@ class EngineConfig:
     qkv_kernels: bool = True  # what a decode step does between a layer's qkv GEMM and its attention
     # (backbone: q/k norms, RoPE, the cache write; local frame: RoPE, cache write, attention) as one
     # Triton kernel each (kernels/step_qkv.py); false = the compiled kernels and index copies
+    # Light load only: with at most this many running rows, a step that ends a new stream's first
+    # chunk is completed before the next is launched, and the next waits on the device for the
+    # in-process vocoder's round of that chunk, which then runs alone (first_audio_gate.py; needs
+    # Engine.use_first_audio_gate). 0 = never.
+    first_audio_hold_rows: int = 0
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
     cuda_graph_prefill_tokens: int = CUDA_GRAPH_PREFILL_TOKENS  # 0 = no prefill graphs
     min_kv_bucket: int = MIN_KV_BUCKET
@@ -82,6 +87,10 @@ class EngineConfig:
                 or self.cuda_graph_prefill_tokens < 0:
             raise EngineConfigError(f"EngineConfig.cuda_graph_prefill_tokens must be an integer >= 0, "
                                     f"got {self.cuda_graph_prefill_tokens!r}")
+        if isinstance(self.first_audio_hold_rows, bool) or not isinstance(self.first_audio_hold_rows, int) \
+                or self.first_audio_hold_rows < 0:
+            raise EngineConfigError(f"EngineConfig.first_audio_hold_rows must be an integer >= 0 (0 = never), "
+                                    f"got {self.first_audio_hold_rows!r}")
         if isinstance(self.prefix_cache_rows, bool) or not isinstance(self.prefix_cache_rows, int) \
                 or self.prefix_cache_rows < 0:
             raise EngineConfigError(f"EngineConfig.prefix_cache_rows must be an integer >= 0 (0 = no "

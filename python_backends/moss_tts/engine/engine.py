@@ -24,6 +24,7 @@ from ..contract.errors import error_text
 from ..model.tts_model import MossTTSLocalModel
 from .config import EngineConfig
 from .events import EngineEvent, Finished, FinishReason
+from .first_audio_gate import FirstAudioGate
 from .request import EngineRequest, RequestState
 from .runner import ModelRunner, StepOutput
 from .scheduler import Schedule, Scheduler
@@ -46,6 +47,7 @@ class Launch:
     out: StepOutput
     prefilled: list[RequestState]  # output rows 0.. in order
     decoded: list[tuple[RequestState, int]]  # (request, slot): row decode_offset + slot
+    ends_first_chunk: bool = False  # its frames complete some request's first chunk
 
     @property
     def states(self) -> list[RequestState]:
@@ -66,6 +68,12 @@ class Engine:
         self._is_stopping = False
         self._in_flight: Optional[Launch] = None  # engine thread only
         self._step_started: Optional[float] = None  # monotonic start of the step now running
+        self._first_audio_gate: Optional[FirstAudioGate] = None
+
+    def use_first_audio_gate(self, gate: FirstAudioGate) -> None:
+        """Before start(): at most config.first_audio_hold_rows running rows, a step that ends a
+        first chunk is followed by the vocoder's round for it before the next step (first_audio_gate.py)."""
+        self._first_audio_gate = gate
 
     # ---- caller side (any thread) ----
 
@@ -165,15 +173,47 @@ class Engine:
         for state in plan.cancelled:
             self._emit(Finished(state.request_id, "cancelled", None, state.num_flushed))
         staged = [state for state in plan.admitted if self._stage(state)]
+        waited = applied = held = 0.0
+        previous = self._in_flight
+        if previous is not None and previous.ends_first_chunk and self._holds_for_first_audio(plan):
+            # Light load: complete the step that ends a first chunk before launching the next, and
+            # let the vocoder's round for that chunk run first (first_audio_gate.py).
+            mark = self._first_audio_gate.mark()
+            waited, applied = self._complete_timed(previous)
+            self._in_flight = None
+            held = time.perf_counter()
+            self._await_first_audio_round(mark)
+            held = time.perf_counter() - held
         launching = time.perf_counter()
         launch = self._launch(staged, plan.running)
-        completing = time.perf_counter()
+        launched = time.perf_counter() - launching
         previous, self._in_flight = self._in_flight, launch
-        waited = self._complete(previous) if previous is not None else 0.0
-        end = time.perf_counter()
+        if previous is not None:
+            wait, apply = self._complete_timed(previous)
+            waited, applied = waited + wait, applied + apply
         with self._cond:
-            self._counters.record_time(end - start - waited, waited, launch_s=completing - launching,
-                                       apply_s=end - completing - waited)
+            self._counters.record_time(time.perf_counter() - start - waited, waited, launch_s=launched,
+                                       apply_s=applied, hold_s=held)
+
+    def _complete_timed(self, launch: Launch) -> tuple[float, float]:
+        """_complete: (seconds waiting for the device, seconds applying the frames)."""
+        start = time.perf_counter()
+        waited = self._complete(launch)
+        return waited, time.perf_counter() - start - waited
+
+    def _holds_for_first_audio(self, plan: Schedule) -> bool:
+        rows = self.config.first_audio_hold_rows
+        return self._first_audio_gate is not None and 0 < len(plan.running) <= rows
+
+    def _await_first_audio_round(self, mark: int) -> None:
+        """Wait (host) for the vocoder to launch a round that starts a sequence, then order this
+        thread's stream behind it (device): no host sync on the round itself."""
+        posted, event = self._first_audio_gate.wait_round(mark)
+        with self._cond:
+            self._counters.first_audio_holds += 1
+            self._counters.first_audio_hold_timeouts += not posted
+        if event is not None and self._runner.device.type == "cuda":
+            torch.cuda.current_stream().wait_event(event)
 
     def _schedule(self) -> Schedule:
         with self._cond:
@@ -213,11 +253,13 @@ class Engine:
             return None
         for state in decoding:
             state.num_issued += 1
+        ends_first_chunk = any(state.ends_first_chunk_when_issued for state in (*staged, *decoding))
         with self._cond:
             self._counters.record_step(len(set(staged) | set(decoding)), out.graph_use)
         # The runner orders the prefill rows its own way (longest prompt first): map them back by slot.
         by_slot = {s.slot: s for s in staged}
-        return Launch(out, [by_slot[slot] for slot in out.prefill_slots], [(s, s.slot) for s in decoding])
+        return Launch(out, [by_slot[slot] for slot in out.prefill_slots], [(s, s.slot) for s in decoding],
+                      ends_first_chunk)
 
     def _complete(self, launch: Launch) -> float:
         """Apply a finished step's frames: stop, frame budget, chunk emission. Returns the

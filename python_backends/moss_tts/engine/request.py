@@ -149,6 +149,11 @@ class RequestState:
         """Another frame may be launched: the budget is not yet covered by launched frames."""
         return self.num_issued < self.request.params.max_frames
 
+    @property
+    def ends_first_chunk_when_issued(self) -> bool:
+        """The frame just launched is the last of the first chunk (for Engine's first-audio hold)."""
+        return self.num_flushed == 0 and self.num_issued == self._due_at
+
     def start(self, slot: int, prefix: Optional[PrefixMatch] = None) -> None:
         assert self.status is RequestStatus.WAITING, f"{self.request_id} started twice"
         self.status, self.slot, self.prefix = RequestStatus.RUNNING, slot, prefix

@@ -45,6 +45,12 @@ class EngineStats:
     # tells the engine's own work from waiting for the GIL at its torch calls (issue 34).
     step_launch_ms: int = 0
     step_apply_ms: int = 0
+    # The first-audio hold (EngineConfig.first_audio_hold_rows): steps that waited for a new
+    # stream's first vocoder round, how many of those waits ran out, and the host time they took
+    # (part of step_host_ms).
+    first_audio_holds: int = 0
+    first_audio_hold_timeouts: int = 0
+    first_audio_hold_ms: int = 0
 
 
 @dataclass
@@ -87,14 +93,19 @@ class StatsCounters:
     wait_s: float = 0.0
     launch_s: float = 0.0
     apply_s: float = 0.0
+    hold_s: float = 0.0
+    first_audio_holds: int = 0
+    first_audio_hold_timeouts: int = 0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
     step_ms: Histogram = field(default_factory=lambda: Histogram(STEP_MS_BUCKETS))
 
-    def record_time(self, host_s: float, wait_s: float, launch_s: float = 0.0, apply_s: float = 0.0) -> None:
+    def record_time(self, host_s: float, wait_s: float, launch_s: float = 0.0, apply_s: float = 0.0,
+                    hold_s: float = 0.0) -> None:
         self.host_s += host_s
         self.wait_s += wait_s
         self.launch_s += launch_s
         self.apply_s += apply_s
+        self.hold_s += hold_s
         self.step_ms.observe((host_s + wait_s) * 1000)  # one engine loop: host work + wait for the device
 
     def record_step(self, batch_size: int, use: GraphUse) -> None:
@@ -121,4 +132,6 @@ class StatsCounters:
                            prefix_blocks_stored=p.blocks_stored, prefix_blocks_evicted=p.blocks_evicted,
                            prefix_pool_blocks_used=p.pool_blocks_used, step_host_ms=round(self.host_s * 1000),
                            step_wait_ms=round(self.wait_s * 1000), step_launch_ms=round(self.launch_s * 1000),
-                           step_apply_ms=round(self.apply_s * 1000))
+                           step_apply_ms=round(self.apply_s * 1000), first_audio_holds=self.first_audio_holds,
+                           first_audio_hold_timeouts=self.first_audio_hold_timeouts,
+                           first_audio_hold_ms=round(self.hold_s * 1000))

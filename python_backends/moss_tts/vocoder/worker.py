@@ -68,6 +68,9 @@ class VocoderWorker:
         device = sessions.config.torch_device
         # Made here, not on the worker thread: the engine may be capturing its graphs by then.
         self._stream = torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None
+        # Called on this thread after each round that starts a sequence, with a CUDA event
+        # recorded behind the round (None on CPU): the engine's FirstAudioGate.round_launched.
+        self.on_start_round: Optional[Callable[[Optional[torch.cuda.Event]], None]] = None
         self._thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)
         self._thread.start()
 
@@ -225,6 +228,13 @@ class VocoderWorker:
         now = time.monotonic()
         for job, take in (span for spans in plan.values() for span in spans):
             job.launched, job.launched_at = job.launched + take, job.launched_at or now
+        if self.on_start_round is not None and any(spans[0][0].start and spans[0][0].launched == spans[0][1]
+                                                   for spans in plan.values()):  # a START's first frames
+            event = None
+            if self._stream is not None:
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            self.on_start_round(event)
         return Round(plan, pending)
 
     def _land(self, round_: "Round") -> None:

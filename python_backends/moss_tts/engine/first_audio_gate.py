@@ -1,0 +1,57 @@
+"""FirstAudioGate: at light load, the engine's next step waits for the vocoder round that carries a
+new stream's first chunk, so that round runs alone on the GPU.
+
+Why (issue 34, round 8's first-audio trace of one stream on the H200): the first chunk's codec
+step takes ~3.9 ms alone but ~7.3 ms beside the engine's next steps. At one stream both are
+bound by HBM bandwidth (the engine reads its 8 GB of weights a frame), and a stream priority
+orders block dispatch, not bandwidth (round 8 measured that too). So when a step that ends some
+stream's first chunk is in flight and the engine runs at most EngineConfig.first_audio_hold_rows
+rows, the engine completes that step before launching the next, waits (host side, at most
+`timeout_s`) until the vocoder has launched a round that starts a sequence, and makes its own
+stream wait for that round's CUDA event: the next step runs after the round, not beside it.
+The engine loses one round's time per new stream, which only light load can afford; under load
+the gate is never consulted.
+
+The vocoder worker posts every round that starts a sequence (`round_launched`); the engine takes
+`mark()` before the chunk is emitted and waits for a post after it (`wait_round`), so a post that
+races the emission is never missed. Any round that starts a sequence ends the wait: at light load
+that is the first chunk's, and waiting for another one only releases the engine early.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+TIMEOUT_S = 0.004  # a first chunk's round is launched ~1 ms after its emission at light load; a
+# stream that wants no audio from the vocoder (codes only, STREAM=false) costs at most this once
+
+
+class FirstAudioGate:
+    def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._posted = 0
+        self._event: Any = None  # the last posted round's CUDA event (None on CPU)
+
+    # ---- vocoder worker thread
+    def round_launched(self, event: Any) -> None:
+        """A round that starts a sequence was launched; `event` was recorded behind it on the
+        vocoder's stream (None when the vocoder runs on the CPU)."""
+        with self._cond:
+            self._posted += 1
+            self._event = event
+            self._cond.notify_all()
+
+    # ---- engine thread
+    def mark(self) -> int:
+        """The number of rounds posted so far: wait_round(mark) waits for a later one."""
+        with self._cond:
+            return self._posted
+
+    def wait_round(self, after: int, timeout_s: Optional[float] = None) -> tuple[bool, Any]:
+        """(True, its event) once a round is posted after `after`, else (False, None) after the timeout."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._posted > after, self.timeout_s if timeout_s is None else timeout_s):
+                return False, None
+            return True, self._event
