@@ -253,7 +253,10 @@ class Engine:
             return None
         for state in decoding:
             state.num_issued += 1
-        ends_first_chunk = any(state.ends_first_chunk_when_issued for state in (*staged, *decoding))
+        # Looked at only where the hold applies (a pass over every row costs the host under load).
+        ends_first_chunk = (self._first_audio_gate is not None
+                            and len(staged) + len(decoding) <= self.config.first_audio_hold_rows
+                            and any(state.ends_first_chunk_when_issued for state in (*staged, *decoding)))
         with self._cond:
             self._counters.record_step(len(set(staged) | set(decoding)), out.graph_use)
         # The runner orders the prefill rows its own way (longest prompt first): map them back by slot.
