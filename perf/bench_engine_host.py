@@ -23,7 +23,7 @@ import torch
 
 from moss_tts.contract.sampling_params import SamplingParams
 from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest
-from moss_tts.engine.engine import Launch
+from moss_tts.engine.launch import Launch
 from moss_tts.engine.request import RequestState
 from moss_tts.engine.runner import StepOutput
 from moss_tts.engine.stats import GraphUse

@@ -58,8 +58,7 @@ def run(model, prompts, params, hold_rows: int, post: bool, together: bool):
         sink(event)
 
     engine = Engine(model, EngineConfig(max_running_requests=4, first_chunk_frames=2, chunk_frames=4,
-                                        first_audio_hold_rows=hold_rows), on_event)
-    engine.use_first_audio_gate(gate)
+                                        first_audio_hold_rows=hold_rows), on_event, gate)
     ids = [f"g{i}" for i in range(len(prompts))]
     engine.start()
     try:

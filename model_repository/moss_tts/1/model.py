@@ -81,12 +81,11 @@ class TritonPythonModel:
         if problem:
             raise pb_utils.TritonModelException(problem)
         self.worker = self._vocoder_worker(placement, device, dtype, max_streams, device_id)
-        self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event))
-        if self.worker is not None and engine_config.first_audio_hold_rows:
-            # Light load: a new stream's first vocoder round runs before the engine's next step.
-            gate = FirstAudioGate()
-            self.streams.engine.use_first_audio_gate(gate)
+        # Light load: a new stream's first vocoder round runs before the engine's next step.
+        gate = FirstAudioGate() if self.worker is not None and engine_config.first_audio_hold_rows else None
+        if gate is not None:
             self.worker.on_start_round = gate.round_launched
+        self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event, gate))
         self.streams.start()
         self.key = internal_key.internal_key()
         self.pool = StreamPool(max_streams, name=f"{instance}-stream")

@@ -63,7 +63,7 @@ class EngineConfig:
     # Light load only: with at most this many running rows, a step that ends a new stream's first
     # chunk is completed before the next is launched, and the next waits on the device for the
     # in-process vocoder's round of that chunk, which then runs alone (first_audio_gate.py; needs
-    # Engine.use_first_audio_gate). 0 = never.
+    # the Engine built with a first_audio_gate). 0 = never.
     first_audio_hold_rows: int = 0
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
     cuda_graph_prefill_tokens: int = CUDA_GRAPH_PREFILL_TOKENS  # 0 = no prefill graphs

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -24,15 +23,15 @@ from ..contract.errors import error_text
 from ..model.tts_model import MossTTSLocalModel
 from .config import EngineConfig
 from .events import EngineEvent, Finished, FinishReason
-from .first_audio_gate import FirstAudioGate
+from .first_audio_gate import FirstAudioGate, FirstAudioHold
+from .launch import Launch
 from .request import EngineRequest, RequestState
-from .runner import ModelRunner, StepOutput
+from .runner import ModelRunner
 from .scheduler import Schedule, Scheduler
 from .stats import EngineStats, StatsCounters
 
 log = logging.getLogger(__name__)
 STREAM_PRIORITY = -1  # CUDA: lower is higher (0 is the default); beyond the device's range it maps to its end
-
 EventCallback = Callable[[EngineEvent], None]
 
 
@@ -40,22 +39,10 @@ class EngineClosed(RuntimeError):
     """submit() after shutdown()."""
 
 
-@dataclass(frozen=True)
-class Launch:
-    """A step in flight: its output and the requests (with their slots) whose rows it carries."""
-
-    out: StepOutput
-    prefilled: list[RequestState]  # output rows 0.. in order
-    decoded: list[tuple[RequestState, int]]  # (request, slot): row decode_offset + slot
-    ends_first_chunk: bool = False  # its frames complete some request's first chunk
-
-    @property
-    def states(self) -> list[RequestState]:
-        return list(dict.fromkeys([*self.prefilled, *(s for s, _ in self.decoded)]))
-
-
 class Engine:
-    def __init__(self, model: MossTTSLocalModel, config: EngineConfig, on_event: EventCallback) -> None:
+    def __init__(self, model: MossTTSLocalModel, config: EngineConfig, on_event: EventCallback,
+                 first_audio_gate: Optional[FirstAudioGate] = None) -> None:
+        """first_audio_gate: the in-process vocoder's posts (first_audio_gate.py, first_audio_hold_rows)."""
         self.config = config
         self._model_cfg = model.cfg
         self._runner = ModelRunner(model, config)
@@ -68,12 +55,8 @@ class Engine:
         self._is_stopping = False
         self._in_flight: Optional[Launch] = None  # engine thread only
         self._step_started: Optional[float] = None  # monotonic start of the step now running
-        self._first_audio_gate: Optional[FirstAudioGate] = None
-
-    def use_first_audio_gate(self, gate: FirstAudioGate) -> None:
-        """Before start(): at most config.first_audio_hold_rows running rows, a step that ends a
-        first chunk is followed by the vocoder's round for it before the next step (first_audio_gate.py)."""
-        self._first_audio_gate = gate
+        self._hold = (FirstAudioHold(first_audio_gate, config.first_audio_hold_rows, self._runner.device)
+                      if first_audio_gate is not None and config.first_audio_hold_rows else None)
 
     # ---- caller side (any thread) ----
 
@@ -163,8 +146,7 @@ class Engine:
 
     def _wait_for_work(self) -> bool:
         with self._cond:
-            self._cond.wait_for(lambda: self._is_stopping or self._scheduler.has_work
-                                or self._in_flight is not None)
+            self._cond.wait_for(lambda: self._is_stopping or self._scheduler.has_work or self._in_flight is not None)
             return not self._is_stopping
 
     def _step(self) -> None:
@@ -173,47 +155,22 @@ class Engine:
         for state in plan.cancelled:
             self._emit(Finished(state.request_id, "cancelled", None, state.num_flushed))
         staged = [state for state in plan.admitted if self._stage(state)]
-        waited = applied = held = 0.0
-        previous = self._in_flight
-        if previous is not None and previous.ends_first_chunk and self._holds_for_first_audio(plan):
-            # Light load: complete the step that ends a first chunk before launching the next, and
-            # let the vocoder's round for that chunk run first (first_audio_gate.py).
-            mark = self._first_audio_gate.mark()
-            waited, applied = self._complete_timed(previous)
-            self._in_flight = None
-            held = time.perf_counter()
-            self._await_first_audio_round(mark)
-            held = time.perf_counter() - held
-        launching = time.perf_counter()
+        waited = applied = 0.0
+        previous, hold = self._in_flight, self._hold
+        if previous is not None and previous.ends_first_chunk and hold.applies(len(plan.running)):
+            # Light load: the step ending a first chunk completes, its vocoder round runs, then the next step.
+            mark = hold.gate.mark()
+            (waited, applied), self._in_flight = self._complete(previous), None
+            hold.wait(mark)
+        launched = -time.perf_counter()
         launch = self._launch(staged, plan.running)
-        launched = time.perf_counter() - launching
+        launched += time.perf_counter()
         previous, self._in_flight = self._in_flight, launch
         if previous is not None:
-            wait, apply = self._complete_timed(previous)
+            wait, apply = self._complete(previous)
             waited, applied = waited + wait, applied + apply
         with self._cond:
-            self._counters.record_time(time.perf_counter() - start - waited, waited, launch_s=launched,
-                                       apply_s=applied, hold_s=held)
-
-    def _complete_timed(self, launch: Launch) -> tuple[float, float]:
-        """_complete: (seconds waiting for the device, seconds applying the frames)."""
-        start = time.perf_counter()
-        waited = self._complete(launch)
-        return waited, time.perf_counter() - start - waited
-
-    def _holds_for_first_audio(self, plan: Schedule) -> bool:
-        rows = self.config.first_audio_hold_rows
-        return self._first_audio_gate is not None and 0 < len(plan.running) <= rows
-
-    def _await_first_audio_round(self, mark: int) -> None:
-        """Wait (host) for the vocoder to launch a round that starts a sequence, then order this
-        thread's stream behind it (device): no host sync on the round itself."""
-        posted, event = self._first_audio_gate.wait_round(mark)
-        with self._cond:
-            self._counters.first_audio_holds += 1
-            self._counters.first_audio_hold_timeouts += not posted
-        if event is not None and self._runner.device.type == "cuda":
-            torch.cuda.current_stream().wait_event(event)
+            self._counters.record_time(time.perf_counter() - start - waited, waited, launched, applied, hold)
 
     def _schedule(self) -> Schedule:
         with self._cond:
@@ -253,10 +210,8 @@ class Engine:
             return None
         for state in decoding:
             state.num_issued += 1
-        # Looked at only where the hold applies (a pass over every row costs the host under load).
-        ends_first_chunk = (self._first_audio_gate is not None
-                            and len(staged) + len(decoding) <= self.config.first_audio_hold_rows
-                            and any(state.ends_first_chunk_when_issued for state in (*staged, *decoding)))
+        ends_first_chunk = self._hold is not None and self._hold.ends_first_chunk((*staged, *decoding),
+                                                                                  len(staged) + len(decoding))
         with self._cond:
             self._counters.record_step(len(set(staged) | set(decoding)), out.graph_use)
         # The runner orders the prefill rows its own way (longest prompt first): map them back by slot.
@@ -264,16 +219,16 @@ class Engine:
         return Launch(out, [by_slot[slot] for slot in out.prefill_slots], [(s, s.slot) for s in decoding],
                       ends_first_chunk)
 
-    def _complete(self, launch: Launch) -> float:
+    def _complete(self, launch: Launch) -> tuple[float, float]:
         """Apply a finished step's frames: stop, frame budget, chunk emission. Returns the
-        seconds spent waiting for the device."""
+        seconds spent waiting for the device and the seconds applying the frames."""
         start = time.perf_counter()
         try:
             rows = launch.out.wait()
         except Exception as exc:
             log.exception("step failed on the device")
             self._fail(launch.states, f"decode step failed: {error_text(exc, with_type=True)}")
-            return time.perf_counter() - start
+            return time.perf_counter() - start, 0.0
         waited = time.perf_counter() - start
         # Two conversions to Python lists for the whole step, then per request only a list
         # index: this loop runs for every running request every step, on the GIL. Lists, not
@@ -288,7 +243,7 @@ class Engine:
                       for state, slot in launch.decoded)
         with self._cond:
             self._counters.record_frames(frames)
-        return waited
+        return waited, time.perf_counter() - start - waited
 
     def _apply(self, state: RequestState, emitted: int, codes: list[int]) -> int:
         """One frame of a request (emitted flag, its n_vq codes); returns 1 if a frame was added."""

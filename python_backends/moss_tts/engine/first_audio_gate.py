@@ -21,7 +21,10 @@ that is the first chunk's, and waiting for another one only releases the engine 
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+import time
+from typing import Any, Iterable, Optional
+
+import torch
 
 TIMEOUT_S = 0.004  # a first chunk's round is launched ~1 ms after its emission at light load; a
 # stream that wants no audio from the vocoder (codes only, STREAM=false) costs at most this once
@@ -55,3 +58,31 @@ class FirstAudioGate:
             if not self._cond.wait_for(lambda: self._posted > after, self.timeout_s if timeout_s is None else timeout_s):
                 return False, None
             return True, self._event
+
+
+class FirstAudioHold:
+    """The engine thread's side of the gate: when a step ends a first chunk at light load, and
+    how long the engine then waits. Its counters are read under the engine's lock."""
+
+    def __init__(self, gate: FirstAudioGate, max_rows: int, device: torch.device) -> None:
+        self.gate, self.max_rows, self.is_cuda = gate, max_rows, device.type == "cuda"
+        self.holds = self.timeouts = 0
+        self.seconds = 0.0
+
+    def ends_first_chunk(self, states: Iterable, num_rows: int) -> bool:
+        """A step of `num_rows` rows, just launched, ends some state's first chunk (looked at
+        only at light load: a pass over every row each step costs the host under load)."""
+        return num_rows <= self.max_rows and any(state.ends_first_chunk_when_issued for state in states)
+
+    def applies(self, num_running: int) -> bool:
+        return 0 < num_running <= self.max_rows
+
+    def wait(self, mark: int) -> None:
+        """Wait (host) for a round posted after `mark`, then order the current stream behind its
+        event (device): no host sync on the round itself."""
+        start = time.perf_counter()
+        posted, event = self.gate.wait_round(mark)
+        if event is not None and self.is_cuda:
+            torch.cuda.current_stream().wait_event(event)
+        self.holds, self.timeouts = self.holds + 1, self.timeouts + (not posted)
+        self.seconds += time.perf_counter() - start

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS, Histogram
 from .prefix_cache import PrefixStats
+
+if TYPE_CHECKING:
+    from .first_audio_gate import FirstAudioHold
 
 
 @dataclass(frozen=True)
@@ -93,19 +96,21 @@ class StatsCounters:
     wait_s: float = 0.0
     launch_s: float = 0.0
     apply_s: float = 0.0
-    hold_s: float = 0.0
     first_audio_holds: int = 0
     first_audio_hold_timeouts: int = 0
+    first_audio_hold_s: float = 0.0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
     step_ms: Histogram = field(default_factory=lambda: Histogram(STEP_MS_BUCKETS))
 
     def record_time(self, host_s: float, wait_s: float, launch_s: float = 0.0, apply_s: float = 0.0,
-                    hold_s: float = 0.0) -> None:
+                    hold: Optional[FirstAudioHold] = None) -> None:
         self.host_s += host_s
         self.wait_s += wait_s
         self.launch_s += launch_s
         self.apply_s += apply_s
-        self.hold_s += hold_s
+        if hold is not None:  # the engine thread's own counters, published here
+            self.first_audio_holds, self.first_audio_hold_timeouts = hold.holds, hold.timeouts
+            self.first_audio_hold_s = hold.seconds
         self.step_ms.observe((host_s + wait_s) * 1000)  # one engine loop: host work + wait for the device
 
     def record_step(self, batch_size: int, use: GraphUse) -> None:
@@ -134,4 +139,4 @@ class StatsCounters:
                            step_wait_ms=round(self.wait_s * 1000), step_launch_ms=round(self.launch_s * 1000),
                            step_apply_ms=round(self.apply_s * 1000), first_audio_holds=self.first_audio_holds,
                            first_audio_hold_timeouts=self.first_audio_hold_timeouts,
-                           first_audio_hold_ms=round(self.hold_s * 1000))
+                           first_audio_hold_ms=round(self.first_audio_hold_s * 1000))

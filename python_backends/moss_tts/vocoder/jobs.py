@@ -166,6 +166,12 @@ def pick_round(queues: "dict[Hashable, deque[VocodeJob]]", piece_frames: int, ro
     return picks + urgent[:round_rows]
 
 
+def starts_a_sequence(plan: "dict[Hashable, list[tuple[VocodeJob, int]]]") -> bool:
+    """A launched round's plan decodes some START job's first frames (the engine's first-audio
+    gate waits for such a round)."""
+    return any(spans[0][0].start and spans[0][0].launched == spans[0][1] for spans in plan.values())
+
+
 def hold_until(picks: list[list[tuple[VocodeJob, int]]], queues: "dict[Hashable, deque[VocodeJob]]",
                now: float, min_frames: int, slack_s: float) -> Optional[float]:
     """When a round of `picks` is worth launching: None = now, else the time.monotonic() to

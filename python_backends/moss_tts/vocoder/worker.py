@@ -33,7 +33,7 @@ import torch
 from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
 from ..contract.metrics import BATCH_SIZE_BUCKETS, Histogram
 from .config import NoFreeSlot
-from .jobs import Round, VocodeJob, hold_until, pick_round
+from .jobs import Round, VocodeJob, hold_until, pick_round, starts_a_sequence
 from .sessions import VocoderSessions
 from .stats import WorkerStats
 
@@ -68,8 +68,7 @@ class VocoderWorker:
         device = sessions.config.torch_device
         # Made here, not on the worker thread: the engine may be capturing its graphs by then.
         self._stream = torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None
-        # Called on this thread after each round that starts a sequence, with a CUDA event
-        # recorded behind the round (None on CPU): the engine's FirstAudioGate.round_launched.
+        # After a round that starts a sequence: FirstAudioGate.round_launched(an event behind it, None on CPU).
         self.on_start_round: Optional[Callable[[Optional[torch.cuda.Event]], None]] = None
         self._thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)
         self._thread.start()
@@ -110,8 +109,7 @@ class VocoderWorker:
                                s.sessions_failed, s.graph_calls, s.decode_calls)
 
     def stalled_seconds(self) -> float:
-        started = self._round_started
-        return 0.0 if started is None else max(0.0, time.monotonic() - started)
+        return 0.0 if (started := self._round_started) is None else max(0.0, time.monotonic() - started)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Finish the round in progress, fail every queued job (UNAVAILABLE), end the thread."""
@@ -171,8 +169,7 @@ class VocoderWorker:
         except Exception as exc:  # a defect here: fail the round, keep serving
             log.exception("vocoder round failed")
             heads = [spans[0][0] for spans in work] if isinstance(work, list) else work.heads
-            failure = ChildError(f"vocoder round failed: {error_text(exc, with_type=True)}", ErrorKind.INTERNAL)
-            self._fail(heads, failure)
+            self._fail(heads, ChildError(f"vocoder round failed: {error_text(exc, True)}", ErrorKind.INTERNAL))
             return None
         finally:
             self._round_started = None
@@ -226,15 +223,10 @@ class VocoderWorker:
                        ChildError(f"vocoder decode failed: {error_text(exc)}; the stream was ended", kind))
             return None
         now = time.monotonic()
-        for job, take in (span for spans in plan.values() for span in spans):
+        for job, take in (span for spans in plan.values() for span in spans):  # frames handed to the GPU
             job.launched, job.launched_at = job.launched + take, job.launched_at or now
-        if self.on_start_round is not None and any(spans[0][0].start and spans[0][0].launched == spans[0][1]
-                                                   for spans in plan.values()):  # a START's first frames
-            event = None
-            if self._stream is not None:
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            self.on_start_round(event)
+        if self.on_start_round is not None and starts_a_sequence(plan):
+            self.on_start_round(None if self._stream is None else self._stream.record_event())
         return Round(plan, pending)
 
     def _land(self, round_: "Round") -> None:
