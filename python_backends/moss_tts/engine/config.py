@@ -35,6 +35,12 @@ def _require_positive(name: str, value) -> None:
         raise EngineConfigError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
 
 
+def _require_non_negative(name: str, value, zero_means: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        meaning = f" (0 = {zero_means})" if zero_means else ""
+        raise EngineConfigError(f"EngineConfig.{name} must be an integer >= 0{meaning}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_running_requests: int = MAX_RUNNING_REQUESTS
@@ -83,18 +89,9 @@ class EngineConfig:
         for name in ("max_running_requests", "max_queue", "max_seq_len", "first_chunk_frames",
                      "chunk_frames", "prefill_chunk_tokens", "cuda_graph_max_batch", "min_kv_bucket"):
             _require_positive(name, getattr(self, name))
-        if isinstance(self.cuda_graph_prefill_tokens, bool) or not isinstance(self.cuda_graph_prefill_tokens, int) \
-                or self.cuda_graph_prefill_tokens < 0:
-            raise EngineConfigError(f"EngineConfig.cuda_graph_prefill_tokens must be an integer >= 0, "
-                                    f"got {self.cuda_graph_prefill_tokens!r}")
-        if isinstance(self.first_audio_hold_rows, bool) or not isinstance(self.first_audio_hold_rows, int) \
-                or self.first_audio_hold_rows < 0:
-            raise EngineConfigError(f"EngineConfig.first_audio_hold_rows must be an integer >= 0 (0 = never), "
-                                    f"got {self.first_audio_hold_rows!r}")
-        if isinstance(self.prefix_cache_rows, bool) or not isinstance(self.prefix_cache_rows, int) \
-                or self.prefix_cache_rows < 0:
-            raise EngineConfigError(f"EngineConfig.prefix_cache_rows must be an integer >= 0 (0 = no "
-                                    f"prefix reuse), got {self.prefix_cache_rows!r}")
+        _require_non_negative("cuda_graph_prefill_tokens", self.cuda_graph_prefill_tokens)
+        _require_non_negative("first_audio_hold_rows", self.first_audio_hold_rows, "never")
+        _require_non_negative("prefix_cache_rows", self.prefix_cache_rows, "no prefix reuse")
         _require_positive("prefix_block_rows", self.prefix_block_rows)
         if 0 < self.prefix_cache_rows < self.prefix_block_rows:
             raise EngineConfigError(f"EngineConfig.prefix_cache_rows ({self.prefix_cache_rows}) must be 0 "
