@@ -50,13 +50,13 @@ class Engine:
         self._on_event = on_event
         # Guards the scheduler (its slot and prefix bookkeeping too), the counters and the stop flag.
         self._cond = threading.Condition()
-        self._counters = StatsCounters()
+        self._hold = (FirstAudioHold(first_audio_gate, config.first_audio_hold_rows, self._runner.device)
+                      if first_audio_gate is not None and config.first_audio_hold_rows else None)
+        self._counters = StatsCounters(hold=self._hold)
         self._thread: Optional[threading.Thread] = None
         self._is_stopping = False
         self._in_flight: Optional[Launch] = None  # engine thread only
         self._step_started: Optional[float] = None  # monotonic start of the step now running
-        self._hold = (FirstAudioHold(first_audio_gate, config.first_audio_hold_rows, self._runner.device)
-                      if first_audio_gate is not None and config.first_audio_hold_rows else None)
 
     # ---- caller side (any thread) ----
 
@@ -170,7 +170,7 @@ class Engine:
             wait, apply = self._complete(previous)
             waited, applied = waited + wait, applied + apply
         with self._cond:
-            self._counters.record_time(time.perf_counter() - start - waited, waited, launched, applied, hold)
+            self._counters.record_time(time.perf_counter() - start - waited, waited, launched, applied)
 
     def _schedule(self) -> Schedule:
         with self._cond:
@@ -210,8 +210,7 @@ class Engine:
             return None
         for state in decoding:
             state.num_issued += 1
-        ends_first_chunk = self._hold is not None and self._hold.ends_first_chunk((*staged, *decoding),
-                                                                                  len(staged) + len(decoding))
+        ends_first_chunk = self._hold is not None and self._hold.ends_first_chunk((*staged, *decoding))
         with self._cond:
             self._counters.record_step(len(set(staged) | set(decoding)), out.graph_use)
         # The runner orders the prefill rows its own way (longest prompt first): map them back by slot.

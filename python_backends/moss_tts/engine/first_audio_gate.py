@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -62,17 +62,17 @@ class FirstAudioGate:
 
 class FirstAudioHold:
     """The engine thread's side of the gate: when a step ends a first chunk at light load, and
-    how long the engine then waits. Its counters are read under the engine's lock."""
+    how long the engine then waits. Its counters are the engine's stats (StatsCounters.hold)."""
 
     def __init__(self, gate: FirstAudioGate, max_rows: int, device: torch.device) -> None:
         self.gate, self.max_rows, self.is_cuda = gate, max_rows, device.type == "cuda"
         self.holds = self.timeouts = 0
         self.seconds = 0.0
 
-    def ends_first_chunk(self, states: Iterable, num_rows: int) -> bool:
-        """A step of `num_rows` rows, just launched, ends some state's first chunk (looked at
-        only at light load: a pass over every row each step costs the host under load)."""
-        return num_rows <= self.max_rows and any(state.ends_first_chunk_when_issued for state in states)
+    def ends_first_chunk(self, states: Sequence) -> bool:
+        """A step of these rows, just launched, ends some state's first chunk (looked at only at
+        light load: a pass over every row each step costs the host under load)."""
+        return len(states) <= self.max_rows and any(state.ends_first_chunk_when_issued for state in states)
 
     def applies(self, num_running: int) -> bool:
         return 0 < num_running <= self.max_rows

@@ -96,21 +96,15 @@ class StatsCounters:
     wait_s: float = 0.0
     launch_s: float = 0.0
     apply_s: float = 0.0
-    first_audio_holds: int = 0
-    first_audio_hold_timeouts: int = 0
-    first_audio_hold_s: float = 0.0
+    hold: Optional[FirstAudioHold] = None  # counts its own holds (engine thread), read at snapshot
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
     step_ms: Histogram = field(default_factory=lambda: Histogram(STEP_MS_BUCKETS))
 
-    def record_time(self, host_s: float, wait_s: float, launch_s: float = 0.0, apply_s: float = 0.0,
-                    hold: Optional[FirstAudioHold] = None) -> None:
+    def record_time(self, host_s: float, wait_s: float, launch_s: float = 0.0, apply_s: float = 0.0) -> None:
         self.host_s += host_s
         self.wait_s += wait_s
         self.launch_s += launch_s
         self.apply_s += apply_s
-        if hold is not None:  # the engine thread's own counters, published here
-            self.first_audio_holds, self.first_audio_hold_timeouts = hold.holds, hold.timeouts
-            self.first_audio_hold_s = hold.seconds
         self.step_ms.observe((host_s + wait_s) * 1000)  # one engine loop: host work + wait for the device
 
     def record_step(self, batch_size: int, use: GraphUse) -> None:
@@ -129,7 +123,7 @@ class StatsCounters:
 
     def snapshot(self, running: int, waiting: int, free_slots: int,
                  prefix: Optional[PrefixStats] = None) -> EngineStats:
-        p = prefix or PrefixStats(0, 0, 0, 0, 0, 0, 0)
+        p, h = prefix or PrefixStats(0, 0, 0, 0, 0, 0, 0), self.hold
         return EngineStats(self.requests_admitted, self.requests_finished, self.requests_cancelled,
                            self.requests_failed, self.steps, self.max_batch_size_seen,
                            self.frames_generated, running, waiting, free_slots, **self.graphs.stats(),
@@ -137,6 +131,7 @@ class StatsCounters:
                            prefix_blocks_stored=p.blocks_stored, prefix_blocks_evicted=p.blocks_evicted,
                            prefix_pool_blocks_used=p.pool_blocks_used, step_host_ms=round(self.host_s * 1000),
                            step_wait_ms=round(self.wait_s * 1000), step_launch_ms=round(self.launch_s * 1000),
-                           step_apply_ms=round(self.apply_s * 1000), first_audio_holds=self.first_audio_holds,
-                           first_audio_hold_timeouts=self.first_audio_hold_timeouts,
-                           first_audio_hold_ms=round(self.first_audio_hold_s * 1000))
+                           step_apply_ms=round(self.apply_s * 1000),
+                           first_audio_holds=h.holds if h else 0,
+                           first_audio_hold_timeouts=h.timeouts if h else 0,
+                           first_audio_hold_ms=round(h.seconds * 1000) if h else 0)
