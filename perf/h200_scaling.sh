@@ -181,21 +181,25 @@ record_stub() {
   done
 }
 
+# One perf/bench_triton.py run against the server now up: bench_triton OUT.json ARGS...
+bench_triton() {
+  local out=$1; shift
+  PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --frames "${FRAMES:-112}" --warmup 2 \
+    --timeout 120 "$@" --out "$out" 2>&1 | tee -a "$R/scaling.log"
+}
+
 # REPEAT runs of the bench levels against the server now up (the spread of runs):
 # bench_runs NAME LEVELS MODE writes bench_NAME_K.json.
 bench_runs() {
+  local levels=(--concurrency "$2" --mode "$3" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}")
   for k in $(seq "${REPEAT:-1}"); do
     log "$1: bench run $k"
-    PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "$2" \
-      --mode "$3" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
-      --warmup 2 --timeout 120 ${BENCH_ARGS:-} --out "$R/bench_$1_$k.json" 2>&1 | tee -a "$R/scaling.log"
+    bench_triton "$R/bench_$1_$k.json" "${levels[@]}" ${BENCH_ARGS:-}
     # VARIANT_ARGS: each run followed by one with these bench_triton arguments instead of
     # BENCH_ARGS (bench_NAME_v_K.json): an A/B of the client's method on one server.
     if [ -n "${VARIANT_ARGS:-}" ]; then
       log "$1: bench run $k, variant: $VARIANT_ARGS"
-      PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency "$2" \
-        --mode "$3" --frames "${FRAMES:-112}" --requests "${REQUESTS:-2}" --processes "${PROCESSES:-8}" \
-        --warmup 2 --timeout 120 $VARIANT_ARGS --out "$R/bench_$1_v_$k.json" 2>&1 | tee -a "$R/scaling.log"
+      bench_triton "$R/bench_$1_v_$k.json" "${levels[@]}" $VARIANT_ARGS
     fi
   done
 }
@@ -239,9 +243,7 @@ layout() {
     # concurrency 1 from more than the levels' 2 requests.
     if [ -n "${C1_REQUESTS:-}" ]; then
       log "$n: one stream, $C1_REQUESTS requests"
-      PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --concurrency 1 --mode stream \
-        --frames "${FRAMES:-112}" --requests "$C1_REQUESTS" --processes 1 --warmup 2 --timeout 120 \
-        --out "$R/bench_${n}_c1.json" 2>&1 | tee -a "$R/scaling.log"
+      bench_triton "$R/bench_${n}_c1.json" --concurrency 1 --mode stream --requests "$C1_REQUESTS" --processes 1
     fi
     kill "$smi" "$sampler" 2>/dev/null
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
