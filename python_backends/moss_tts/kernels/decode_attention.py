@@ -23,6 +23,7 @@ from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16, so a KV head's query heads are padded to this
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked (interpreter)
+COMBINE_WARPS = 4  # the split combine's launch (not in DecodeConfig: the sweep left it as it was)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, 
     if num_splits > 1:
         _combine_kernel[(num_slots, heads)](
             part_acc, part_max, part_sum, out, *out.stride(), heads, num_splits,
-            HEAD_DIM=head_dim, BLOCK_SPLITS=triton.next_power_of_2(num_splits), num_warps=4)
+            HEAD_DIM=head_dim, BLOCK_SPLITS=triton.next_power_of_2(num_splits), num_warps=COMBINE_WARPS)
     return out
 
 
