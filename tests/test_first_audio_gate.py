@@ -5,7 +5,6 @@ vocoder's post (or its timeout), and still equals the reference loop frame for f
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -52,7 +51,7 @@ def run(model, prompts, params, hold_rows: int, post: bool, together: bool):
 
     def on_event(event):
         if isinstance(event, CodesChunk) and event.frame_offset == 0:
-            first_chunks.append(time.monotonic())
+            first_chunks.append(gate.wanted)  # engine thread: what the vocoder would see now
             if post:
                 threading.Timer(POST_DELAY_S, gate.round_launched, args=(None,)).start()
         sink(event)
@@ -69,22 +68,23 @@ def run(model, prompts, params, hold_rows: int, post: bool, together: bool):
         sink.wait_finished(ids)
     finally:
         engine.shutdown(TIMEOUT_S)
-    return sink, ids, engine.stats()
+    return sink, ids, engine.stats(), first_chunks
 
 
 def test_light_load_holds_for_each_first_round_and_changes_no_frame(tiny_model, requests):
     prompts, params = requests
-    sink, ids, stats = run(tiny_model, prompts, params, hold_rows=4, post=True, together=False)
+    sink, ids, stats, wanted = run(tiny_model, prompts, params, hold_rows=4, post=True, together=False)
     for rid, ref in zip(ids, generate(tiny_model, prompts, params)):
         assert_matches_reference(sink, rid, ref)
     assert stats.first_audio_holds == 3 and stats.first_audio_hold_timeouts == 0, stats
+    assert wanted == [True] * 3  # the vocoder posts its rounds while a hold may wait for them
     # Each hold waited for the stand-in's post, not for less (a lower bound: the wait is deliberate).
     assert stats.first_audio_hold_ms >= 3 * POST_DELAY_S * 1000 * 0.9, stats
 
 
 def test_without_a_post_each_hold_ends_at_the_timeout(tiny_model, requests):
     prompts, params = requests
-    sink, ids, stats = run(tiny_model, prompts, params, hold_rows=4, post=False, together=False)
+    sink, ids, stats, _ = run(tiny_model, prompts, params, hold_rows=4, post=False, together=False)
     for rid, ref in zip(ids, generate(tiny_model, prompts, params)):
         assert_matches_reference(sink, rid, ref)
     assert stats.first_audio_holds == stats.first_audio_hold_timeouts == 3, stats
@@ -92,7 +92,8 @@ def test_without_a_post_each_hold_ends_at_the_timeout(tiny_model, requests):
 
 def test_above_the_hold_rows_the_gate_is_never_consulted(tiny_model, requests):
     prompts, params = requests
-    sink, ids, stats = run(tiny_model, prompts, params, hold_rows=2, post=True, together=True)
+    sink, ids, stats, wanted = run(tiny_model, prompts, params, hold_rows=2, post=True, together=True)
     for rid, ref in zip(ids, generate(tiny_model, prompts, params)):
         assert_matches_reference(sink, rid, ref)
     assert stats.first_audio_holds == 0, stats  # 3 rows ran together from the first step
+    assert wanted == [False] * 3  # under load the vocoder records no event for the gate

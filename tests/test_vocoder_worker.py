@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -458,8 +459,8 @@ def test_each_round_that_starts_a_sequence_is_posted_once(codec, streams):
     """The engine's first-audio gate hears of every round carrying a START's first frames, and of
     no other round (None: no CUDA event on the CPU)."""
     worker = make(codec)
-    posted = SharedList()  # on_start_round runs on the worker thread
-    worker.on_start_round = posted.append
+    posted = SharedList()  # round_launched runs on the worker thread
+    worker.first_audio_gate = SimpleNamespace(wanted=True, round_launched=posted.append)
     try:
         first = [worker.submit(seq, streams[seq, :2], start=True, end=False) for seq in range(2)]
         for job in first:
@@ -471,5 +472,19 @@ def test_each_round_that_starts_a_sequence_is_posted_once(codec, streams):
             worker.submit(seq, streams[seq, 2:6], start=False, end=False).result(TIMEOUT_S)
             worker.submit(seq, np.zeros((0, 12), np.int64), start=False, end=True).result(TIMEOUT_S)
         assert len(posted.snapshot()) == before
+    finally:
+        worker.stop()
+
+
+
+def test_no_round_is_posted_while_the_gate_is_not_wanted(codec, streams):
+    """Under load the engine never holds: the worker then records no event and posts nothing."""
+    worker = make(codec)
+    posted = SharedList()
+    worker.first_audio_gate = SimpleNamespace(wanted=False, round_launched=posted.append)
+    try:
+        worker.submit(0, streams[0, :2], start=True, end=False).result(TIMEOUT_S)
+        worker.submit(0, np.zeros((0, 12), np.int64), start=False, end=True).result(TIMEOUT_S)
+        assert posted.snapshot() == []
     finally:
         worker.stop()

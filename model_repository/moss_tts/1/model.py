@@ -84,7 +84,7 @@ class TritonPythonModel:
         # Light load: a new stream's first vocoder round runs before the engine's next step.
         gate = FirstAudioGate() if self.worker is not None and engine_config.first_audio_hold_rows else None
         if gate is not None:
-            self.worker.on_start_round = gate.round_launched
+            self.worker.first_audio_gate = gate
         self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event, gate))
         self.streams.start()
         self.key = internal_key.internal_key()

@@ -157,7 +157,7 @@ class Engine:
         staged = [state for state in plan.admitted if self._stage(state)]
         waited = applied = 0.0
         previous, hold = self._in_flight, self._hold
-        if previous is not None and previous.ends_first_chunk and hold.applies(len(plan.running)):
+        if hold is not None and hold.applies(len(plan.running)) and previous is not None and previous.ends_first_chunk:
             # Light load: the step ending a first chunk completes, its vocoder round runs, then the next step.
             mark = hold.gate.mark()
             (waited, applied), self._in_flight = self._complete(previous), None

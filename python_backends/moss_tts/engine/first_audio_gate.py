@@ -33,6 +33,9 @@ TIMEOUT_S = 0.004  # a first chunk's round is launched ~1 ms after its emission 
 class FirstAudioGate:
     def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
+        # Set by the engine at each step: it runs few enough rows to hold. Under load nothing
+        # waits, so the vocoder records no event (each is a torch call: a GIL hand-off).
+        self.wanted = True
         self._cond = threading.Condition()
         self._posted = 0
         self._event: Any = None  # the last posted round's CUDA event (None on CPU)
@@ -75,7 +78,10 @@ class FirstAudioHold:
         return len(states) <= self.max_rows and any(state.ends_first_chunk_when_issued for state in states)
 
     def applies(self, num_running: int) -> bool:
-        return 0 < num_running <= self.max_rows
+        applies = 0 < num_running <= self.max_rows
+        if self.gate.wanted != applies:
+            self.gate.wanted = applies
+        return applies
 
     def wait(self, mark: int) -> None:
         """Wait (host) for a round posted after `mark`, then order the current stream behind its

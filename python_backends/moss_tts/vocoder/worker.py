@@ -68,8 +68,8 @@ class VocoderWorker:
         device = sessions.config.torch_device
         # Made here, not on the worker thread: the engine may be capturing its graphs by then.
         self._stream = torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None
-        # After a round that starts a sequence: FirstAudioGate.round_launched(an event behind it, None on CPU).
-        self.on_start_round: Optional[Callable[[Optional[torch.cuda.Event]], None]] = None
+        # The engine's FirstAudioGate: while it is `wanted`, each round that starts a sequence is posted.
+        self.first_audio_gate = None
         self._thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)
         self._thread.start()
 
@@ -225,8 +225,8 @@ class VocoderWorker:
         now = time.monotonic()
         for job, take in (span for spans in plan.values() for span in spans):  # frames handed to the GPU
             job.launched, job.launched_at = job.launched + take, job.launched_at or now
-        if self.on_start_round is not None and starts_a_sequence(plan):
-            self.on_start_round(None if self._stream is None else self._stream.record_event())
+        if (gate := self.first_audio_gate) is not None and gate.wanted and starts_a_sequence(plan):
+            gate.round_launched(None if self._stream is None else self._stream.record_event())  # None on CPU
         return Round(plan, pending)
 
     def _land(self, round_: "Round") -> None:
