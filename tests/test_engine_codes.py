@@ -42,8 +42,9 @@ def frames_of(chunks):
     return sum(c.codes.shape[0] for c in chunks if c is not None)
 
 
-def test_chunks_arrive_in_order_and_end(streams, builder):
-    s = streams()
+@pytest.mark.parametrize("host_turn_ms", [0, 20])
+def test_chunks_arrive_in_order_and_end(streams, builder, host_turn_ms):
+    s = streams(host_turn_ms=host_turn_ms)  # 20: each event waits for the engine's turn (host_turn.py)
     codes = EngineCodes(s, builder, synthesis("a", MAX_FRAMES=7, IGNORE_STOP=True, FIRST_CHUNK_FRAMES=2,
                                                 CHUNK_FRAMES=3), lambda: None)
     chunks = [c for c in codes.chunks() if c is not None]

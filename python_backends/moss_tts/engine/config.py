@@ -71,6 +71,10 @@ class EngineConfig:
     # in-process vocoder's round of that chunk, which then runs alone (first_audio_gate.py; needs
     # the Engine built with a first_audio_gate). 0 = never.
     first_audio_hold_rows: int = 0
+    # The engine's host phase (applying a step, launching the next) goes first: its events are
+    # delivered when it waits for the device, and a stream thread about to work waits while the
+    # engine holds its turn, at most this many ms (host_turn.py). 0 = events at once, no waits.
+    host_turn_ms: int = 0
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
     cuda_graph_prefill_tokens: int = CUDA_GRAPH_PREFILL_TOKENS  # 0 = no prefill graphs
     min_kv_bucket: int = MIN_KV_BUCKET
@@ -91,6 +95,7 @@ class EngineConfig:
             _require_positive(name, getattr(self, name))
         _require_non_negative("cuda_graph_prefill_tokens", self.cuda_graph_prefill_tokens)
         _require_non_negative("first_audio_hold_rows", self.first_audio_hold_rows, "never")
+        _require_non_negative("host_turn_ms", self.host_turn_ms, "off")
         _require_non_negative("prefix_cache_rows", self.prefix_cache_rows, "no prefix reuse")
         _require_positive("prefix_block_rows", self.prefix_block_rows)
         if 0 < self.prefix_cache_rows < self.prefix_block_rows:

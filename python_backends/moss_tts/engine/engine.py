@@ -24,6 +24,7 @@ from ..model.tts_model import MossTTSLocalModel
 from .config import EngineConfig
 from .events import EngineEvent, Finished, FinishReason
 from .first_audio_gate import FirstAudioGate, FirstAudioHold
+from .host_turn import HostTurn
 from .launch import Launch
 from .request import EngineRequest, RequestState
 from .runner import ModelRunner
@@ -47,12 +48,13 @@ class Engine:
         self._model_cfg = model.cfg
         self._runner = ModelRunner(model, config)
         self._scheduler = Scheduler(config)
-        self._on_event = on_event
         # Guards the scheduler (its slot and prefix bookkeeping too), the counters and the stop flag.
         self._cond = threading.Condition()
         self._hold = (FirstAudioHold(first_audio_gate, config.first_audio_hold_rows, self._runner.device)
                       if first_audio_gate is not None and config.first_audio_hold_rows else None)
         self._counters = StatsCounters(hold=self._hold)
+        self.host_turn: HostTurn[EngineEvent] = HostTurn(on_event, config.host_turn_ms / 1000)  # host_turn.py
+        self._emit = self.host_turn.post  # engine thread only (and _cancel_all when it never started)
         self._thread: Optional[threading.Thread] = None
         self._is_stopping = False
         self._in_flight: Optional[Launch] = None  # engine thread only
@@ -132,21 +134,30 @@ class Engine:
             # the SMs they leave idle, but never delays a step behind its long GEMMs.
             torch.cuda.set_stream(torch.cuda.Stream(self._runner.device, priority=STREAM_PRIORITY))
         while self._wait_for_work():
+            self.host_turn.take()
             self._step_started = time.monotonic()
             try:
                 self._step()
             except Exception as exc:  # a bug outside the runner: fail what runs, keep serving
                 log.exception("engine step failed")
                 self._in_flight = None
-                self._fail(self._unfinished_running(), f"engine step failed: {error_text(exc, with_type=True)}")
+                with self._cond:
+                    running = list(self._scheduler.running)
+                self._fail(running, f"engine step failed: {error_text(exc, with_type=True)}")
             finally:
                 self._step_started = None
         self._in_flight = None  # its requests are cancelled below; nobody reads its rows
         self._cancel_all("engine shut down")
 
     def _wait_for_work(self) -> bool:
+        def is_due() -> bool:
+            return self._is_stopping or self._scheduler.has_work or self._in_flight is not None
         with self._cond:
-            self._cond.wait_for(lambda: self._is_stopping or self._scheduler.has_work or self._in_flight is not None)
+            if is_due():
+                return not self._is_stopping
+        self.host_turn.give()  # going idle: deliver what the engine holds (never under its lock)
+        with self._cond:
+            self._cond.wait_for(is_due)
             return not self._is_stopping
 
     def _step(self) -> None:
@@ -161,7 +172,8 @@ class Engine:
             # Light load: the step ending a first chunk completes, its vocoder round runs, then the next step.
             mark = hold.gate.mark()
             (waited, applied), self._in_flight = self._complete(previous), None
-            hold.wait(mark)
+            with self.host_turn.given():
+                hold.wait(mark)
         launched = -time.perf_counter()
         launch = self._launch(staged, plan.running)
         launched += time.perf_counter()
@@ -223,18 +235,16 @@ class Engine:
         seconds spent waiting for the device and the seconds applying the frames."""
         start = time.perf_counter()
         try:
-            rows = launch.out.wait()
+            with self.host_turn.given():  # the stream threads run while the device works
+                rows = launch.out.wait()
         except Exception as exc:
             log.exception("step failed on the device")
             self._fail(launch.states, f"decode step failed: {error_text(exc, with_type=True)}")
             return time.perf_counter() - start, 0.0
         waited = time.perf_counter() - start
-        # Two conversions to Python lists for the whole step, then per request only a list
-        # index: this loop runs for every running request every step, on the GIL. Lists, not
-        # numpy rows: a chunk built from numpy rows (np.array of a list of arrays) copies row by
-        # row and numpy gives the GIL up for each copy, so under load the engine thread waited
-        # for the GIL once per frame delivered (half of its time in the soak's py-spy record,
-        # issue 34); built from lists of ints it never gives the GIL up.
+        # Two conversions to Python lists for the whole step, then per request only a list index.
+        # Not numpy rows: numpy gives the GIL up per row copied, once per frame delivered (half the
+        # engine thread's time in the soak's py-spy record, issue 34); lists of ints never do.
         emitted, codes = rows[:, 0].tolist(), rows[:, 1:].tolist()
         frames = sum(self._apply(state, emitted[i], codes[i]) for i, state in enumerate(launch.prefilled))
         offset = launch.out.decode_offset
@@ -282,18 +292,9 @@ class Engine:
             if not state.is_finished:
                 self._end(state, "error", error)
 
-    def _unfinished_running(self) -> list[RequestState]:
-        with self._cond:
-            return list(self._scheduler.running)
-
     def _cancel_all(self, error: str) -> None:
         with self._cond:
             states = self._scheduler.live()
         for state in states:
             self._end(state, "cancelled", error)
-
-    def _emit(self, event: EngineEvent) -> None:
-        try:
-            self._on_event(event)
-        except Exception:  # a broken consumer must not stop the engine for everyone else
-            log.exception("on_event raised for request %s", event.request_id)
+        self.host_turn.give()

@@ -66,6 +66,8 @@ class EngineCodes:
                 yield CodesChunk(NO_CODES, reference)  # the context the audio continues from
             while True:
                 event = feed.next(self.wait_s)
+                if event is not None:  # the stream's work for it (a vocoder call, sends) waits its turn
+                    self.streams.give_way()
                 if event is None or event is AUDIO_READY:
                     yield event
                 elif isinstance(event, Finished):
@@ -80,6 +82,7 @@ class EngineCodes:
     def _submit(self, reference: Optional[np.ndarray]):
         ref = None if reference is None else torch.from_numpy(reference.astype(np.int64))
         s = self.synthesis
+        self.streams.give_way()  # tokenizing holds the GIL (Rust) for a while
         try:
             rows = self.builder.build(s.prompt_spec(ref))
             params = s.params_for(rows.shape[0], self.streams.max_seq_len)

@@ -79,6 +79,10 @@ class EngineStreams:
     def abort(self, request_id: str) -> bool:
         return self.engine.abort(request_id)
 
+    def give_way(self) -> None:
+        """A stream thread about to work: wait while the engine's host phase runs (host_turn.py)."""
+        self.engine.host_turn.give_way()
+
     @property
     def max_seq_len(self) -> int:
         """KV rows per request: prompt rows + frames must fit."""

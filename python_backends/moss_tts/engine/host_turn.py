@@ -1,0 +1,84 @@
+"""HostTurn: the engine thread's host phase goes first; the stream threads wait their turn.
+
+In the `moss_tts` stub the engine thread shares one GIL with the vocoder thread and up to ~300
+stream threads. Each torch call of a step's launch gives the GIL up, and winning it back goes
+round every thread that wants it: under the H200 soak the engine's host time was 18 ms a step
+(launch 8.4, apply 8.0) against 5.5 ms of device wait, the GPU half idle (issue 34, round 9's
+py-spy record: stream threads held the GIL 48% of the time, the engine 28%). So, with
+`EngineConfig.host_turn_ms` > 0:
+- the engine's events (code chunks, Finished) are held while it applies a step and launches
+  the next, and delivered together just before it waits for the device (`give`), so the stream
+  threads they wake run while the engine sleeps instead of preempting it;
+- a stream thread about to do its work (a chunk, audio to send, a prompt to tokenize) first
+  waits while the engine holds its turn (`give_way`), at most `max_wait_s`, so that a host phase
+  that never ends (a CPU-bound engine) delays the streams by at most that, never starves them.
+With 0 every event is delivered at once and `give_way` returns at once (the behaviour before).
+The vocoder thread and Triton's own threads never wait here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import contextmanager
+from typing import Callable, Generic, Iterator, TypeVar
+
+log = logging.getLogger(__name__)
+E = TypeVar("E")
+
+
+class HostTurn(Generic[E]):
+    def __init__(self, on_event: Callable[[E], None], max_wait_s: float) -> None:
+        self.max_wait_s = max_wait_s
+        self.is_on = max_wait_s > 0
+        self._on_event = on_event
+        self._held: list[E] = []  # engine thread only
+        self._given = threading.Event()  # set while the engine is not in its host phase
+        self._given.set()
+
+    # ---- engine thread ----
+
+    def post(self, event: E) -> None:
+        """An event for the streams: delivered now, or at the next `give` while the turn is on."""
+        if self.is_on:
+            self._held.append(event)
+        else:
+            self._deliver(event)
+
+    def take(self) -> None:
+        """The engine's host phase begins (its device wait ended)."""
+        if self.is_on:
+            self._given.clear()
+
+    def give(self) -> None:
+        """The engine is about to wait (for the device, a vocoder post, new work): deliver what it
+        held, in order, and let the stream threads run."""
+        if not self.is_on:
+            return
+        # Open first: a stream thread woken by its event then finds the turn free at once.
+        self._given.set()
+        held, self._held = self._held, []
+        for event in held:
+            self._deliver(event)
+
+    @contextmanager
+    def given(self) -> Iterator[None]:
+        """Around one of the engine's waits: given before it, taken back after."""
+        self.give()
+        try:
+            yield
+        finally:
+            self.take()
+
+    # ---- stream threads ----
+
+    def give_way(self) -> None:
+        """Wait while the engine is in its host phase, at most max_wait_s."""
+        if not self._given.is_set():  # a plain attribute read: no lock while the turn is free
+            self._given.wait(self.max_wait_s)
+
+    def _deliver(self, event: E) -> None:
+        try:
+            self._on_event(event)
+        except Exception:  # a broken consumer must not stop the engine for everyone else
+            log.exception("on_event raised for request %s", getattr(event, "request_id", "?"))

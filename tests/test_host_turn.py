@@ -1,0 +1,164 @@
+"""The engine's host turn (engine/host_turn.py, EngineConfig.host_turn_ms): events held through
+the engine's host phase and delivered, in order, when it waits; stream threads that give way wait
+for that, or for at most the turn's bound; an engine on the tiny model with the turn on still
+equals the reference loop frame for frame, delivers every event only while its turn is given, and
+ends every request with one Finished, at shutdown too."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from moss_tts.contract.sampling_params import SamplingParams
+from moss_tts.engine import Engine, EngineConfig, EngineConfigError, EngineRequest
+from moss_tts.engine.host_turn import HostTurn
+from moss_tts.model.generation import generate
+
+from engine_events import TIMEOUT_S, Collector, assert_matches_reference
+
+
+class Sink:
+    """on_event for the unit tests: events under a lock (the engine side and the test may differ)."""
+
+    def __init__(self, fail_on=()) -> None:
+        self._lock = threading.Lock()
+        self._events: list = []
+        self.fail_on = fail_on
+
+    def __call__(self, event) -> None:
+        with self._lock:
+            self._events.append(event)
+        if event in self.fail_on:
+            raise RuntimeError(f"consumer broke on {event}")
+
+    def events(self) -> list:
+        with self._lock:
+            return list(self._events)
+
+
+def timed_give_way(turn: HostTurn) -> float:
+    start = time.monotonic()
+    turn.give_way()
+    return time.monotonic() - start
+
+
+def test_off_delivers_at_once_and_never_waits():
+    sink = Sink()
+    turn = HostTurn(sink, 0.0)
+    turn.take()
+    turn.post("a")
+    assert sink.events() == ["a"]
+    assert timed_give_way(turn) < 0.05  # off: no wait even while the engine "holds" its turn
+    turn.give()
+    assert sink.events() == ["a"]
+
+
+def test_on_holds_events_until_given_then_delivers_them_in_order():
+    sink = Sink(fail_on=("b",))  # a consumer that raises does not stop the rest
+    turn = HostTurn(sink, 1.0)
+    turn.take()
+    for event in "abc":
+        turn.post(event)
+    assert sink.events() == []
+    turn.give()
+    assert sink.events() == ["a", "b", "c"]
+    turn.give()  # nothing held: nothing twice
+    assert sink.events() == ["a", "b", "c"]
+
+
+def test_give_way_waits_for_the_give():
+    turn = HostTurn(Sink(), 5.0)
+    turn.take()
+    threading.Timer(0.05, turn.give).start()
+    waited = timed_give_way(turn)
+    assert 0.04 <= waited < 2.0, waited
+    assert timed_give_way(turn) < 0.05  # given: free
+
+
+def test_give_way_waits_at_most_the_bound():
+    turn = HostTurn(Sink(), 0.05)
+    turn.take()  # and never given back: a host phase that does not end
+    waited = timed_give_way(turn)
+    assert 0.045 <= waited < 2.0, waited
+
+
+def test_the_turn_is_validated():
+    with pytest.raises(EngineConfigError, match="host_turn_ms"):
+        EngineConfig(host_turn_ms=-1)
+
+
+@pytest.fixture(scope="module")
+def requests(builder):
+    from moss_tts.model.processor import PromptSpec
+
+    prompts = [builder.build(PromptSpec(text)) for text in ("Hello there.", "Good morning, everyone.", "Bye.")]
+    params = [SamplingParams(seed=500 + i, max_frames=9 + 2 * i, ignore_stop=True) for i in range(3)]
+    return prompts, params
+
+
+def engine_with_turn(model, sink_events, turn_ms=50, **config):
+    """An engine whose on_event also records whether the turn was given when each event came."""
+    holder = {}
+
+    def on_event(event):
+        sink_events.append_given(holder["engine"].host_turn._given.is_set())
+        sink_events(event)
+
+    engine = Engine(model, EngineConfig(max_running_requests=4, first_chunk_frames=2, chunk_frames=4,
+                                        host_turn_ms=turn_ms, **config), on_event)
+    holder["engine"] = engine
+    return engine
+
+
+class TurnCollector(Collector):
+    def __init__(self) -> None:
+        super().__init__()
+        self._given_lock = threading.Lock()
+        self._given: list[bool] = []
+
+    def append_given(self, given: bool) -> None:
+        with self._given_lock:
+            self._given.append(given)
+
+    def given(self) -> list[bool]:
+        with self._given_lock:
+            return list(self._given)
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_an_engine_with_the_turn_equals_the_reference_and_delivers_only_when_given(tiny_model, requests, together):
+    prompts, params = requests
+    sink = TurnCollector()
+    engine = engine_with_turn(tiny_model, sink)
+    ids = [f"t{i}" for i in range(len(prompts))]
+    engine.start()
+    try:
+        for i, rid in enumerate(ids):
+            engine.submit(EngineRequest(rid, prompts[i], params[i]))
+            if not together:
+                sink.wait_finished([rid])  # the last events come when the engine goes idle
+        sink.wait_finished(ids)
+    finally:
+        engine.shutdown(TIMEOUT_S)
+    for rid, ref in zip(ids, generate(tiny_model, prompts, params)):
+        assert_matches_reference(sink, rid, ref)
+    given = sink.given()
+    assert given and all(given), given  # never delivered during the engine's host phase
+    assert engine.host_turn._given.is_set()  # a stopped engine leaves the streams free
+
+
+def test_shutdown_delivers_one_finished_to_every_running_request(tiny_model, requests):
+    prompts, _ = requests
+    sink = TurnCollector()
+    engine = engine_with_turn(tiny_model, sink)
+    ids = [f"s{i}" for i in range(3)]
+    engine.start()
+    for i, rid in enumerate(ids):
+        engine.submit(EngineRequest(rid, prompts[i], SamplingParams(seed=i, max_frames=400, ignore_stop=True)))
+    for rid in ids:
+        assert sink.first_chunk[rid].wait(TIMEOUT_S), rid
+    engine.shutdown(TIMEOUT_S)
+    for rid in ids:
+        assert sink.final(rid).reason == "cancelled", rid
