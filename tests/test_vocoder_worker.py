@@ -408,6 +408,49 @@ def test_hold_until_keeps_a_small_round_back_only_while_none_of_it_is_due():
     assert hold_until([[(alone, 0)]], {"c": deque([alone])}, now=9.0, min_frames=8, slack_s=0.25) is None
 
 
+def test_under_load_a_small_round_waits_for_its_floor_even_when_due_now():
+    from collections import deque
+
+    from moss_tts.vocoder.jobs import LoadHold, VocodeJob, hold_until
+
+    first = VocodeJob("a", np.zeros((2, 12), np.int64), True, False, lambda: None, 9.0)  # a first chunk: due now
+    later = VocodeJob("b", np.zeros((4, 12), np.int64), False, False, lambda: None, 20.0)
+    first.queued_at, later.queued_at = 8.99, 8.995
+    queues, picks = {"a": deque([first]), "b": deque([later])}, [[(first, 2)], [(later, 4)]]
+    hold = LoadHold(streams=2, seconds=0.02)
+    floor = hold.floor(picks, num_open=2)
+    assert floor == pytest.approx(9.01)  # the oldest job's queueing + 20 ms
+    assert hold_until(picks, queues, now=9.0, min_frames=8, slack_s=0.25, floor=floor) == pytest.approx(9.01)
+    assert hold_until(picks, queues, now=9.0, min_frames=8, slack_s=0.25) is None  # without it: at once
+    assert hold_until(picks, queues, now=9.011, min_frames=8, slack_s=0.25, floor=floor) is None  # waited enough
+    assert hold_until(picks, queues, now=9.0, min_frames=6, slack_s=0.25, floor=floor) is None  # large enough
+    queues["b"].append(VocodeJob("b", np.zeros((0, 12), np.int64), False, True, lambda: None, 9.0))
+    assert hold_until(picks, queues, now=9.0, min_frames=8, slack_s=0.25, floor=floor) == pytest.approx(9.01)
+    assert hold.floor(picks, num_open=1) == 0.0  # below the load: one stream's first audio is untouched
+    assert LoadHold(streams=2, seconds=0.0).floor(picks, num_open=9) == 0.0  # off
+    assert hold.floor([], num_open=9) == 0.0
+
+
+def test_a_loaded_worker_holds_a_first_chunk_for_the_load_hold_only(codec, streams):
+    import time as clock
+
+    from moss_tts.vocoder.jobs import LoadHold
+
+    worker = make(codec, min_round_frames=100, hold_slack_s=0.05, load_hold=LoadHold(streams=2, seconds=0.3))
+    try:
+        for seq in (0, 1):  # 0, then 1 open sequence: not loaded
+            asked = clock.monotonic()
+            alone = worker.submit(seq, streams[seq, :2], start=True, end=False)
+            assert alone.wait(TIMEOUT_S) and clock.monotonic() - asked < 0.25
+        asked = clock.monotonic()
+        held = worker.submit(2, streams[2, :2], start=True, end=False)  # two open: loaded
+        assert not held.wait(0.15)  # due now, yet held for the load hold
+        assert held.wait(TIMEOUT_S) and clock.monotonic() - asked >= 0.28
+        assert clock.monotonic() - asked < 3.0
+    finally:
+        worker.stop()
+
+
 def test_a_small_round_waits_until_due_or_until_an_end_comes(codec, streams, offline):
     import time as clock
 
@@ -436,6 +479,8 @@ def test_a_small_round_waits_until_due_or_until_an_end_comes(codec, streams, off
 def test_vocoder_hold_parameters_are_validated():
     with pytest.raises(ValueError, match="vocoder_round_min_frames"):
         VocoderPlacement.from_parameters({"vocoder_round_min_frames": "-1"})
+    with pytest.raises(ValueError, match="vocoder_load_hold_ms"):
+        VocoderPlacement.from_parameters({"vocoder_load_hold_ms": "-5"})
     # stream_turn was removed (measured slower); a config that still sets it loads as before.
     assert VocoderPlacement.from_parameters({"stream_turn": "false", "vocoder_hold_ms": "100"}).vocoder_hold_ms == 100
 

@@ -51,6 +51,7 @@ from moss_tts.sessions.registry import SessionConfig, SessionRegistry, SessionSt
 from moss_tts.sessions.relay import RelayServer, socket_path
 from moss_tts.vocoder import internal_key
 from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement
+from moss_tts.vocoder.jobs import LoadHold
 from moss_tts.vocoder.sessions import VocoderSessions
 from moss_tts.vocoder.stats import WorkerStats
 from moss_tts.vocoder.worker import VocoderWorker
@@ -158,7 +159,8 @@ class TritonPythonModel:
             max_step_rows=placement.vocoder_step_rows))
         return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s, round_rows=placement.vocoder_round_rows,
                              min_round_frames=placement.vocoder_round_min_frames,
-                             hold_slack_s=placement.vocoder_hold_ms / 1000)
+                             hold_slack_s=placement.vocoder_hold_ms / 1000,
+                             load_hold=LoadHold(placement.vocoder_load_streams, placement.vocoder_load_hold_ms / 1000))
 
     def execute(self, requests):
         self.stop_watch.arm()  # the server serves: from now on "Server not ready" is its end

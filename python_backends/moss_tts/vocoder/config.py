@@ -97,6 +97,11 @@ class VocoderPlacement:
     # engine's steps (vocoder/jobs.hold_until).
     vocoder_round_min_frames: int = 256
     vocoder_hold_ms: float = 250.0
+    # in_process: with at least vocoder_load_streams sequences open, a small round waits until
+    # its oldest chunk has queued vocoder_load_hold_ms even when some of it is due now (a first
+    # chunk): fewer, larger rounds under load, for that much first audio (jobs.LoadHold; 0 = off).
+    vocoder_load_streams: int = 32
+    vocoder_load_hold_ms: float = 0.0
     # in_process: how the codec's LayerNorms and GELU run on the GPU (codec.transformer.FUSIONS):
     # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
     # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
@@ -113,6 +118,9 @@ class VocoderPlacement:
                              f"vocoder_hold_ms >= 0; got {self.vocoder_slots}, {self.vocoder_step_rows}, "
                              f"{self.vocoder_idle_s}, {self.vocoder_round_rows}, {self.vocoder_round_min_frames}, "
                              f"{self.vocoder_hold_ms}")
+        if self.vocoder_load_streams < 0 or not self.vocoder_load_hold_ms >= 0:
+            raise ValueError(f"vocoder_load_streams and vocoder_load_hold_ms must be >= 0; got "
+                             f"{self.vocoder_load_streams}, {self.vocoder_load_hold_ms}")
 
     @classmethod
     def from_parameters(cls, parameters) -> "VocoderPlacement":

@@ -35,6 +35,7 @@ class VocodeJob:
                  hurry: Callable[["VocodeJob"], None] = lambda job: None) -> None:
         self.seq, self.codes, self.start, self.end = seq, codes, start, end
         self.deadline = deadline  # time.monotonic() by which its audio is due
+        self.queued_at = time.monotonic()  # LoadHold: how long it has waited for a round
         self.on_done = on_done  # called once, on the worker thread, when the job completes: keep it cheap
         self.launched = 0  # frames handed to the GPU so far
         self.position = 0  # frames decoded and back on the host so far
@@ -173,23 +174,40 @@ def starts_a_sequence(plan: "dict[Hashable, list[tuple[VocodeJob, int]]]") -> bo
 
 
 def hold_until(picks: list[list[tuple[VocodeJob, int]]], queues: "dict[Hashable, deque[VocodeJob]]",
-               now: float, min_frames: int, slack_s: float) -> Optional[float]:
+               now: float, min_frames: int, slack_s: float, floor: float = 0.0) -> Optional[float]:
     """When a round of `picks` is worth launching: None = now, else the time.monotonic() to
     launch it by. Every round pays a fixed cost (~4.5 ms of GPU for the smallest step on the
     H200) and shares the GPU with the engine's steps, so a round of a few frames whose audio is
     not due yet waits for more: until `min_frames` are queued, or until its most urgent chunk
-    is due within `slack_s` (the time a round and its send take). Never held: a START or END
+    is due within `slack_s` (the time a round and its send take). Due at once: a START or END
     alone, and a sequence whose END is queued (its stream's final response waits for it; a
-    stream that waits for its last calls without an END behind them hurries them instead)."""
+    stream that waits for its last calls without an END behind them hurries them instead).
+    `floor` (LoadHold.floor, under load): a small round waits until then whatever is due."""
     if min_frames <= 0 or not picks:
         return None
-    frames = 0
+    frames, is_due_now = 0, False
     for spans in picks:
         head = spans[0][0]
-        if not head.codes.shape[0] or queues[head.seq][-1].end:
-            return None
+        is_due_now = is_due_now or not head.codes.shape[0] or queues[head.seq][-1].end
         frames += sum(take for _, take in spans)
     if frames >= min_frames:
         return None
-    due = min(spans[0][0].deadline for spans in picks) - slack_s
+    due = max(now if is_due_now else min(spans[0][0].deadline for spans in picks) - slack_s, floor)
     return None if due <= now else due
+
+
+@dataclass(frozen=True)
+class LoadHold:
+    """Under load (at least `streams` open sequences) a small round waits until its oldest job
+    has queued `seconds`, even when some of it is due now. The 330 s soak starts ~180 streams a
+    second, so a first chunk (due at once) is nearly always queued and no round was ever held:
+    every round carried ~118 frames at ~116 µs a frame of shared GPU (a 1,361-frame round alone:
+    34), the vocoder busy 94% (issue 34, rounds 8-10). Waiting is the trade: first audio for GPU
+    time. Off below `streams` (one stream's first audio is untouched) and at 0 seconds."""
+    streams: int = 0
+    seconds: float = 0.0
+
+    def floor(self, picks: list[list[tuple[VocodeJob, int]]], num_open: int) -> float:
+        if self.seconds <= 0 or num_open < self.streams or not picks:
+            return 0.0
+        return min(job.queued_at for spans in picks for job, _ in spans) + self.seconds

@@ -6,18 +6,15 @@ decode; the row is zeroed before it is handed out again. `decode` runs one packe
 (`decode_step_packed`: chunks of any lengths back to back) per `max_step_rows` rows, in place:
 other rows' ring buffers and frame counters stay untouched; the cost follows the streams with work.
 
-Chunks longer than `max_graph_frames` (a STREAM=false request, a primed reference) are decoded
-in pieces of that many frames, piece k of every chunk of the call in step k. With `cuda_graphs`
-every step replays a CUDA graph (VocoderGraphs), so no request shape runs eagerly and the
-vocoder's GPU memory is fixed once the graphs are captured: the state, the weights and the graph
-pool. The state has one row more than `max_slots`: the graphs' padding rows point at it, and it
-is never handed out. Sessions started without the pipeline's key (`is_public`: direct gRPC
-clients) share `max_public_sessions` slots, so they never take the slots the public entry needs.
+Chunks longer than `max_graph_frames` (a STREAM=false request, a primed reference) are decoded in
+pieces of that many frames, piece k of every chunk of the call in step k. With `cuda_graphs` every
+step replays a CUDA graph (VocoderGraphs): no shape runs eagerly and the GPU memory is fixed once
+they are captured. The state's extra row (beyond `max_slots`) is the graphs' padding row. Sessions
+started without the pipeline's key (direct gRPC clients) share `max_public_sessions` slots.
 
-Host bookkeeping is numpy (codes, a step's inputs in one host buffer, each sequence's audio a view
-of the step's host tensor): in moss_tts every torch call gives the GIL up and must win it back from
-~256 stream threads, so a call makes a fixed few per step, none per sequence (and slots are reset
-many at once). `decode` and `check` also take torch tensors (the `vocoder` model).
+Host bookkeeping is numpy (one host buffer of inputs a step, audio as views): in moss_tts each torch
+call gives the GIL up to ~256 stream threads, so a call makes a fixed few per step, none per
+sequence (slots are reset many at once). `decode` and `check` also take torch tensors.
 """
 
 from __future__ import annotations
@@ -180,6 +177,9 @@ class VocoderSessions:
     def __contains__(self, seq_id: Hashable) -> bool:
         with self._lock:
             return seq_id in self._sessions
+
+    def __len__(self) -> int:
+        return len(self._sessions)  # open sequences (one dict length: no lock needed)
 
     # ---------------------------------------------------------------- decode
     def decode(self, chunks: dict[Hashable, Codes], checked: bool = False) -> dict[Hashable, torch.Tensor]:

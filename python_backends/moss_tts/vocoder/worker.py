@@ -33,7 +33,7 @@ import torch
 from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
 from ..contract.metrics import BATCH_SIZE_BUCKETS, Histogram
 from .config import NoFreeSlot
-from .jobs import Round, VocodeJob, hold_until, pick_round, starts_a_sequence
+from .jobs import LoadHold, Round, VocodeJob, hold_until, pick_round, starts_a_sequence
 from .sessions import VocoderSessions
 from .stats import WorkerStats
 
@@ -42,12 +42,13 @@ log = logging.getLogger(__name__)
 
 class VocoderWorker:
     def __init__(self, sessions: VocoderSessions, idle_seconds: float = 60.0, stream_priority: int = 0,
-                 round_rows: int = 0, min_round_frames: int = 0, hold_slack_s: float = 0.25) -> None:
+                 round_rows: int = 0, min_round_frames: int = 0, hold_slack_s: float = 0.25,
+                 load_hold: LoadHold = LoadHold()) -> None:
         """idle_seconds: a sequence without a job for this long is ended (a stream that died
         without its END). stream_priority: the CUDA stream's priority (0 = normal; the engine runs
-        above it). min_round_frames, hold_slack_s: see jobs.hold_until (0 frames: never held)."""
+        above it). min_round_frames, hold_slack_s, load_hold: see jobs.hold_until (0 frames: never held)."""
         self.sessions = sessions
-        self.min_round_frames, self.hold_slack_s = min_round_frames, hold_slack_s
+        self.min_round_frames, self.hold_slack_s, self.load_hold = min_round_frames, hold_slack_s, load_hold
         # While a round is held back: until when, the frames queued (a submit wakes the worker
         # only if that changes the case: a chunk due sooner, enough frames, an END; or a hurry).
         self._hold, self._held_frames = None, 0
@@ -141,8 +142,11 @@ class VocoderWorker:
                         self._cond.wait_for(lambda: self._is_stopping or self._queues, timeout=1.0)
                     if self._is_stopping and in_flight is None:
                         return
-                    picks = [] if self._is_stopping else self._heads()
-                    held = hold_until(picks, self._queues, time.monotonic(), self.min_round_frames, self.hold_slack_s)
+                    # This round's work, under the lock (jobs.pick_round).
+                    picks = [] if self._is_stopping else pick_round(self._queues, self.piece_frames,
+                                                                    self.round_rows, self._end_dropped)
+                    held = hold_until(picks, self._queues, time.monotonic(), self.min_round_frames, self.hold_slack_s,
+                                      self.load_hold.floor(picks, len(self.sessions)))
                     if held is not None and in_flight is None:  # until due, or a submit changes the case
                         self._hold, self._held_frames = held, sum(t for spans in picks for _, t in spans)
                         self._cond.wait(min(1.0, max(0.0, held - time.monotonic())))  # expiry runs below
@@ -175,10 +179,6 @@ class VocoderWorker:
             self._round_started = None
             with self._cond:
                 self._round_s += time.monotonic() - started
-
-    def _heads(self) -> list[list[tuple[VocodeJob, int]]]:
-        """This round's work, under the lock (jobs.pick_round)."""
-        return pick_round(self._queues, self.piece_frames, self.round_rows, self._end_dropped)
 
     def _end_dropped(self, seq: Hashable) -> None:
         """A cancelled END was dropped from its queue: it will not come again."""
