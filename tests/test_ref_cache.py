@@ -147,6 +147,15 @@ def test_str_input_is_refused_not_read_as_a_path(codec):
 
 
 # ------------------------------------------------------------------ hits, misses, LRU
+def test_warm_up_encodes_without_caching_or_counting(codec):
+    encoder, gated = make(codec)
+    encoder.warm_up()
+    assert gated.batch_sizes.snapshot() == [1, 2]  # one reference, then a padded batch of two
+    assert_stats(encoder, hits=0, misses=0, encodes=0, items_encoded=0, entries=0, bytes=0)
+    audio = wav_bytes(1)
+    assert torch.equal(encoder.encode_many([audio])[0], encode_references(codec, [load_reference(audio)])[0])
+
+
 def test_repeat_is_a_hit_with_equal_codes(codec):
     encoder, gated = make(codec)
     audio = wav_bytes(1)

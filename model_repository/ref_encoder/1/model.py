@@ -34,6 +34,7 @@ class TritonPythonModel:
         config = ReferenceCacheConfig(max_entries=int(params.get("cache_max_entries", 8192)),
                                       max_bytes=int(params.get("cache_max_bytes", 64 << 20)))
         self.encoder = ReferenceEncoder(codec, config, encoder_id=str(codec_dir.resolve()))
+        self.encoder.warm_up()  # the GPU kernels compile now, not in front of the first requests
         self.counters = metrics.Counters("moss_ref_cache_total", "reference cache events", COUNTERS, label="event")
         self.watch = StallWatch()
         # Encoding a 100 s reference can take a while on a CPU; a minute is not normal anywhere.

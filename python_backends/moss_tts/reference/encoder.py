@@ -29,6 +29,7 @@ from .codes import encode_references
 from .lru import TensorLRU
 
 MIB = 1 << 20
+WARM_UP_SECONDS = (1.0, 1.3)  # two lengths: a batch of one, and a padded batch of two ragged rows
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,22 @@ class ReferenceEncoder:
             self._drain()
         # Callers own their copy: an in-place edit downstream must not corrupt the cache.
         return [future.result().clone() for future in flights]
+
+    def warm_up(self, seconds: tuple[float, ...] = WARM_UP_SECONDS) -> None:
+        """Encode synthetic references once, uncached and uncounted, before the first request.
+        On a GPU the encoder's attention is Triton kernels (kernels/window_attention.py) compiled
+        at their first call, and every reference request waits behind the encode that compiles
+        them, as do the ensemble's (its ref_encoder step runs even without a reference). In
+        round 10 (issue 34) the first soak on each fresh H200 machine stopped for 20-30 s a few
+        seconds in (no request admitted, every one in flight waiting), and never on the second
+        server of a machine, whose kernel cache was warm: one stop outlasted the clients'
+        30 s and 93 streams failed. That cause is inferred, not profiled."""
+        rate, spf = self.codec.sample_rate, self.codec.samples_per_frame
+        g = torch.Generator().manual_seed(0)
+        wavs = [0.1 * torch.randn(2, max(spf, round(s * rate)), generator=g) for s in seconds]
+        with self._encode_lock:
+            encode_references(self.codec, wavs[:1], self.config.n_vq)
+            encode_references(self.codec, wavs, self.config.n_vq)
 
     def stats(self) -> ReferenceCacheStats:
         with self._lock:
