@@ -162,3 +162,15 @@ def test_shutdown_delivers_one_finished_to_every_running_request(tiny_model, req
     engine.shutdown(TIMEOUT_S)
     for rid in ids:
         assert sink.final(rid).reason == "cancelled", rid
+
+
+def test_the_host_turn_model_runs_and_answers_every_event():
+    """perf/bench_host_turn.py, the CPU model of the turn beside busy stream threads (issue 34):
+    every posted event reaches a stream and is answered, with the turn off and on."""
+    from perf.bench_host_turn import run
+
+    for turn_ms in (0, 4):
+        result = run(turn_ms, streams=8, steps=10, launch_calls=3, apply_ms=0.2, device_ms=1.0, events=4,
+                     stream_ms=0.05)
+        assert result["events_done"] == 40, result
+        assert result["host_ms_per_step"] >= result["apply_ms_per_step"] > 0, result
