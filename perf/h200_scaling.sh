@@ -285,8 +285,9 @@ sample_host() {
 }
 
 # Once, when no request has reached moss_tts for 15 s while the soak runs (the 2026-12-02 stall:
-# admissions stopped at once on all 8 client processes): where every soak process and the moss_tts
-# stub stand (py-spy dump, carry .whl), the gRPC connections to tritonserver, and the kernel wait
+# admissions stopped at once on all 8 client processes): where every soak process and every model's
+# stub stand (py-spy dump, carry .whl; round 10's cold-start stops pointed at ref_encoder, whose stub
+# the dumps did not cover), the gRPC connections to tritonserver, and the kernel wait
 # channel of each tritonserver thread, into stall_NAME.txt. Idle clients waiting on their sockets
 # and established connections point at tritonserver's gRPC frontend; busy or gone clients at them.
 watch_stall() {
@@ -304,8 +305,9 @@ watch_stall() {
         echo "--- tritonserver $p threads (state, wait channel)"
         for t in /proc/"$p"/task/*; do echo "$(basename "$t") $(awk '{print $3}' "$t/stat") $(cat "$t/wchan" 2>/dev/null)"; done | sort -k2 | uniq -c -f1 | sort -rn | head -20
       done
-      for p in $(soak_pids "$1") $(pgrep -f "repo/moss_tts/1/model.py"); do
-        echo "--- py-spy dump $p"; timeout 20 /tmp/pyspy/bin/py-spy dump --pid "$p" 2>&1 | head -80
+      for p in $(soak_pids "$1") $(pgrep -f "repo/[a-z_]*/1/model.py"); do
+        echo "--- py-spy dump $p: $(tr '\0' ' ' < /proc/"$p"/cmdline 2>/dev/null | grep -o 'repo/[a-z_]*/1' | head -1)"
+        timeout 20 /tmp/pyspy/bin/py-spy dump --pid "$p" 2>&1 | head -80
       done
     } > "$R/stall_$1.txt" 2>&1
     return
