@@ -17,25 +17,21 @@ from moss_tts.engine.host_turn import HostTurn
 from moss_tts.model.generation import generate
 
 from engine_events import TIMEOUT_S, Collector, assert_matches_reference
+from shared_state import SharedList
 
 
-class Sink:
-    """on_event for the unit tests: events under a lock (the engine side and the test may differ)."""
+class Sink(SharedList):
+    """on_event for the unit tests (a SharedList: the engine side and the test may differ); it
+    raises after taking any event in `fail_on`."""
 
     def __init__(self, fail_on=()) -> None:
-        self._lock = threading.Lock()
-        self._events: list = []
+        super().__init__()
         self.fail_on = fail_on
 
     def __call__(self, event) -> None:
-        with self._lock:
-            self._events.append(event)
+        self.append(event)
         if event in self.fail_on:
             raise RuntimeError(f"consumer broke on {event}")
-
-    def events(self) -> list:
-        with self._lock:
-            return list(self._events)
 
 
 def timed_give_way(turn: HostTurn) -> float:
@@ -49,10 +45,10 @@ def test_off_delivers_at_once_and_never_waits():
     turn = HostTurn(sink, 0.0)
     turn.take()
     turn.post("a")
-    assert sink.events() == ["a"]
+    assert sink.snapshot() == ["a"]
     assert timed_give_way(turn) < 0.05  # off: no wait even while the engine "holds" its turn
     turn.give()
-    assert sink.events() == ["a"]
+    assert sink.snapshot() == ["a"]
 
 
 def test_on_holds_events_until_given_then_delivers_them_in_order():
@@ -61,11 +57,11 @@ def test_on_holds_events_until_given_then_delivers_them_in_order():
     turn.take()
     for event in "abc":
         turn.post(event)
-    assert sink.events() == []
+    assert sink.snapshot() == []
     turn.give()
-    assert sink.events() == ["a", "b", "c"]
+    assert sink.snapshot() == ["a", "b", "c"]
     turn.give()  # nothing held: nothing twice
-    assert sink.events() == ["a", "b", "c"]
+    assert sink.snapshot() == ["a", "b", "c"]
 
 
 def test_give_way_waits_for_the_give():
@@ -98,40 +94,24 @@ def requests(builder):
     return prompts, params
 
 
-def engine_with_turn(model, sink_events, turn_ms=50, **config):
+def engine_with_turn(model, sink: Collector, turn_ms=50, **config) -> tuple[Engine, SharedList[bool]]:
     """An engine whose on_event also records whether the turn was given when each event came."""
-    holder = {}
+    given: SharedList[bool] = SharedList()
 
     def on_event(event):
-        sink_events.append_given(holder["engine"].host_turn._given.is_set())
-        sink_events(event)
+        given.append(engine.host_turn._given.is_set())  # events come only after `engine` is bound
+        sink(event)
 
     engine = Engine(model, EngineConfig(max_running_requests=4, first_chunk_frames=2, chunk_frames=4,
                                         host_turn_ms=turn_ms, **config), on_event)
-    holder["engine"] = engine
-    return engine
-
-
-class TurnCollector(Collector):
-    def __init__(self) -> None:
-        super().__init__()
-        self._given_lock = threading.Lock()
-        self._given: list[bool] = []
-
-    def append_given(self, given: bool) -> None:
-        with self._given_lock:
-            self._given.append(given)
-
-    def given(self) -> list[bool]:
-        with self._given_lock:
-            return list(self._given)
+    return engine, given
 
 
 @pytest.mark.parametrize("together", [False, True])
 def test_an_engine_with_the_turn_equals_the_reference_and_delivers_only_when_given(tiny_model, requests, together):
     prompts, params = requests
-    sink = TurnCollector()
-    engine = engine_with_turn(tiny_model, sink)
+    sink = Collector()
+    engine, given = engine_with_turn(tiny_model, sink)
     ids = [f"t{i}" for i in range(len(prompts))]
     engine.start()
     try:
@@ -144,15 +124,15 @@ def test_an_engine_with_the_turn_equals_the_reference_and_delivers_only_when_giv
         engine.shutdown(TIMEOUT_S)
     for rid, ref in zip(ids, generate(tiny_model, prompts, params)):
         assert_matches_reference(sink, rid, ref)
-    given = sink.given()
+    given = given.snapshot()
     assert given and all(given), given  # never delivered during the engine's host phase
     assert engine.host_turn._given.is_set()  # a stopped engine leaves the streams free
 
 
 def test_shutdown_delivers_one_finished_to_every_running_request(tiny_model, requests):
     prompts, _ = requests
-    sink = TurnCollector()
-    engine = engine_with_turn(tiny_model, sink)
+    sink = Collector()
+    engine, _ = engine_with_turn(tiny_model, sink)
     ids = [f"s{i}" for i in range(3)]
     engine.start()
     for i, rid in enumerate(ids):
