@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import contextmanager
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Callable, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 E = TypeVar("E")
@@ -63,14 +62,16 @@ class HostTurn(Generic[E]):
         for event in held:
             self._deliver(event)
 
-    @contextmanager
-    def given(self) -> Iterator[None]:
-        """Around one of the engine's waits: given before it, taken back after."""
+    def given(self) -> "HostTurn[E]":
+        """`with turn.given():` around one of the engine's waits: given before it, taken back
+        after. The turn is its own context manager, not a generator one: this runs every step."""
+        return self
+
+    def __enter__(self) -> None:
         self.give()
-        try:
-            yield
-        finally:
-            self.take()
+
+    def __exit__(self, *exc) -> None:
+        self.take()
 
     # ---- stream threads ----
 
