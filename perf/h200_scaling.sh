@@ -67,6 +67,8 @@ setup() {
     PYTHONPATH=python_backends python3 -m moss_tts.tools.make_tiny_checkpoint --real-size "$W/ckpt" || { log "checkpoint failed"; exit 1; }
   fi
   du -sh "$W/ckpt/model" "$W/ckpt/codec" | tee -a "$R/gpu.txt"
+  # What kind of host this is (cores, one core's Python, a GIL hand-off's wait): machines differ.
+  python3 perf/host_probe.py --out "$R/host_probe.json" | tee -a "$R/scaling.log"
   log "setup took $((SECONDS - t0)) s"
 }
 
@@ -233,6 +235,8 @@ layout() {
     [ -n "${RECORD:-}" ] && record_stub "$n" &
     sample_metrics "$n" &
     local sampler=$!
+    python3 perf/cpu_sample.py --interval 2 > "$R/cpu_series_$n.txt" 2>&1 &
+    local cpu=$!
     # GPU busy fraction, SM clock, power and temperature every 0.5 s while the levels run
     # (time stamps line up with scaling.log).
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,clocks.sm,power.draw,temperature.gpu \
@@ -245,7 +249,8 @@ layout() {
       log "$n: one stream, $C1_REQUESTS requests"
       bench_triton "$R/bench_${n}_c1.json" --concurrency 1 --mode stream --requests "$C1_REQUESTS" --processes 1
     fi
-    kill "$smi" "$sampler" 2>/dev/null
+    kill "$smi" "$sampler" "$cpu" 2>/dev/null
+    python3 perf/cpu_sample.py --summary "$R/cpu_series_$n.txt" | sed 's/^/cpu (cores, the levels): /' | tee -a "$R/scaling.log"
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())" \
       > "$W/metrics_$n.txt" 2>/dev/null
     grep -E '^moss_(engine|vocoder|tts_vocoder)\{|^nv_inference_(count|queue_duration_us|compute_infer_duration_us)\{' "$W/metrics_$n.txt" \
@@ -349,6 +354,7 @@ soak() {
   # The metric series, the host series and the results kept in $OUT, while the soak runs.
   sample_metrics "${n}_load" & SAMPLERS="$!"
   sample_host "$n" & SAMPLERS="$SAMPLERS $!"
+  python3 perf/cpu_sample.py --interval 5 > "$R/cpu_series_$n.txt" 2>&1 & SAMPLERS="$SAMPLERS $!"
   keep_results "$n" & SAMPLERS="$SAMPLERS $!"
   watch_stall "$n" & SAMPLERS="$SAMPLERS $!"
   # RESPONSE_TIMEOUT: seconds a stream waits for its next response (120); every client process
@@ -390,6 +396,7 @@ soak() {
   grep -cE "successfully unloaded" "$W/server_$n.log" | xargs -I{} echo "models unloaded: {}" | tee -a "$R/scaling.log"
   grep -E "Non-graceful|Exit timeout|Traceback|invalid pointer|double free|Segmentation|stalled" "$W/server_$n.log" | head -20 \
     | tee -a "$R/scaling.log"
+  python3 perf/cpu_sample.py --summary "$R/cpu_series_$n.txt" --skip 40 | sed 's/^/cpu (cores, from 40 s in): /' | tee -a "$R/scaling.log"
   python3 -c "import json; r = json.load(open('$R/$n.json')); print({k: r.get(k) for k in ('ok', 'requests', 'outcomes', 'num_failures', 'first_audio_ms_p50', 'first_audio_ms_p95', 'audio_seconds', 'wall_seconds', 'end_problems')})" \
     | tee -a "$R/scaling.log"
   stop_server
