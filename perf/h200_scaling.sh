@@ -26,6 +26,7 @@
 #                                              # gRPC bench + shim HTTP pcm + text sessions over gRPC
 #                                              # and the shim's WebSocket (shim_K.json, REPEAT runs)
 #   perf/h200_scaling.sh all                   # setup, vocoder, then every layout
+# SERVER_CPUS, CLIENT_CPUS: the server and the clients on separate cores (below).
 # PARAMS="key=value,..." (any layout): moss_tts config.pbtxt parameters changed for the run.
 # BENCH_ARGS: more perf/bench_triton.py arguments (e.g. --start-together); VARIANT_ARGS: each bench
 # run followed by one with these instead (bench_NAME_v_K.json); RECORD_RATE: py-spy samples a
@@ -50,6 +51,11 @@ SAMPLERS=""
 trap 'kill $SAMPLERS 2>/dev/null; cp "$W"/server_*.log "$R/" 2>/dev/null; rm -f "$OUT/results.tgz.part"
   tar -czf "$OUT/results.tgz" -C "$W" results; cp "$R/scaling.log" "$OUT/" 2>/dev/null' EXIT
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$R/scaling.log"; }
+# SERVER_CPUS / CLIENT_CPUS (e.g. 0-11 / 12-15): tritonserver with its stubs, and the bench's or
+# the soak's client processes, each on cores of their own (taskset), as when the load comes from
+# other machines; unset: both anywhere, sharing the machine's cores as before.
+SERVER_PIN=${SERVER_CPUS:+taskset -c $SERVER_CPUS}
+CLIENT_PIN=${CLIENT_CPUS:+taskset -c $CLIENT_CPUS}
 
 env_pack() {
   [ -f /opt/moss-pack/env.sh ] || tar -xJf .device/triton-pack.tar.xz -C /opt
@@ -186,7 +192,7 @@ record_stub() {
 # One perf/bench_triton.py run against the server now up: bench_triton OUT.json ARGS...
 bench_triton() {
   local out=$1; shift
-  PYTHONUNBUFFERED=1 python3 -m perf.bench_triton --url 127.0.0.1:8001 --frames "${FRAMES:-112}" --warmup 2 \
+  PYTHONUNBUFFERED=1 $CLIENT_PIN python3 -m perf.bench_triton --url 127.0.0.1:8001 --frames "${FRAMES:-112}" --warmup 2 \
     --timeout 120 "$@" --out "$out" 2>&1 | tee -a "$R/scaling.log"
 }
 
@@ -222,7 +228,7 @@ layout() {
     local trace=""; [ "${TRACE:-0}" = 1 ] && trace="$R/first_audio_trace_$n.jsonl"
     CUDA_VISIBLE_DEVICES=$visible MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
       MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 MOSS_TTS_FIRST_AUDIO_TRACE="$trace" \
-      setsid scripts/serve.sh "${extra[@]}" > "$W/server_$n.log" 2>&1 < /dev/null &
+      setsid $SERVER_PIN scripts/serve.sh "${extra[@]}" > "$W/server_$n.log" 2>&1 < /dev/null &
     echo $! > "$W/server.pid"
     local ready=0
     wait_ready http://127.0.0.1:8000/v2/health/ready && ready=1
@@ -339,7 +345,7 @@ soak() {
   # TAG: a name for this run's files (two servers in one call: an A/B of PARAMS).
   local t0=$SECONDS n="soak${TAG:+_$TAG}"
   CUDA_VISIBLE_DEVICES=0 MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
-    MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid scripts/serve.sh > "$W/server_$n.log" 2>&1 < /dev/null &
+    MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid $SERVER_PIN scripts/serve.sh > "$W/server_$n.log" 2>&1 < /dev/null &
   echo $! > "$W/server.pid"
   wait_ready http://127.0.0.1:8000/v2/health/ready || { log "$n: server died or not ready"; cp "$W/server_$n.log" "$R/"; stop_server; return 1; }
   log "$n: ready after $((SECONDS - t0)) s; ${CONCURRENCY:-256} streams for $1 s"
@@ -359,7 +365,7 @@ soak() {
   watch_stall "$n" & SAMPLERS="$SAMPLERS $!"
   # RESPONSE_TIMEOUT: seconds a stream waits for its next response (120); every client process
   # writes a progress line to soak.log every 10 s, so a stall shows there before it times out.
-  PYTHONUNBUFFERED=1 python3 -m perf.soak --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
+  PYTHONUNBUFFERED=1 $CLIENT_PIN python3 -m perf.soak --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
     --concurrency "${CONCURRENCY:-256}" --processes "${PROCESSES:-8}" --seconds "$1" --cancel-fraction 0.2 \
     --min-frames 40 --max-frames 112 --settle 60 --response-timeout "${RESPONSE_TIMEOUT:-120}" \
     --out "$R/$n.json" > "$R/$n.log" 2>&1

@@ -45,6 +45,7 @@ from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.serving.stop_watch import ServerStopWatch
 from moss_tts.serving.stream_io import FINAL, TritonChildren, TritonClient, encode_reference, end_sequence
 from moss_tts.serving.stream_pool import StreamPool
+from moss_tts.serving.thread_priority import give_threads_priority, rt_priorities
 from moss_tts.sessions.admission import SessionAdmission
 from moss_tts.sessions.claims import SessionClaims, server_directory
 from moss_tts.sessions.registry import SessionConfig, SessionRegistry, SessionStats
@@ -65,6 +66,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, params = io.model_config(args), io.model_parameters(args)
         sys.setswitchinterval(switch_interval_s(params))
+        priorities = rt_priorities(params)  # the engine's and the vocoder's threads (below)
         io.require_decoupled(config)
         instance, device_id = args["model_instance_name"], int(args["model_instance_device_id"])
         device = use_device(resolve_device(params.get("device"), device_id))
@@ -88,6 +90,11 @@ class TritonPythonModel:
             self.worker.first_audio_gate = gate
         self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event, gate))
         self.streams.start()
+        # The engine's and the vocoder's threads win the GIL back first (thread_priority.py; GPU only).
+        for problem in give_threads_priority(priorities, device.type == "cuda", {
+                "engine_rt_priority": self.streams.engine.thread,
+                "vocoder_rt_priority": self.worker.thread if self.worker is not None else None}):
+            log.warning("%s; the thread keeps its normal priority", problem)
         self.key = internal_key.internal_key()
         self.pool = StreamPool(max_streams, name=f"{instance}-stream")
         self.watch = StallWatch()  # the streams' BLS calls and sends

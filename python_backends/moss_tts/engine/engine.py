@@ -55,7 +55,7 @@ class Engine:
         self._counters = StatsCounters(hold=self._hold)
         self.host_turn: HostTurn[EngineEvent] = HostTurn(on_event, config.host_turn_ms / 1000)  # host_turn.py
         self._emit = self.host_turn.post  # engine thread only (and _cancel_all when it never started)
-        self._thread: Optional[threading.Thread] = None
+        self.thread: Optional[threading.Thread] = None  # the loop's (the adapter sets its OS priority)
         self._is_stopping = False
         self._in_flight: Optional[Launch] = None  # engine thread only
         self._step_started: Optional[float] = None  # monotonic start of the step now running
@@ -65,11 +65,11 @@ class Engine:
     def start(self) -> None:
         """Allocate device state (errors surface here), then start the engine thread."""
         with self._cond:
-            if self._thread is not None or self._is_stopping:
+            if self.thread is not None or self._is_stopping:
                 raise RuntimeError("Engine.start() may be called once, before shutdown()")
             self._runner.setup()
-            self._thread = threading.Thread(target=self._loop, name="moss-tts-engine", daemon=True)
-        self._thread.start()
+            self.thread = threading.Thread(target=self._loop, name="moss-tts-engine", daemon=True)
+        self.thread.start()
 
     def submit(self, request: EngineRequest) -> None:
         """Queue a request. Raises ValueError (bad request, duplicate id), QueueFull, EngineClosed."""
@@ -112,7 +112,7 @@ class Engine:
         with self._cond:
             self._is_stopping = True
             self._cond.notify()
-            thread = self._thread
+            thread = self.thread
         if thread is threading.current_thread():
             return  # called from on_event: the loop ends after this step
         if thread is not None:

@@ -71,8 +71,8 @@ class VocoderWorker:
         self._stream = torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None
         # The engine's FirstAudioGate: while it is `wanted`, each round that starts a sequence is posted.
         self.first_audio_gate = None
-        self._thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)  # thread_priority.py
+        self.thread.start()
 
     # ---------------------------------------------------------------- stream threads
     def submit(self, seq: Hashable, codes: np.ndarray, start: bool, end: bool,
@@ -117,7 +117,7 @@ class VocoderWorker:
         with self._cond:
             self._is_stopping = True
             self._cond.notify_all()
-        self._thread.join(timeout)
+        self.thread.join(timeout)
         with self._cond:
             queued = [job for q in self._queues.values() for job in q]
             self._queues.clear()
