@@ -10,6 +10,7 @@ W=/tmp/moss-scale; R=$W/results/c1; mkdir -p $R
 trap 'tar -czf $OUT/results.tgz -C $W results' EXIT
 tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
+echo "sched_rt_runtime_us $(cat /proc/sys/kernel/sched_rt_runtime_us)"
 T0=$SECONDS
 bash perf/h200_scaling.sh setup > $R/setup.log 2>&1; tail -1 $R/setup.log; echo "setup $((SECONDS-T0)) s"
 for arm in rt:2:1:2 rt0:0:0:1; do  # name:engine priority:vocoder priority:share of the time left
@@ -19,7 +20,7 @@ for arm in rt:2:1:2 rt0:0:0:1; do  # name:engine priority:vocoder priority:share
   echo "$tag $((SECONDS-T0)) s"
 done
 grep -h '"python_ms"' $W/results/scaling.log | tail -1
-grep -h "thread keeps its normal priority" $W/server_soak_rt.log | head -2
+grep -h "thread keeps its normal priority" $W/results/server_soak_rt.log | head -2
 for t in rt rt0; do
   for f in $W/results/metrics_series_soak_$t.txt $W/results/metrics_series_soak_${t}_load.txt; do
     [ -f $f ] && python3 -m perf.served_budget $f | tail -1

@@ -124,10 +124,10 @@ class ModelRunner:
                                         self._dummy_inputs,
                                         prefix_prefill if self.config.prefix_blocks else None)
                 ctx.state.reset()  # warm-up and capture runs wrote into slots
-            # Step outputs land here, alternately (StepOutput.host), each with its own event.
-            for _ in range(2):
-                host = torch.empty(ctx.out.shape, dtype=ctx.out.dtype, pin_memory=True)
-                self._host_out.append((host, host.numpy(), torch.cuda.Event()))
+            # Step outputs land here, alternately, each with a blocking event (the engine sleeps on the
+            # device, never spins: a real-time thread must not, thread_priority.py).
+            for host in (torch.empty(ctx.out.shape, dtype=ctx.out.dtype, pin_memory=True) for _ in range(2)):
+                self._host_out.append((host, host.numpy(), torch.cuda.Event(blocking=True)))
         self.ctx = ctx
 
     def _kernels(self) -> tuple[bool, bool, bool, bool]:

@@ -9,8 +9,12 @@ stream threads. CPython hands a released GIL to whichever waiter the kernel wake
 kernel wakes futex waiters in priority order when they run under SCHED_FIFO, so a real-time
 engine thread wins the GIL back at the next switch instead of after the queue (on the 2-core dev
 machine, the wait to regain it beside 32 busy threads fell from 3.3 ms to 0.24 ms at the p50).
-The engine sleeps on the device most of a step, so it cannot starve the rest. Children of these
-threads do not inherit the policy (SCHED_RESET_ON_FORK).
+Both threads wait for the device on blocking CUDA events (engine/runner.py, vocoder/sessions.py):
+a real-time thread that spun through its device waits would run ~100% of its core, and Linux
+throttles a real-time thread past 95% of a second (sched_rt_runtime_us) for the rest of it, a
+50 ms stop every second (seen on the dev machine with a spinning SCHED_FIFO thread). Asleep on the
+device most of a step, they cannot starve the other threads either. Children of these threads do
+not inherit the policy (SCHED_RESET_ON_FORK).
 
 Only on a GPU: on the CPU the engine thread computes the model itself, and a real-time thread
 doing that would take its core from Triton's threads. Needs CAP_SYS_NICE (root, or the capability

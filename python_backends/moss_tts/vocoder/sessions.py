@@ -250,7 +250,7 @@ class VocoderSessions:
                         parts[sid].append(audio)
                 ready = None
                 if keep_audio and self._device.type == "cuda":  # the copies' end
-                    ready = torch.cuda.Event()
+                    ready = torch.cuda.Event(blocking=True)  # the worker sleeps on it (runner.py says why)
                     ready.record(torch.cuda.current_stream(self._device))
             except BaseException:
                 # Earlier steps advanced their state but their audio never reaches the caller,
