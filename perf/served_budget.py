@@ -13,6 +13,13 @@ over the sample intervals whose both ends had a number of running engine rows in
            a round, the GPU shared with the engine) and busy (round_ms over the window's time).
 Rounds run beside steps, so the two per-frame figures overlap: their sum is not the GPU's time.
 
+With --cpu CPU_SERIES (perf/cpu_sample.py's series of the same run, one per series, in order)
+the run is also cut into 10 s windows and the windows grouped by the CPU that the machine's
+hypervisor took from its vCPUs meanwhile (steal, in cores: under 0.05, up to 0.3, 0.3 and more):
+host and device-wait ms a step, engine and vocoder frames/s per group. Round 11 found the stub's
+host time a step rising ~11 ms and the frames/s falling ~20% in windows with ~0.9 cores stolen,
+the same machine and code: a figure from stolen windows is not one from the code alone.
+
 With --timeline every sample interval is printed instead (all rows): running and waiting
 requests, requests admitted, engine and vocoder frames/s, and per step the host ms split into
 launch, apply and the rest (scheduling, staging admitted prompts) beside the device wait: where
@@ -119,6 +126,62 @@ def timeline_text(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+STEAL_BANDS = ((0.0, 0.05), (0.05, 0.3), (0.3, float("inf")))
+
+
+def read_cpu(path: Path) -> list[dict]:
+    """perf/cpu_sample.py's series: one dict per sample (t, busy, steal, iowait, groups)."""
+    with open(path) as lines:
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def steal_bands(samples: list[dict[str, float]], cpu: list[dict], window_s: float = 10.0,
+                skip_s: float = 20.0) -> list[dict]:
+    """The engine's and the vocoder's rates per group of `window_s` windows (from `skip_s` after the
+    first engine sample to the last), each window in the STEAL_BANDS band of the mean steal of the
+    CPU samples that ended inside it; windows without two engine samples or a CPU sample are left out."""
+    engine = [s for s in samples if "engine.steps" in s]
+    if not engine:
+        return []
+    windows, start = [], engine[0]["t"] + skip_s
+    while start + window_s <= engine[-1]["t"]:
+        inside = [s for s in engine if start <= s["t"] < start + window_s]
+        steal = [c["steal"] for c in cpu if start < c["t"] <= start + window_s]
+        if len(inside) >= 2 and steal:
+            a, b = inside[0], inside[-1]
+            inc = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ("engine.steps", "engine.step_host_ms",
+                                                              "engine.step_wait_ms", "engine.frames_generated",
+                                                              "vocoder.frames")}
+            windows.append((sum(steal) / len(steal), b["t"] - a["t"], inc))
+        start += window_s
+    out = []
+    for lo, hi in STEAL_BANDS:
+        band = [w for w in windows if lo <= w[0] < hi]
+        if not band:
+            continue
+        seconds = sum(w[1] for w in band)
+        total = {k: sum(w[2][k] for w in band) for k in band[0][2]}
+        steps = total["engine.steps"] or 1.0
+        out.append({"steal_band": [lo, hi], "windows": len(band), "seconds": seconds,
+                    "steal_cores": sum(w[0] for w in band) / len(band),
+                    "host_ms_per_step": total["engine.step_host_ms"] / steps,
+                    "wait_ms_per_step": total["engine.step_wait_ms"] / steps,
+                    "engine_fps": total["engine.frames_generated"] / seconds,
+                    "vocoder_fps": total["vocoder.frames"] / seconds})
+    return out
+
+
+def steal_text(name: str, bands: list[dict]) -> str:
+    lines = [f"{name}: by the cores stolen from the machine (10 s windows)",
+             "| steal band (cores) | windows | steal | host ms / step | device wait ms / step | engine frames/s "
+             "| vocoder frames/s |", "|---|---|---|---|---|---|---|"]
+    for b in bands:
+        lo, hi = b["steal_band"]
+        lines.append(f"| {f'{lo:g}-{hi:g}' if hi != float('inf') else f'>= {lo:g}'} | {b['windows']} | {b['steal_cores']:.2f} | {b['host_ms_per_step']:.1f} | "
+                     f"{b['wait_ms_per_step']:.1f} | {b['engine_fps']:.0f} | {b['vocoder_fps']:.0f} |")
+    return "\n".join(lines)
+
+
 def markdown(results: dict[str, dict]) -> str:
     lines = ["| series | seconds | host ms / step | device wait ms / step | rows / step | vocoder frames / round "
              "| ms / round | vocoder µs / frame | vocoder busy |", "|---|---|---|---|---|---|---|---|---|"]
@@ -139,7 +202,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="200-300", help="LO-HI: running engine rows at both ends of an interval")
     ap.add_argument("--out", type=Path, default=None, help="JSON file to write the results to")
     ap.add_argument("--timeline", action="store_true", help="print every sample interval instead")
+    ap.add_argument("--cpu", type=Path, nargs="*", default=[],
+                    help="perf/cpu_sample.py series of the same runs, one per series: the rates by steal band too")
     args = ap.parse_args(argv)
+    if args.cpu and len(args.cpu) != len(args.series):
+        ap.error(f"--cpu: {len(args.cpu)} CPU series for {len(args.series)} metric series")
     if args.timeline:
         for path in args.series:
             print(f"== {path}\n{timeline_text(timeline(read_series(path)))}")
@@ -149,6 +216,9 @@ def main(argv=None) -> int:
     if rows[0] > rows[1]:
         ap.error(f"--rows {args.rows}: LO must not exceed HI")
     results = {str(path): budget(read_series(path), rows) for path in args.series}
+    for path, cpu in zip(args.series, args.cpu):
+        results[str(path)]["steal_bands"] = bands = steal_bands(read_series(path), read_cpu(cpu))
+        print(steal_text(str(path), bands))
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))
     print(markdown(results))

@@ -102,3 +102,35 @@ def test_timeline_splits_each_intervals_host_time(tmp_path, capsys):
     assert (second["host_ms"], second["launch_ms"], second["apply_ms"]) == pytest.approx((5.0, 3.0, 1.0))
     assert second["rest_ms"] == pytest.approx(1.0) and second["frames_per_round"] == pytest.approx(300)
     assert main([str(path), "--timeline"]) == 0 and "launch" in capsys.readouterr().out
+
+
+def test_steal_bands_group_the_windows_by_the_cores_stolen(tmp_path, capsys):
+    """Three 10 s windows after the 20 s skip: two without steal (10 steps of 5 ms host each), one
+    with 1 core stolen (10 steps of 15 ms host): each band gets its own windows' rates only."""
+    from perf.served_budget import steal_bands
+
+    def eng(t, steps, host, frames):
+        return {"t": t, "engine.steps": steps, "engine.step_host_ms": host, "engine.step_wait_ms": steps * 10.0,
+                "engine.frames_generated": frames, "vocoder.frames": frames * 0.8}
+
+    samples = [eng(0.0, 0, 0, 0), eng(20.0, 100, 500, 25600),
+               eng(25.0, 105, 525, 26880), eng(29.9, 110, 550, 28160),    # window 20-30: no steal
+               eng(30.0, 110, 550, 28160), eng(39.9, 120, 700, 30720),    # window 30-40: stolen
+               eng(40.0, 120, 700, 30720), eng(49.9, 130, 750, 33280),    # window 40-50: no steal
+               eng(50.0, 130, 750, 33280)]
+    cpu = [{"t": 30.0, "steal": 0.0}, {"t": 40.0, "steal": 1.0}, {"t": 50.0, "steal": 0.02}]
+    bands = steal_bands(samples, cpu)
+    assert [b["steal_band"][0] for b in bands] == [0.0, 0.3]
+    calm, stolen = bands
+    assert calm["windows"] == 2 and calm["host_ms_per_step"] == pytest.approx(5.0)
+    assert calm["steal_cores"] == pytest.approx(0.01)
+    assert stolen["windows"] == 1 and stolen["host_ms_per_step"] == pytest.approx(15.0)
+    assert stolen["engine_fps"] == pytest.approx(2560 / 9.9)
+    # The CLI takes one CPU series per metric series, and refuses a count that does not match.
+    path, cpu_path = tmp_path / "metrics_series_soak_load.txt", tmp_path / "cpu_series_soak.txt"
+    path.write_text(series_text(SAMPLES))
+    cpu_path.write_text("".join(json.dumps({**c, "busy": 3.0, "iowait": 0.0, "groups": {}}) + "\n" for c in cpu))
+    assert main([str(path), "--cpu", str(cpu_path)]) == 0
+    assert "by the cores stolen" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(path), str(path), "--cpu", str(cpu_path)])
