@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from moss_tts.contract import tensors as contract
+from perf.cpu_sample import TICK, machine_ticks
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest."
 
@@ -80,6 +81,12 @@ class LevelReport:
     # first one's start, so a spread is time the server could not have served every stream.
     client_start_spread_s: float = 0.0
     start_together: bool = False
+    # The machine's CPU over the level (its client processes included), in cores, from /proc/stat:
+    # busy, and stolen by the hypervisor from the VM's vCPUs. Round 11 found the stub's host time a
+    # step ~11 ms higher, and the frames/s ~20% lower, in soak windows with ~0.9 cores stolen:
+    # a level that ran under steal is not a figure of the code alone (0.0: no /proc/stat).
+    host_busy_cores: float = 0.0
+    host_steal_cores: float = 0.0
 
     @property
     def audio_s_per_s(self) -> float:
@@ -179,6 +186,7 @@ def run_level(url: str, model: str, mode: str, concurrency: int, requests_per_wo
     each beginning once its imports and channels are ready, or, `start_together`, once all are."""
     processes = max(1, min(processes, concurrency))
     shares = [range(concurrency)[i::processes] for i in range(processes)]
+    cpu_before, cpu_t0 = _machine_ticks(), time.monotonic()
     if processes == 1:
         results, start, end = asyncio.run(run_workers(url, model, mode, shares[0], requests_per_worker, frames,
                                                       timeout_s))
@@ -203,7 +211,18 @@ def run_level(url: str, model: str, mode: str, concurrency: int, requests_per_wo
     report = level_report(mode, concurrency, results, end - start)
     report.wall_start, report.wall_end = start, end
     report.client_start_spread_s, report.start_together = round(spread, 4), start_together and processes > 1
+    cpu_after, seconds = _machine_ticks(), time.monotonic() - cpu_t0
+    if cpu_before and cpu_after and seconds > 0:
+        report.host_busy_cores, report.host_steal_cores = (
+            round((cpu_after[k] - cpu_before[k]) / TICK / seconds, 2) for k in ("busy", "steal"))
     return report
+
+
+def _machine_ticks() -> Optional[dict]:
+    try:
+        return machine_ticks()
+    except OSError:  # not Linux
+        return None
 
 
 def level_report(mode: str, concurrency: int, results: list[StreamResult], wall: float) -> LevelReport:
@@ -219,14 +238,14 @@ def level_report(mode: str, concurrency: int, results: list[StreamResult], wall:
 
 
 def markdown(reports: list[LevelReport]) -> str:
-    lines = ["| mode | conc. | requests | failed | audio-s/s | TTFA p50 / p95 / max ms | RTF p50 / p95 / max | underruns (streams) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | conc. | requests | failed | audio-s/s | TTFA p50 / p95 / max ms | RTF p50 / p95 / max | underruns (streams) "
+             "| host busy / stolen cores |", "|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         t, f = r.ttfa_ms, r.rtf
         lines.append(f"| {r.mode} | {r.concurrency} | {r.requests} | {r.failures} | {r.audio_s_per_s:.1f} | "
                      f"{t.get('p50', '-')} / {t.get('p95', '-')} / {t.get('max', '-')} | "
                      f"{f.get('p50', '-')} / {f.get('p95', '-')} / {f.get('max', '-')} | "
-                     f"{r.underruns} ({r.streams_with_underruns}) |")
+                     f"{r.underruns} ({r.streams_with_underruns}) | {r.host_busy_cores} / {r.host_steal_cores} |")
     return "\n".join(lines)
 
 

@@ -40,6 +40,8 @@ def test_a_short_run_against_the_server_reports_every_level(triton, tmp_path):
         assert 0 < r["ttfa_ms"]["p50"] <= r["ttfa_ms"]["max"] and r["audio_s_per_s"] > 0
         # The level's wall-clock window, by which perf/trace_phases.py cuts the server's trace.
         assert r["wall_end"] - r["wall_start"] == pytest.approx(r["wall_s"])
+        # The machine's CPU over the level: the client and the server were busy on it.
+        assert r["host_busy_cores"] > 0 and r["host_steal_cores"] >= 0
 
 
 @pytest.mark.triton
