@@ -253,6 +253,10 @@ def test_placement_parameters():
     assert (placement.vocoder, placement.vocoder_slots, placement.is_in_process) == ("bls", 8, False)
     assert VocoderPlacement.from_parameters({}).vocoder_fusion == "ln_lt_gelu"
     assert VocoderPlacement.from_parameters({"vocoder_fusion": "gelu"}).vocoder_fusion == "gelu"
+    assert VocoderPlacement.from_parameters({}).vocoder_stream == "own"
+    assert VocoderPlacement.from_parameters({"vocoder_stream": "engine"}).vocoder_stream == "engine"
+    with pytest.raises(ValueError, match="vocoder_stream must be one of own, engine"):
+        VocoderPlacement.from_parameters({"vocoder_stream": "shared"})
     for bad in ({"vocoder": "gpu"}, {"vocoder_slots": "-1"}, {"vocoder_step_rows": "x"}, {"vocoder_fusion": "all"}):
         with pytest.raises(ValueError):
             VocoderPlacement.from_parameters(bad)
@@ -267,14 +271,17 @@ def test_the_vocoder_models_fusion_parameter():
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_in_flight_chunks_through_graphs_equal_offline(tiny_dir, streams):
-    """The worker's own CUDA stream, graphs, START resets on that stream, while another thread
-    keeps the GPU busy on a high-priority stream (the engine's place): streamed == offline."""
+@pytest.mark.parametrize("shared", [False, True], ids=["own_stream", "engine_stream"])
+def test_on_the_gpu_in_flight_chunks_through_graphs_equal_offline(tiny_dir, streams, shared):
+    """The worker's CUDA stream (its own, or, vocoder_stream "engine", the one another thread
+    runs on), graphs, START resets on that stream, while another thread keeps the GPU busy on a
+    high-priority stream (the engine's place): streamed == offline."""
     codec = load_codec(tiny_dir / "codec", torch.device("cuda"), torch.float32).eval()
     sessions = VocoderSessions(codec, VocoderConfig(max_slots=4, max_public_sessions=4, device="cuda",
                                                     cuda_graphs=True, max_step_rows=4))
-    worker = VocoderWorker(sessions)
     busy, stop = torch.cuda.Stream(priority=-1), threading.Event()
+    worker = VocoderWorker(sessions, stream=busy if shared else None)
+    assert (worker._stream is busy) == shared
 
     def load():
         x = torch.randn(2048, 2048, device="cuda")

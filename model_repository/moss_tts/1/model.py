@@ -27,7 +27,7 @@ from moss_tts.contract.errors import ErrorKind, ServingError
 from moss_tts.contract.metrics import BATCH_SIZE_BUCKETS, STEP_MS_BUCKETS, stat_names
 from moss_tts.contract.parameters import switch_interval_s
 from moss_tts.engine.config import EngineConfig
-from moss_tts.engine.engine import Engine
+from moss_tts.engine.engine import STREAM_PRIORITY, Engine
 from moss_tts.engine.first_audio_gate import FirstAudioGate
 from moss_tts.engine.stats import EngineStats
 from moss_tts.model.loading import load_model, load_tokenizer
@@ -83,12 +83,13 @@ class TritonPythonModel:
         problem = session_config.vocoder_idle_problem(placement.vocoder_idle_s if placement.is_in_process else None)
         if problem:
             raise pb_utils.TritonModelException(problem)
-        self.worker = self._vocoder_worker(placement, device, dtype, max_streams, device_id)
+        shared_stream = self._shared_stream(placement, device, device_id)  # vocoder_stream "engine"
+        self.worker = self._vocoder_worker(placement, device, dtype, max_streams, device_id, shared_stream)
         # Light load: a new stream's first vocoder round runs before the engine's next step.
         gate = FirstAudioGate() if self.worker is not None and engine_config.first_audio_hold_rows else None
         if gate is not None:
             self.worker.first_audio_gate = gate
-        self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event, gate))
+        self.streams = EngineStreams(lambda on_event: Engine(model, engine_config, on_event, gate, stream=shared_stream))
         self.streams.start()
         # The engine's and the vocoder's threads win the GIL back first (thread_priority.py; GPU only).
         for problem in give_threads_priority(priorities, device.type == "cuda", {
@@ -152,7 +153,18 @@ class TritonPythonModel:
                 after=lambda: rows.set(self.worker.round_rows_histogram.cumulative()))
 
     @staticmethod
-    def _vocoder_worker(placement, device, dtype, max_streams, device_id):
+    def _shared_stream(placement, device, device_id):
+        """vocoder_stream "engine" (in process, on the engine's GPU): the one CUDA stream both run on."""
+        if not (placement.is_in_process and placement.vocoder_stream == "engine" and device.type == "cuda"):
+            return None
+        if resolve_device(placement.vocoder_device, device_id) != device:
+            raise pb_utils.TritonModelException(
+                f"vocoder_stream \"engine\" needs the vocoder on the engine's device ({device}); "
+                f"vocoder_device is {placement.vocoder_device!r}")
+        return torch.cuda.Stream(device, priority=STREAM_PRIORITY)
+
+    @staticmethod
+    def _vocoder_worker(placement, device, dtype, max_streams, device_id, stream=None):
         if not placement.is_in_process:
             return None
         codec_device = resolve_device(placement.vocoder_device, device_id)
@@ -167,7 +179,8 @@ class TritonPythonModel:
         return VocoderWorker(sessions, idle_seconds=placement.vocoder_idle_s, round_rows=placement.vocoder_round_rows,
                              min_round_frames=placement.vocoder_round_min_frames,
                              hold_slack_s=placement.vocoder_hold_ms / 1000,
-                             load_hold=LoadHold(placement.vocoder_load_streams, placement.vocoder_load_hold_ms / 1000))
+                             load_hold=LoadHold(placement.vocoder_load_streams, placement.vocoder_load_hold_ms / 1000),
+                             stream=stream)
 
     def execute(self, requests):
         self.stop_watch.arm()  # the server serves: from now on "Server not ready" is its end

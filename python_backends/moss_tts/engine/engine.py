@@ -42,9 +42,10 @@ class EngineClosed(RuntimeError):
 
 class Engine:
     def __init__(self, model: MossTTSLocalModel, config: EngineConfig, on_event: EventCallback,
-                 first_audio_gate: Optional[FirstAudioGate] = None) -> None:
-        """first_audio_gate: the in-process vocoder's posts (first_audio_gate.py, first_audio_hold_rows)."""
-        self.config = config
+                 first_audio_gate: Optional[FirstAudioGate] = None, stream=None) -> None:
+        """first_audio_gate: the in-process vocoder's posts (first_audio_gate.py, first_audio_hold_rows).
+        stream: the CUDA stream to run on (shared with the vocoder: vocoder_stream "engine"), else its own."""
+        self.config, self._stream = config, stream
         self._model_cfg = model.cfg
         self._runner = ModelRunner(model, config)
         self._scheduler = Scheduler(config)
@@ -129,10 +130,9 @@ class Engine:
             # The current CUDA device is per thread and a new thread starts on cuda:0; graph
             # replay and the Triton kernels launch on the current one (engine on cuda:1).
             torch.cuda.set_device(self._runner.device)
-            # A stream of its own, above the default priority: a vocoder decoding in this
-            # process (vocoder/worker.py, normal priority) overlaps the steps and fills
-            # the SMs they leave idle, but never delays a step behind its long GEMMs.
-            torch.cuda.set_stream(torch.cuda.Stream(self._runner.device, priority=STREAM_PRIORITY))
+            # A stream of its own, above the default priority: an in-process vocoder (normal priority)
+            # fills the SMs the steps leave idle but never delays a step behind its long GEMMs.
+            torch.cuda.set_stream(self._stream or torch.cuda.Stream(self._runner.device, priority=STREAM_PRIORITY))
         while self._wait_for_work():
             self.host_turn.take()
             self._step_started = time.monotonic()

@@ -67,6 +67,7 @@ class VocoderConfig:
 
 
 PLACEMENTS = ("in_process", "bls")
+VOCODER_STREAMS = ("own", "engine")
 
 
 def codec_fusion(parameters: Mapping[str, str]) -> str:
@@ -106,9 +107,16 @@ class VocoderPlacement:
     # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
     # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
     vocoder_fusion: str = DEFAULT_FUSION
+    # in_process on a GPU: "own" = the vocoder's rounds on a CUDA stream of their own, beside the
+    # engine's steps (concurrent); "engine" = on the engine's stream, between its steps (serial):
+    # small rounds' ~1,100 kernels then never interleave with a step's (issue 34, round 11).
+    vocoder_stream: str = "own"
 
     def __post_init__(self):
         _checked_fusion("parameter vocoder_fusion", self.vocoder_fusion)
+        if self.vocoder_stream not in VOCODER_STREAMS:
+            raise ValueError(f"parameter vocoder_stream must be one of {', '.join(VOCODER_STREAMS)}, "
+                             f"got {self.vocoder_stream!r}")
         if self.vocoder not in PLACEMENTS:
             raise ValueError(f"parameter vocoder must be one of {', '.join(PLACEMENTS)}, got {self.vocoder!r}")
         if self.vocoder_slots < 0 or self.vocoder_step_rows < 1 or not self.vocoder_idle_s > 0 \
@@ -124,7 +132,8 @@ class VocoderPlacement:
 
     @classmethod
     def from_parameters(cls, parameters) -> "VocoderPlacement":
-        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device", "vocoder_fusion") if k in parameters}
+        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device", "vocoder_fusion", "vocoder_stream")
+                   if k in parameters}
         return cls(**{**config_fields(cls, parameters, skip=tuple(strings)), **strings})
 
     @property

@@ -43,10 +43,10 @@ log = logging.getLogger(__name__)
 class VocoderWorker:
     def __init__(self, sessions: VocoderSessions, idle_seconds: float = 60.0, stream_priority: int = 0,
                  round_rows: int = 0, min_round_frames: int = 0, hold_slack_s: float = 0.25,
-                 load_hold: LoadHold = LoadHold()) -> None:
-        """idle_seconds: a sequence without a job for this long is ended (a stream that died
-        without its END). stream_priority: the CUDA stream's priority (0 = normal; the engine runs
-        above it). min_round_frames, hold_slack_s, load_hold: see jobs.hold_until (0 frames: never held)."""
+                 load_hold: LoadHold = LoadHold(), stream: Optional["torch.cuda.Stream"] = None) -> None:
+        """idle_seconds: a sequence without a job this long is ended (its stream died without an END).
+        stream_priority: its CUDA stream's (0 = normal; the engine runs above it), unless `stream` is the
+        engine's (rounds between steps). min_round_frames, hold_slack_s, load_hold: jobs.hold_until."""
         self.sessions = sessions
         self.min_round_frames, self.hold_slack_s, self.load_hold = min_round_frames, hold_slack_s, load_hold
         # While a round is held back: until when, the frames queued (a submit wakes the worker
@@ -66,9 +66,8 @@ class VocoderWorker:
         self._round_s = 0.0
         # Streams decoded per round (its count is the rounds): published by the adapter's gauge thread.
         self.round_rows_histogram = Histogram(BATCH_SIZE_BUCKETS)
-        device = sessions.config.torch_device
-        # Made here, not on the worker thread: the engine may be capturing its graphs by then.
-        self._stream = torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None
+        device = sessions.config.torch_device  # the stream is made here: the engine may be capturing graphs by then
+        self._stream = stream or (torch.cuda.Stream(device, priority=stream_priority) if device.type == "cuda" else None)
         # The engine's FirstAudioGate: while it is `wanted`, each round that starts a sequence is posted.
         self.first_audio_gate = None
         self.thread = threading.Thread(target=self._loop, name="moss-vocoder-worker", daemon=True)  # thread_priority.py
