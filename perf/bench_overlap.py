@@ -1,0 +1,208 @@
+"""The engine's decode step beside the vocoder's rounds on one GPU: each alone, then together on two
+CUDA streams (the served `vocoder_stream` "own": the engine's above the vocoder's) and on one
+stream ("engine": the rounds between the steps), without Triton (issue 34, round 11).
+
+    PYTHONPATH=python_backends:. python3 perf/bench_overlap.py --out overlap.json     # GPU, real size, ~2-3 min
+    PYTHONPATH=python_backends:. python3 -m pytest tests/test_bench_overlap.py        # its loop, on fake work
+
+Why: in round 11's steal-free soak the engine's step took ~23 ms of GPU beside the vocoder's
+~119-frame rounds, against ~8 ms alone: ~77 µs of engine delay per decoded frame where a large
+round alone costs ~35 µs a frame. This measures that cost without the server: does a small
+round cost more interleaved with the engine's kernels than in turn, and from what round size
+on does running them side by side pay?
+
+Work (seeded random weights, bf16, the served forms):
+  engine   one decode-step graph replay at --batch rows, KV lengths mid-generation as in
+           bench_engine's steady state (reset every --reset-every steps, not timed)
+  vocoder  one packed round (VocoderGraphs) of each --rounds ROWSxFRAMES shape, staged and
+           replayed at every call (the same codes, one step further on each time)
+Each thread launches its work, records an event behind it and waits for it, as the server's
+engine and vocoder threads do; a mode runs --seconds. Per mode and work: ms per call (median,
+mean), frames/s, and `share`: frames/s against the work alone. Together, engine share +
+vocoder share is how much of the two alone the GPU did at once (1.0 = as good as in turn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+MODES = ("alone", "two_streams", "one_stream")
+
+
+@dataclass
+class Work:
+    """One kind of GPU work: `launch()` enqueues one call on the current stream; `frames` it makes."""
+    name: str
+    frames: int
+    launch: Callable[[], None]
+    between: Callable[[], None] = lambda: None  # untimed upkeep, called every `every` calls
+    every: int = 0
+
+
+class Lane:
+    """Where a thread runs its work: a CUDA stream, or (None) the CPU, synchronously."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+
+    def call(self, launch: Callable[[], None]) -> None:
+        if self.stream is None:
+            launch()
+            return
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            launch()
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        done.synchronize()  # this call's work (and, on a shared stream, what was queued before it)
+
+
+def run_lanes(jobs: list[tuple[Work, Lane]], seconds: float) -> dict[str, dict]:
+    """Each (work, lane) on a thread of its own, calls back to back for `seconds`: per work, the
+    timed calls' ms (median, mean) and frames/s over the time they took."""
+    stop = threading.Event()
+    times: dict[str, list[float]] = {work.name: [] for work, _ in jobs}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(jobs))
+
+    def loop(work: Work, lane: Lane) -> None:
+        try:
+            barrier.wait()
+            n = 0
+            while not stop.is_set():
+                if work.every and n and n % work.every == 0:
+                    work.between()
+                start = time.perf_counter()
+                lane.call(work.launch)
+                times[work.name].append(time.perf_counter() - start)  # one writer per list
+                n += 1
+        except BaseException as exc:  # reported below, the other thread stopped
+            errors.append(exc)
+            stop.set()
+            barrier.abort()
+
+    threads = [threading.Thread(target=loop, args=job, daemon=True) for job in jobs]
+    for t in threads:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    out = {}
+    for work, _ in jobs:
+        calls = times[work.name]
+        if calls:
+            out[work.name] = {"calls": len(calls), "ms_median": statistics.median(calls) * 1e3,
+                              "ms_mean": statistics.fmean(calls) * 1e3,
+                              "frames_per_s": work.frames * len(calls) / sum(calls)}
+    return out
+
+
+def compare(engine: Work, rounds: list[Work], lanes: Callable[[str], tuple[Lane, Lane]], seconds: float) -> dict:
+    """The engine alone, then per round shape: the round alone, both on two streams, both on one."""
+    own_engine, own_vocoder = lanes("two_streams")
+    alone = run_lanes([(engine, own_engine)], seconds)[engine.name]
+    out = {"engine_alone": alone, "rounds": []}
+    for vocoder in rounds:
+        row = {"round": vocoder.name, "frames": vocoder.frames,
+               "alone": run_lanes([(vocoder, own_vocoder)], seconds)[vocoder.name]}
+        for mode in MODES[1:]:
+            e_lane, v_lane = lanes(mode)
+            both = run_lanes([(engine, e_lane), (vocoder, v_lane)], seconds)
+            shares = {k: both[name]["frames_per_s"] / base["frames_per_s"]
+                      for k, name, base in (("engine", engine.name, alone), ("vocoder", vocoder.name, row["alone"]))
+                      if name in both}
+            row[mode] = {**both, "engine_share": shares.get("engine"), "vocoder_share": shares.get("vocoder"),
+                         "sum_of_shares": sum(shares.values())}
+        out["rounds"].append(row)
+    return out
+
+
+def gpu_work(args) -> tuple[Work, list[Work], Callable[[str], tuple[Lane, Lane]]]:
+    """The real-size engine and codec (seeded random, bf16), their graphs captured, and the lanes."""
+    import torch
+
+    from moss_tts.engine import EngineConfig
+    from perf.bench_engine import Bench, build as build_model, steady_state
+    from perf.bench_vocoder import Steps, build as build_codec, host_codes, random_codes
+
+    model, _ = build_model(argparse.Namespace(tiny=False))
+    config = EngineConfig(max_running_requests=args.batch, max_queue=1024, max_seq_len=args.prompt_rows + 234,
+                          prefill_chunk_tokens=8192)
+    bench = Bench(model, config, 112, args.prompt_rows)
+    runner = bench.engine._runner
+    window = steady_state(bench, args.batch, args.reset_every + 1)[0]
+
+    def reset_engine():
+        runner.ctx.state.reset()
+        steady_state(bench, args.batch, args.reset_every + 1)
+
+    engine = Work("engine", args.batch, lambda: runner.graphs.replay_decode(args.batch, window),
+                  reset_engine, args.reset_every)
+    codec, device = build_codec(argparse.Namespace(device="cuda", tiny=False, fusion=args.fusion))
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.rounds.split(",")]
+    steps = Steps(codec, device, max(r for r, _ in shapes), max(f for _, f in shapes))
+    steps.capture()
+    rounds = []
+    for rows, frames in shapes:
+        # Staged at every call, as the worker stages each round (host numpy, one pinned copy).
+        slots, host = list(range(rows)), host_codes(random_codes(rows, frames, codec.codebook_size, 7))
+        rounds.append(Work(f"vocoder_{rows}x{frames}", rows * frames,
+                           lambda slots=slots, host=host: steps.graphs.replay(steps.graphs.stage(slots, host))))
+    engine_stream = torch.cuda.Stream(device, priority=-1)  # engine/engine.py STREAM_PRIORITY
+    vocoder_stream = torch.cuda.Stream(device)
+
+    def lanes(mode: str) -> tuple[Lane, Lane]:
+        return Lane(engine_stream), Lane(engine_stream if mode == "one_stream" else vocoder_stream)
+
+    return engine, rounds, lanes
+
+
+def table(result: dict) -> str:
+    e = result["engine_alone"]
+    lines = [f"engine alone: {e['ms_median']:.2f} ms a step, {e['frames_per_s']:.0f} frames/s",
+             "| round | frames | alone ms | mode | engine ms / step | round ms | engine share | vocoder share | sum |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in result["rounds"]:
+        for mode in MODES[1:]:
+            m = row[mode]
+            lines.append(f"| {row['round']} | {row['frames']} | {row['alone']['ms_median']:.2f} | {mode} | "
+                         f"{m['engine']['ms_median']:.2f} | {m[row['round']]['ms_median']:.2f} | "
+                         f"{m['engine_share']:.2f} | {m['vocoder_share']:.2f} | {m['sum_of_shares']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=256, help="engine rows a step")
+    ap.add_argument("--prompt-rows", type=int, default=150)
+    ap.add_argument("--rounds", default="12x10,48x10,128x5", help="vocoder rounds, ROWSxFRAMES, comma-separated")
+    ap.add_argument("--fusion", default=None, help="the codec's fusion (default: the served one)")
+    ap.add_argument("--seconds", type=float, default=4.0, help="per mode")
+    ap.add_argument("--reset-every", type=int, default=100, help="engine steps between KV resets (untimed)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.fusion is None:
+        from moss_tts.vocoder.config import DEFAULT_FUSION
+        args.fusion = DEFAULT_FUSION
+    engine, rounds, lanes = gpu_work(args)
+    result = {"args": vars(args) | {"out": str(args.out)}, **compare(engine, rounds, lanes, args.seconds)}
+    print(table(result), flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
