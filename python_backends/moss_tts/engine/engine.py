@@ -130,8 +130,8 @@ class Engine:
             # The current CUDA device is per thread and a new thread starts on cuda:0; graph
             # replay and the Triton kernels launch on the current one (engine on cuda:1).
             torch.cuda.set_device(self._runner.device)
-            # A stream of its own, above the default priority: an in-process vocoder (normal priority)
-            # fills the SMs the steps leave idle but never delays a step behind its long GEMMs.
+            # Its own stream above the default priority (an in-process vocoder's, normal, fills the SMs the
+            # steps leave idle, never delaying one), unless it shares one with the vocoder (vocoder_stream).
             torch.cuda.set_stream(self._stream or torch.cuda.Stream(self._runner.device, priority=STREAM_PRIORITY))
         while self._wait_for_work():
             self.host_turn.take()

@@ -17,9 +17,10 @@ device most of a step, they cannot starve the other threads either. Children of 
 not inherit the policy (SCHED_RESET_ON_FORK).
 
 Only on a GPU: on the CPU the engine thread computes the model itself, and a real-time thread
-doing that would take its core from Triton's threads. Needs CAP_SYS_NICE (root, or the capability
-in the container: deploy/k8s); without it the threads keep their normal priority and the adapter
-logs why. No Triton import.
+doing that would take its core from Triton's threads. Needs CAP_SYS_NICE and real-time bandwidth
+for the process's cgroup; without them the threads keep their normal priority and the adapter
+logs why. The H200 device machines refuse it even to root (EPERM, issue 34's eleventh round), so
+its effect on the server is not measured; served 0. No Triton import.
 """
 
 from __future__ import annotations
