@@ -14,10 +14,12 @@ on does running them side by side pay?
 Work (seeded random weights, bf16, the served forms):
   engine   one decode-step graph replay at --batch rows, KV lengths mid-generation as in
            bench_engine's steady state (reset every --reset-every steps, not timed)
-  vocoder  one packed round (VocoderGraphs) of each --rounds ROWSxFRAMES shape, staged and
-           replayed at every call (the same codes, one step further on each time)
-Each thread launches its work, records an event behind it and waits for it, as the server's
-engine and vocoder threads do; a mode runs --seconds. Per mode and work: ms per call (median,
+  vocoder  one packed round (VocoderGraphs) of each --rounds ROWSxFRAMES shape, staged, replayed
+           and its audio copied to pinned host memory at every call, as VocoderSessions does (the
+           same codes, one step further on each time; rows pad to the graphs' buckets: 12 -> 16)
+Each thread launches its work, records an event behind it and waits for it (the server keeps
+one step or round queued ahead; this does not), and a mode runs --seconds. The engine's KV
+lengths start over at each run and every --reset-every steps, on its lane, untimed. Per mode and work: ms per call (median,
 mean), frames/s, and `share`: frames/s against the work alone. Together, engine share +
 vocoder share is how much of the two alone the GPU did at once (1.0 = as good as in turn).
 """
@@ -43,7 +45,9 @@ class Work:
     name: str
     frames: int
     launch: Callable[[], None]
-    between: Callable[[], None] = lambda: None  # untimed upkeep, called every `every` calls
+    # Untimed upkeep on the work's lane, before the first call of a run and then every `every`
+    # calls (the engine's KV lengths back to their start: a run begins where the last one did not).
+    between: Callable[[], None] = lambda: None
     every: int = 0
 
 
@@ -61,14 +65,15 @@ class Lane:
 
         with torch.cuda.stream(self.stream):
             launch()
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)  # the server's threads sleep on theirs too
             done.record(self.stream)
         done.synchronize()  # this call's work (and, on a shared stream, what was queued before it)
 
 
 def run_lanes(jobs: list[tuple[Work, Lane]], seconds: float) -> dict[str, dict]:
     """Each (work, lane) on a thread of its own, calls back to back for `seconds`: per work, the
-    timed calls' ms (median, mean) and frames/s over the time they took."""
+    timed calls' ms (median, mean) and frames/s over the time they took. A run's first call is
+    not timed (first replays, pinned buffers); upkeep runs on the lane, untimed."""
     stop = threading.Event()
     times: dict[str, list[float]] = {work.name: [] for work, _ in jobs}
     errors: list[BaseException] = []
@@ -79,11 +84,12 @@ def run_lanes(jobs: list[tuple[Work, Lane]], seconds: float) -> dict[str, dict]:
             barrier.wait()
             n = 0
             while not stop.is_set():
-                if work.every and n and n % work.every == 0:
-                    work.between()
+                if work.every and n % work.every == 0:
+                    lane.call(work.between)
                 start = time.perf_counter()
                 lane.call(work.launch)
-                times[work.name].append(time.perf_counter() - start)  # one writer per list
+                if n:
+                    times[work.name].append(time.perf_counter() - start)  # one writer per list
                 n += 1
         except BaseException as exc:  # reported below, the other thread stopped
             errors.append(exc)
@@ -138,7 +144,12 @@ def gpu_work(args) -> tuple[Work, list[Work], Callable[[str], tuple[Lane, Lane]]
     from perf.bench_vocoder import Steps, build as build_codec, host_codes, random_codes
 
     model, _ = build_model(argparse.Namespace(tiny=False))
-    config = EngineConfig(max_running_requests=args.batch, max_queue=1024, max_seq_len=args.prompt_rows + 234,
+    max_seq_len = args.prompt_rows + 234  # bench_engine's: prompt + 112 frames + 122
+    longest = args.prompt_rows + (args.batch - 1) * 112 // args.batch  # steady_state's longest slot
+    if longest + args.reset_every + 1 > max_seq_len:
+        raise SystemExit(f"--reset-every {args.reset_every}: the longest slot ({longest} rows) would pass "
+                         f"max_seq_len {max_seq_len}; at most {max_seq_len - longest - 1}")
+    config = EngineConfig(max_running_requests=args.batch, max_queue=1024, max_seq_len=max_seq_len,
                           prefill_chunk_tokens=8192)
     bench = Bench(model, config, 112, args.prompt_rows)
     runner = bench.engine._runner
@@ -156,10 +167,8 @@ def gpu_work(args) -> tuple[Work, list[Work], Callable[[str], tuple[Lane, Lane]]
     steps.capture()
     rounds = []
     for rows, frames in shapes:
-        # Staged at every call, as the worker stages each round (host numpy, one pinned copy).
         slots, host = list(range(rows)), host_codes(random_codes(rows, frames, codec.codebook_size, 7))
-        rounds.append(Work(f"vocoder_{rows}x{frames}", rows * frames,
-                           lambda slots=slots, host=host: steps.graphs.replay(steps.graphs.stage(slots, host))))
+        rounds.append(Work(f"vocoder_{rows}x{frames}", rows * frames, round_launch(steps, slots, host)))
     engine_stream = torch.cuda.Stream(device, priority=-1)  # engine/engine.py STREAM_PRIORITY
     vocoder_stream = torch.cuda.Stream(device)
 
@@ -167,6 +176,23 @@ def gpu_work(args) -> tuple[Work, list[Work], Callable[[str], tuple[Lane, Lane]]
         return Lane(engine_stream), Lane(engine_stream if mode == "one_stream" else vocoder_stream)
 
     return engine, rounds, lanes
+
+
+def round_launch(steps, slots: list[int], host: list) -> Callable[[], None]:
+    """One served round: staged (host numpy, one pinned upload), replayed, and its audio copied
+    into pinned host memory (VocoderSessions' download, ~4 MB a 1,000 frames: on a shared stream
+    the next step waits behind it too)."""
+    import torch
+
+    pinned = {}
+
+    def launch() -> None:
+        audio = steps.graphs.replay(steps.graphs.stage(slots, host))
+        if audio.numel() not in pinned:
+            pinned[audio.numel()] = torch.empty(audio.numel(), dtype=audio.dtype, pin_memory=True)
+        pinned[audio.numel()].copy_(audio.reshape(-1), non_blocking=True)
+
+    return launch
 
 
 def table(result: dict) -> str:
@@ -177,9 +203,10 @@ def table(result: dict) -> str:
     for row in result["rounds"]:
         for mode in MODES[1:]:
             m = row[mode]
+            ms = [f"{m[k]['ms_median']:.2f}" if k in m else "-" for k in ("engine", row["round"])]
+            shares = [f"{m[k]:.2f}" if m.get(k) is not None else "-" for k in ("engine_share", "vocoder_share")]
             lines.append(f"| {row['round']} | {row['frames']} | {row['alone']['ms_median']:.2f} | {mode} | "
-                         f"{m['engine']['ms_median']:.2f} | {m[row['round']]['ms_median']:.2f} | "
-                         f"{m['engine_share']:.2f} | {m['vocoder_share']:.2f} | {m['sum_of_shares']:.2f} |")
+                         f"{ms[0]} | {ms[1]} | {shares[0]} | {shares[1]} | {m['sum_of_shares']:.2f} |")
     return "\n".join(lines)
 
 
