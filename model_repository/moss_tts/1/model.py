@@ -156,6 +156,8 @@ class TritonPythonModel:
     def _shared_stream(placement, device, device_id):
         """vocoder_stream "engine" (in process, on the engine's GPU): the one CUDA stream both run on."""
         if not (placement.is_in_process and placement.vocoder_stream == "engine" and device.type == "cuda"):
+            if placement.vocoder_stream == "engine":
+                log.warning("vocoder_stream \"engine\" needs the vocoder in process on a GPU; each keeps its own stream")
             return None
         if resolve_device(placement.vocoder_device, device_id) != device:
             raise pb_utils.TritonModelException(
