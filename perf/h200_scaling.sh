@@ -403,6 +403,10 @@ soak() {
   grep -E "Non-graceful|Exit timeout|Traceback|invalid pointer|double free|Segmentation|stalled" "$W/server_$n.log" | head -20 \
     | tee -a "$R/scaling.log"
   python3 perf/cpu_sample.py --summary "$R/cpu_series_$n.txt" --skip 40 | sed 's/^/cpu (cores, from 40 s in): /' | tee -a "$R/scaling.log"
+  # The soak's engine and vocoder rates by the cores the hypervisor stole (10 s windows): a
+  # stolen window is not a figure of the code alone (issue 34, round 11).
+  python3 -m perf.served_budget "$R/metrics_series_${n}_load.txt" --cpu "$R/cpu_series_$n.txt" 2>&1 | head -6 \
+    | tee -a "$R/scaling.log"
   python3 -c "import json; r = json.load(open('$R/$n.json')); print({k: r.get(k) for k in ('ok', 'requests', 'outcomes', 'num_failures', 'first_audio_ms_p50', 'first_audio_ms_p95', 'audio_seconds', 'wall_seconds', 'end_problems')})" \
     | tee -a "$R/scaling.log"
   stop_server
