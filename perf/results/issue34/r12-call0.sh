@@ -7,4 +7,4 @@
 set -uo pipefail
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
 PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 420 python3 perf/bench_overlap.py \
-  --rounds 12x10,48x10,128x5 --seconds 4 --out "$OUT/r12-overlap.json" 2>&1 | grep -v "^\s*$" | tail -20
+  --rounds 1x2,12x10,48x10,128x5 --seconds 4 --out "$OUT/r12-overlap.json" 2>&1 | grep -v "^\s*$" | tail -20
