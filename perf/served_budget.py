@@ -215,9 +215,10 @@ def main(argv=None) -> int:
     rows = (int(lo), int(hi or lo))
     if rows[0] > rows[1]:
         ap.error(f"--rows {args.rows}: LO must not exceed HI")
-    results = {str(path): budget(read_series(path), rows) for path in args.series}
+    series = {path: read_series(path) for path in args.series}
+    results = {str(path): budget(samples, rows) for path, samples in series.items()}
     for path, cpu in zip(args.series, args.cpu):
-        results[str(path)]["steal_bands"] = bands = steal_bands(read_series(path), read_cpu(cpu))
+        results[str(path)]["steal_bands"] = bands = steal_bands(series[path], read_cpu(cpu))
         print(steal_text(str(path), bands))
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))
