@@ -115,17 +115,19 @@ def run_lanes(jobs: list[tuple[Work, Lane]], seconds: float) -> dict[str, dict]:
     return out
 
 
-def compare(engine: Work, rounds: list[Work], lanes: Callable[[str], tuple[Lane, Lane]], seconds: float) -> dict:
-    """The engine alone, then per round shape: the round alone, both on two streams, both on one."""
+def compare(engine: Work, rounds: list[Work], lanes: Callable[[str], tuple[Lane, Lane]], seconds: float,
+            run: Callable[[list[tuple[Work, Lane]], float], dict] = run_lanes) -> dict:
+    """The engine alone, then per round shape: the round alone, both on two streams, both on one
+    (each by `run`: run_lanes, or the tests' fixed rates)."""
     own_engine, own_vocoder = lanes("two_streams")
-    alone = run_lanes([(engine, own_engine)], seconds)[engine.name]
+    alone = run([(engine, own_engine)], seconds)[engine.name]
     out = {"engine_alone": alone, "rounds": []}
     for vocoder in rounds:
         row = {"round": vocoder.name, "frames": vocoder.frames,
-               "alone": run_lanes([(vocoder, own_vocoder)], seconds)[vocoder.name]}
+               "alone": run([(vocoder, own_vocoder)], seconds)[vocoder.name]}
         for mode in MODES[1:]:
             e_lane, v_lane = lanes(mode)
-            both = run_lanes([(engine, e_lane), (vocoder, v_lane)], seconds)
+            both = run([(engine, e_lane), (vocoder, v_lane)], seconds)
             shares = {k: both[name]["frames_per_s"] / base["frames_per_s"]
                       for k, name, base in (("engine", engine.name, alone), ("vocoder", vocoder.name, row["alone"]))
                       if name in both}
