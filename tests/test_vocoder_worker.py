@@ -422,7 +422,7 @@ def test_under_load_a_small_round_waits_for_its_floor_even_when_due_now():
 
     first = VocodeJob("a", np.zeros((2, 12), np.int64), True, False, lambda: None, 9.0)  # a first chunk: due now
     later = VocodeJob("b", np.zeros((4, 12), np.int64), False, False, lambda: None, 20.0)
-    first.queued_at, later.queued_at = 8.99, 8.995
+    first.waiting_since, later.waiting_since = 8.99, 8.995
     queues, picks = {"a": deque([first]), "b": deque([later])}, [[(first, 2)], [(later, 4)]]
     hold = LoadHold(streams=2, seconds=0.02)
     floor = hold.floor(picks, num_open=2)
@@ -454,6 +454,26 @@ def test_a_loaded_worker_holds_a_first_chunk_for_the_load_hold_only(codec, strea
         assert not held.wait(0.15)  # due now, yet held for the load hold
         assert held.wait(TIMEOUT_S) and clock.monotonic() - asked >= 0.28
         assert clock.monotonic() - asked < 3.0
+    finally:
+        worker.stop()
+
+
+def test_the_load_hold_counts_from_each_piece_not_from_the_submit(codec, streams):
+    """A job longer than a round's piece goes out in pieces: what is left of it waits the hold
+    anew after each one. Counted from the submit, every piece after the first went at once."""
+    import time as clock
+
+    from moss_tts.vocoder.jobs import LoadHold
+
+    worker = make(codec, piece_frames=4, min_round_frames=100, hold_slack_s=0.05,
+                  load_hold=LoadHold(streams=1, seconds=0.3))
+    try:
+        asked = clock.monotonic()
+        job = worker.submit(0, streams[0, :10], start=True, end=False)  # pieces of 4, 4, 2
+        # The first piece goes at once (no sequence open yet: not loaded); the two after it wait
+        # 0.3 s each from the launch of the one before.
+        assert job.wait(TIMEOUT_S) and clock.monotonic() - asked >= 0.58
+        assert job.result().shape == (2, 10 * SPF)
     finally:
         worker.stop()
 

@@ -35,7 +35,9 @@ class VocodeJob:
                  hurry: Callable[["VocodeJob"], None] = lambda job: None) -> None:
         self.seq, self.codes, self.start, self.end = seq, codes, start, end
         self.deadline = deadline  # time.monotonic() by which its audio is due
-        self.queued_at = time.monotonic()  # LoadHold: how long it has waited for a round
+        # LoadHold: since when its frames not yet launched have waited for a round (queued, then
+        # each piece's launch: a 25-frame chunk goes in pieces of 10, an offline job in many).
+        self.waiting_since = time.monotonic()
         self.on_done = on_done  # called once, on the worker thread, when the job completes: keep it cheap
         self.launched = 0  # frames handed to the GPU so far
         self.position = 0  # frames decoded and back on the host so far
@@ -198,16 +200,21 @@ def hold_until(picks: list[list[tuple[VocodeJob, int]]], queues: "dict[Hashable,
 
 @dataclass(frozen=True)
 class LoadHold:
-    """Under load (at least `streams` open sequences) a small round waits until its oldest job
-    has queued `seconds`, even when some of it is due now. The 330 s soak starts ~180 streams a
-    second, so a first chunk (due at once) is nearly always queued and no round was ever held:
-    every round carried ~118 frames at ~116 µs a frame of shared GPU (a 1,361-frame round alone:
-    34), the vocoder busy 94% (issue 34, rounds 8-10). Waiting is the trade: first audio for GPU
-    time. Off below `streams` (one stream's first audio is untouched) and at 0 seconds."""
+    """Under load (at least `streams` open sequences) a small round waits until the frames of
+    its longest-waiting job have waited `seconds` (since queued, or since its last piece went out),
+    even when some of it is due now. The 330 s soak starts ~180 streams a second, so a first chunk
+    (due at once) is nearly always queued and no round was ever held: every round carried ~118
+    frames at ~116 µs a frame of shared GPU (a 1,361-frame round alone: 34), the vocoder busy 94%
+    (issue 34, rounds 8-10). Waiting is the trade: first audio for GPU time. Off below `streams`
+    (one stream's first audio is untouched) and at 0 seconds.
+
+    Counted from a job's submit, the hold held nothing in rounds 10 and 12: a round decodes at
+    most 10 frames of a sequence, so 16- and 25-frame chunks and offline jobs stay queued over
+    several rounds, and some job in every round had been queued past the hold already."""
     streams: int = 0
     seconds: float = 0.0
 
     def floor(self, picks: list[list[tuple[VocodeJob, int]]], num_open: int) -> float:
         if self.seconds <= 0 or num_open < self.streams or not picks:
             return 0.0
-        return min(job.queued_at for spans in picks for job, _ in spans) + self.seconds
+        return min(job.waiting_since for spans in picks for job, _ in spans) + self.seconds

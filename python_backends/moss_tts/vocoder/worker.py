@@ -224,6 +224,7 @@ class VocoderWorker:
         now = time.monotonic()
         for job, take in (span for spans in plan.values() for span in spans):  # frames handed to the GPU
             job.launched, job.launched_at = job.launched + take, job.launched_at or now
+            job.waiting_since = now  # what is left of it waits anew (LoadHold)
         if (gate := self.first_audio_gate) is not None and gate.wanted and starts_a_sequence(plan):
             gate.round_launched(None if self._stream is None else self._stream.record_event())  # None on CPU
         return Round(plan, pending)
