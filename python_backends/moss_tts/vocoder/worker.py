@@ -14,9 +14,8 @@ held back while it is small and not due (`jobs.hold_until`). Jobs of one sequenc
 submission order. START takes a zeroed row and END frees it, both on this thread (the state is
 only touched here, in stream order). A cancelled job is dropped unread. A decode failure fails
 every job of its round (their sequences are ended by VocoderSessions) and the rest of those
-sequences' jobs. Codes and audio stay numpy on this thread and in `submit`: every torch call
-gives the GIL up and must win it back, so a round makes a fixed few torch calls per step
-(VocoderSessions), none per sequence or job. No Triton import.
+sequences' jobs. Codes and audio stay numpy here: every torch call gives the GIL up and must win
+it back, so a round makes a fixed few torch calls per step, none per sequence. No Triton import.
 """
 
 from __future__ import annotations
@@ -47,23 +46,21 @@ class VocoderWorker:
         """idle_seconds: a sequence without a job this long is ended (its stream died without an END).
         stream_priority: its CUDA stream's (0 = normal; the engine runs above it), unless `stream` is the
         engine's (rounds between steps). min_round_frames, hold_slack_s, load_hold: jobs.hold_until."""
-        self.sessions = sessions
+        self.sessions, self.idle_seconds = sessions, idle_seconds
         self.min_round_frames, self.hold_slack_s, self.load_hold = min_round_frames, hold_slack_s, load_hold
-        # While a round is held back: until when, the frames queued (a submit wakes the worker
-        # only if that changes the case: a chunk due sooner, enough frames, an END; or a hurry).
-        self._hold, self._held_frames = None, 0
+        # While a round is held back: until when, the load hold's floor, the frames queued. A submit wakes
+        # the worker only if that can change the case (a due chunk cannot move a hold below its floor).
+        self._hold, self._hold_floor, self._held_frames = None, 0.0, 0
         self.piece_frames = sessions.config.max_graph_frames
         self.round_rows = round_rows or sessions.step_rows  # sequences decoded per round, at most
-        self.idle_seconds = idle_seconds
         self._queues: "OrderedDict[Hashable, deque[VocodeJob]]" = OrderedDict()
         self._cond = threading.Condition()
         self._is_stopping = False
         self._round_started: Optional[float] = None
-        self._rounds = self._jobs = self._frames = 0
-        # Worker thread only: why each sequence that failed did, until its END (or a new START),
-        # so its chunks submitted after the failure fail the same way, not as "no codec state".
+        self._rounds = self._jobs = self._frames = self._round_s = 0
+        # Worker thread only: why each sequence that failed did, until its END (or a new START), so
+        # its later chunks fail the same way, not as "no codec state".
         self._failed: dict[Hashable, ChildError] = {}
-        self._round_s = 0.0
         # Streams decoded per round (its count is the rounds): published by the adapter's gauge thread.
         self.round_rows_histogram = Histogram(BATCH_SIZE_BUCKETS)
         device = sessions.config.torch_device  # the stream is made here: the engine may be capturing graphs by then
@@ -90,7 +87,7 @@ class VocoderWorker:
                 raise ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
             self._queues.setdefault(seq, deque()).append(job)
             self._held_frames += job.codes.shape[0]
-            if (self._hold is None or end or job.deadline - self.hold_slack_s <= self._hold
+            if (self._hold is None or end or job.deadline - self.hold_slack_s <= self._hold > self._hold_floor
                     or self._held_frames >= self.min_round_frames):
                 self._cond.notify()
         return job
@@ -98,7 +95,8 @@ class VocoderWorker:
     def _hurry(self, job: VocodeJob) -> None:  # VocodeJob.hurry, from a stream's thread
         with self._cond:
             job.deadline = min(job.deadline, time.monotonic())
-            self._cond.notify()
+            if self._hold is None or self._hold > self._hold_floor:  # held to its floor: it waits anyway
+                self._cond.notify()
 
     def stats(self) -> WorkerStats:
         s = self.sessions.stats()
@@ -144,10 +142,12 @@ class VocoderWorker:
                     # This round's work, under the lock (jobs.pick_round).
                     picks = [] if self._is_stopping else pick_round(self._queues, self.piece_frames,
                                                                     self.round_rows, self._end_dropped)
-                    held = hold_until(picks, self._queues, time.monotonic(), self.min_round_frames, self.hold_slack_s,
-                                      self.load_hold.floor(picks, len(self.sessions)))
+                    floor = self.load_hold.floor(picks, len(self.sessions))
+                    held = hold_until(picks, self._queues, time.monotonic(), self.min_round_frames,
+                                      self.hold_slack_s, floor)
                     if held is not None and in_flight is None:  # until due, or a submit changes the case
-                        self._hold, self._held_frames = held, sum(t for spans in picks for _, t in spans)
+                        self._hold, self._hold_floor = held, floor
+                        self._held_frames = sum(take for spans in picks for _, take in spans)
                         self._cond.wait(min(1.0, max(0.0, held - time.monotonic())))  # expiry runs below
                         self._hold = None
                     if held is not None:
