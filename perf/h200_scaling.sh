@@ -32,6 +32,9 @@
 # run followed by one with these instead (bench_NAME_v_K.json); RECORD_RATE: py-spy samples a
 # second for RECORD (50).
 # TRACE=1 (layout, ab): the server's first-audio trace cut by the bench's levels (trace_phases_NAME.json).
+# GPU_TRACE="AT:SECONDS,..." (soak): the moss_tts stub's CUDA kernels for SECONDS from AT s into the
+# soak (serving/gpu_trace.py), each cut into the GPU budget (gpu_budget_NAME_ATs.json / .txt,
+# perf/gpu_trace_budget.py); the traces themselves go to $OUT when it is set.
 # C1_REQUESTS=N (layout, ab, trees): after the levels, one stream of N requests (bench_NAME_c1.json).
 # VOCODER=bls (single): moss_tts calls the vocoder model over BLS (288 slots) instead of decoding
 # in its own process (the comparison of docs/scaling.md).
@@ -173,6 +176,23 @@ sample_metrics() {
 # thread holding the GIL), native (every thread with its C frames, e.g. take_gil: pauses the
 # process at each sample), none = every thread, idle ones too. gil and none use --nonblocking, so
 # the load's own numbers stand while they run.
+gpu_trace() {
+  local dir="$W/gputrace_$1" k=0 at dur t0=$SECONDS
+  for spec in ${GPU_TRACE//,/ }; do
+    IFS=: read -r at dur <<< "$spec"
+    [ $((t0 + at - SECONDS)) -gt 0 ] && sleep $((t0 + at - SECONDS))
+    echo "$dur" > "$dir/request.tmp" && mv "$dir/request.tmp" "$dir/request"  # whole, never half-written
+    for _ in $(seq 240); do { [ -e "$dir/trace-$k.json.gz" ] || [ -e "$dir/trace-$k.error" ]; } && break; sleep 0.5; done
+    if [ -e "$dir/trace-$k.json.gz" ]; then
+      python3 perf/gpu_trace_budget.py "$dir/trace-$k.json.gz" --out "$R/gpu_budget_$1_${at}s.json" > "$R/gpu_budget_$1_${at}s.txt" 2>&1
+      [ -n "${OUT:-}" ] && [ "$(stat -c %s "$dir/trace-$k.json.gz")" -lt 15000000 ] && cp "$dir/trace-$k.json.gz" "$OUT/gputrace_$1_${at}s.json.gz"
+    else
+      cat "$dir/trace-$k.error" > "$R/gpu_budget_$1_${at}s.txt" 2>/dev/null || echo "no trace within 120 s" > "$R/gpu_budget_$1_${at}s.txt"
+    fi
+    k=$((k + 1))
+  done
+}
+
 record_stub() {
   [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl
   local pid last=0 flags; pid=$(pgrep -f "repo/moss_tts/1/model.py" | head -1)
@@ -345,7 +365,7 @@ soak() {
   # TAG: a name for this run's files (two servers in one call: an A/B of PARAMS).
   local t0=$SECONDS n="soak${TAG:+_$TAG}"
   CUDA_VISIBLE_DEVICES=0 MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
-    MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 setsid $SERVER_PIN scripts/serve.sh > "$W/server_$n.log" 2>&1 < /dev/null &
+    MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 MOSS_GPU_TRACE_DIR="${GPU_TRACE:+$W/gputrace_$n}" setsid $SERVER_PIN scripts/serve.sh > "$W/server_$n.log" 2>&1 < /dev/null &
   echo $! > "$W/server.pid"
   wait_ready http://127.0.0.1:8000/v2/health/ready || { log "$n: server died or not ready"; cp "$W/server_$n.log" "$R/"; stop_server; return 1; }
   log "$n: ready after $((SECONDS - t0)) s; ${CONCURRENCY:-256} streams for $1 s"
@@ -357,6 +377,7 @@ soak() {
     kill "$sampler" 2>/dev/null
   fi
   [ -n "${RECORD:-}" ] && record_stub "$n" &
+  [ -n "${GPU_TRACE:-}" ] && gpu_trace "$n" &
   # The metric series, the host series and the results kept in $OUT, while the soak runs.
   sample_metrics "${n}_load" & SAMPLERS="$!"
   sample_host "$n" & SAMPLERS="$SAMPLERS $!"

@@ -1,18 +1,16 @@
 """moss_tts: TEXT [+ REFERENCE_AUDIO | REFERENCE_CODES, ...] -> AUDIO [2, samples] (48 kHz stereo)
 and/or CODES [frames, 12], streamed (decoupled).
 
-execute() validates every request (INVALID_ARG at once) and hands it to a stream thread
-(StreamPool; beyond `max_streams` UNAVAILABLE at once), then returns. A stream
-(pipeline/speech_stream.SpeechStream) gets reference codes from ref_encoder (BLS), its code chunks
-from the engine in this process (EngineCodes), vocodes them when AUDIO is wanted, sends each chunk,
-and ends with one final response. The vocoder runs in this process too (`vocoder` parameter
-"in_process", vocoder/worker.VocoderWorker: chunks in flight per stream, batched across streams,
-on a CUDA stream of its own), or in the `vocoder` model over BLS ("bls", for placements that put
-the codec on another GPU). Requests naming a SESSION_ID form a text session
-(sessions/admission.py): run in order, one voice, one vocoder sequence.
-This adapter only wires the package's parts and converts: the request policy is
-pipeline/speech_requests.py and sessions/admission.py, the Triton side of a stream
-serving/stream_io.py (whose BLS calls are never decoupled: docs/structure.md says why).
+execute() validates every request (INVALID_ARG at once) and hands it to a stream thread (StreamPool;
+beyond `max_streams` UNAVAILABLE at once). A stream (pipeline/speech_stream.SpeechStream) gets
+reference codes from ref_encoder (BLS), its code chunks from the engine in this process
+(EngineCodes), vocodes them when AUDIO is wanted, sends each chunk, and ends with one final
+response. The vocoder runs in this process too (`vocoder` "in_process", vocoder/worker.py: chunks
+in flight per stream, batched across streams, on a CUDA stream of its own), or in the `vocoder`
+model over BLS ("bls": the codec on another GPU). Requests naming a SESSION_ID form a text session
+(sessions/admission.py): run in order, one voice, one vocoder sequence. This adapter only wires
+and converts: the request policy is pipeline/speech_requests.py and sessions/admission.py, a
+stream's Triton side serving/stream_io.py (docs/structure.md).
 """
 
 import logging
@@ -39,6 +37,7 @@ from moss_tts.pipeline.stream_ports import new_sequence_id
 from moss_tts.pipeline.synthesis_request import parse_session_inputs
 from moss_tts.serving import metrics, triton_io as io
 from moss_tts.serving.gc_watch import GcStats, GcWatch
+from moss_tts.serving.gpu_trace import GpuTrace
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_ledger import LedgerStats, RequestLedger
 from moss_tts.serving.stall_watch import StallWatch
@@ -121,10 +120,10 @@ class TritonPythonModel:
         # The server's shutdown reaches the streams: over BLS a refused call said so, in process
         # nothing does (streams would run on until Triton's exit timeout).
         self.stop_watch = ServerStopWatch(io.ask_missing_model, self._server_stopping)
-        # Last: what is loaded now is never walked by a garbage collection again (gc_watch.py);
-        # the collections from here on are the serving ones, counted and timed.
+        # Last: what is loaded now is never walked by a garbage collection again (gc_watch.py).
         log.info("moss_tts: %d objects frozen out of garbage collection", self.gc_watch.freeze_loaded())
         self.gc_watch.start()
+        self.gpu_trace = GpuTrace.from_env()  # a served GPU timeline on request (perf/gpu_trace_budget.py)
 
     def _start_gauges(self, instance):
         self.ledger_gauges = metrics.Gauges(
@@ -245,6 +244,7 @@ class TritonPythonModel:
         if self.worker is not None:
             self.worker.stop(STOP_TIMEOUT_S)
         self.gc_watch.stop()
+        self.gpu_trace.stop()
         # Last: the heartbeat, every gauge and request metric (a metric alive after finalize
         # crashes the stub at unload: serving/metrics.MetricHolder).
         metrics.release_metrics()

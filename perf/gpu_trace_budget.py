@@ -1,0 +1,164 @@
+"""The served GPU budget from a trace of the `moss_tts` stub (serving/gpu_trace.py; issue 34).
+
+    python3 perf/gpu_trace_budget.py trace-0.json.gz [--out budget.json]
+
+From a Chrome trace's GPU events (kernels, memcpys, memsets), over the traced window (first GPU
+event's start to the last one's end):
+- per CUDA stream: what it is (by its kernels: the engine's decode step, the codec's rounds,
+  other), events, busy ms (the union of its events) and the share of the window;
+- the GPU: busy (any stream), idle, and the time two or more streams were busy together;
+- the engine's stream: its decode steps (one `_draw_kernel` a step), ms a step, and its idle
+  gaps (the host's time between launches, or waits on another stream);
+- per stream, the kernels that took the most time (prefill shows among the engine's).
+No torch import: it runs wherever the trace is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# Kernels that name a stream's work: the engine's decode step (attention split and combine, the
+# fused qkv, the draw) and the codec's round (window attention, its ring write, its norms).
+ENGINE_MARKERS = ("_split_kernel", "_combine_kernel", "_decode_qkv_kernel", "_draw_kernel", "_local_attention_kernel")
+CODEC_MARKERS = ("_ring_write_kernel", "_attention_kernel", "_rope_kernel", "_layer_norm_kernel")
+STEP_MARKER = "_draw_kernel"  # once per engine decode step (sample_kernel.py)
+
+
+def load_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "dur" in e]
+
+
+def union_ms(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (µs in), in ms."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total / 1e3
+
+
+def overlap_ms(per_stream: dict[object, list[tuple[float, float]]]) -> float:
+    """Time at least two streams were busy at once, in ms (a sweep over each stream's union)."""
+    edges = []
+    for intervals in per_stream.values():
+        merged = []
+        for s, e in sorted(intervals):
+            if merged and s <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        for s, e in merged:
+            edges += [(s, 1), (e, -1)]
+    edges.sort(key=lambda x: (x[0], x[1]))
+    busy, last, total = 0, None, 0.0
+    for t, d in edges:
+        if busy >= 2 and last is not None:
+            total += t - last
+        busy += d
+        last = t
+    return total / 1e3
+
+
+def label(names: set[str]) -> str:
+    engine = any(m in n for n in names for m in ENGINE_MARKERS)
+    codec = any(m in n for n in names for m in CODEC_MARKERS)
+    return "engine+codec" if engine and codec else "engine" if engine else "codec" if codec else "other"
+
+
+def gaps_ms(intervals: list[tuple[float, float]]) -> list[float]:
+    out, end = [], None
+    for s, e in sorted(intervals):
+        if end is not None and s > end:
+            out.append((s - end) / 1e3)
+        end = e if end is None else max(end, e)
+    return out
+
+
+def budget(events: list[dict], top: int = 10) -> dict:
+    if not events:
+        return {"events": 0, "problem": "no GPU events in the trace (was CUPTI's kernel activity recorded?)"}
+    start = min(e["ts"] for e in events)
+    window_ms = (max(e["ts"] + e["dur"] for e in events) - start) / 1e3
+    streams: dict[object, list[dict]] = defaultdict(list)
+    for e in events:
+        streams[e.get("args", {}).get("stream", "?")].append(e)
+    per_stream = {s: [(e["ts"], e["ts"] + e["dur"]) for e in evs] for s, evs in streams.items()}
+    out = {"window_ms": round(window_ms, 2), "events": len(events),
+           "gpu_busy_ms": round(union_ms([i for v in per_stream.values() for i in v]), 2),
+           "two_or_more_streams_ms": round(overlap_ms(per_stream), 2), "streams": []}
+    out["gpu_idle_ms"] = round(window_ms - out["gpu_busy_ms"], 2)
+    out["gpu_busy_share"] = round(out["gpu_busy_ms"] / window_ms, 4) if window_ms else 0.0
+    for stream, evs in sorted(streams.items(), key=lambda kv: -sum(e["dur"] for e in kv[1])):
+        names = {e["name"] for e in evs}
+        by_name: dict[str, list[float]] = defaultdict(list)
+        for e in evs:
+            by_name[e["name"]].append(e["dur"])
+        busy = union_ms(per_stream[stream])
+        row = {"stream": stream, "label": label(names), "events": len(evs), "busy_ms": round(busy, 2),
+               "busy_share": round(busy / window_ms, 4) if window_ms else 0.0,
+               "top": [{"name": n[:90], "calls": len(d), "ms": round(sum(d) / 1e3, 3),
+                        "us_per_call": round(statistics.fmean(d), 2)}
+                       for n, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]]}
+        steps = len(by_name.get(next((n for n in by_name if STEP_MARKER in n), ""), []))
+        if steps:
+            row.update(decode_steps=steps, steps_per_s=round(steps / window_ms * 1e3, 1),
+                       ms_per_step=round(window_ms / steps, 2), busy_ms_per_step=round(busy / steps, 2))
+        gaps = gaps_ms(per_stream[stream])
+        if gaps:
+            q = statistics.quantiles(gaps, n=10) if len(gaps) > 1 else [gaps[0]] * 9
+            long = [g for g in gaps if g > 1.0]  # the host's turns or waits, not a launch's gap
+            row["gaps"] = {"count": len(gaps), "total_ms": round(sum(gaps), 2),
+                           "p50_ms": round(statistics.median(gaps), 3), "p90_ms": round(q[8], 3),
+                           "max_ms": round(max(gaps), 3), "over_1ms": len(long), "over_1ms_total": round(sum(long), 2)}
+        out["streams"].append(row)
+    return out
+
+
+def table(result: dict) -> str:
+    if not result.get("events"):
+        return result.get("problem", "no events")
+    lines = [f"window {result['window_ms']} ms, {result['events']} GPU events: busy {result['gpu_busy_ms']} ms "
+             f"({result['gpu_busy_share']:.1%}), idle {result['gpu_idle_ms']} ms, two or more streams at once "
+             f"{result['two_or_more_streams_ms']} ms",
+             "| stream | what | events | busy ms | share | steps | ms / step | busy ms / step | gaps > 1 ms (ms) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in result["streams"]:
+        g = s.get("gaps", {})
+        lines.append(f"| {s['stream']} | {s['label']} | {s['events']} | {s['busy_ms']} | {s['busy_share']:.1%} | "
+                     f"{s.get('decode_steps', '')} | {s.get('ms_per_step', '')} | {s.get('busy_ms_per_step', '')} | "
+                     f"{g.get('over_1ms', 0)} ({g.get('over_1ms_total', 0)}) |")
+    for s in result["streams"][:3]:
+        lines.append(f"top kernels, stream {s['stream']} ({s['label']}):")
+        lines += [f"  {k['ms']:9.3f} ms {k['calls']:6d} x {k['us_per_call']:8.2f} us  {k['name']}" for k in s["top"]]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--top", type=int, default=10)
+    args = ap.parse_args(argv)
+    result = budget(load_events(args.trace), args.top)
+    result["trace"] = args.trace.name
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    print(table(result))
+    return 0 if result.get("events") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
