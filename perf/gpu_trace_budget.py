@@ -7,8 +7,9 @@ event's start to the last one's end):
 - per CUDA stream: what it is (by its kernels: the engine's decode step, the codec's rounds,
   other), events, busy ms (the union of its events) and the share of the window;
 - the GPU: busy (any stream), idle, and the time two or more streams were busy together;
-- the engine's stream: its decode steps (one `_draw_kernel` a step), ms a step, and its idle
-  gaps (the host's time between launches, or waits on another stream);
+- the engine's stream: its decode steps (one `_decode_qkv_kernel` per backbone layer a step;
+  `_draw_kernel` runs 13 times a step, the stop and 12 codebooks, and once more per prefill),
+  ms a step, and its idle gaps (the host's time between launches, or waits on another stream);
 - per stream, the kernels that took the most time (prefill shows among the engine's).
 No torch import: it runs wherever the trace is.
 """
@@ -28,7 +29,8 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # fused qkv, the draw) and the codec's round (window attention, its ring write, its norms).
 ENGINE_MARKERS = ("_split_kernel", "_combine_kernel", "_decode_qkv_kernel", "_draw_kernel", "_local_attention_kernel")
 CODEC_MARKERS = ("_ring_write_kernel", "_attention_kernel", "_rope_kernel", "_layer_norm_kernel")
-STEP_MARKER = "_draw_kernel"  # once per engine decode step (sample_kernel.py)
+STEP_MARKER = "_decode_qkv_kernel"  # once per backbone layer per decode step (engine/backbone.py)
+BACKBONE_LAYERS = 36  # Qwen3-4B's
 
 
 def load_events(path: Path) -> list[dict]:
@@ -73,8 +75,8 @@ def overlap_ms(per_stream: dict[object, list[tuple[float, float]]]) -> float:
 
 
 def label(names: set[str]) -> str:
-    engine = any(m in n for n in names for m in ENGINE_MARKERS)
-    codec = any(m in n for n in names for m in CODEC_MARKERS)
+    # Whole names: the engine's _local_attention_kernel ends like the codec's _attention_kernel.
+    engine, codec = bool(names & set(ENGINE_MARKERS)), bool(names & set(CODEC_MARKERS))
     return "engine+codec" if engine and codec else "engine" if engine else "codec" if codec else "other"
 
 
@@ -87,7 +89,7 @@ def gaps_ms(intervals: list[tuple[float, float]]) -> list[float]:
     return out
 
 
-def budget(events: list[dict], top: int = 10) -> dict:
+def budget(events: list[dict], top: int = 10, layers: int = BACKBONE_LAYERS) -> dict:
     if not events:
         return {"events": 0, "problem": "no GPU events in the trace (was CUPTI's kernel activity recorded?)"}
     start = min(e["ts"] for e in events)
@@ -112,9 +114,9 @@ def budget(events: list[dict], top: int = 10) -> dict:
                "top": [{"name": n[:90], "calls": len(d), "ms": round(sum(d) / 1e3, 3),
                         "us_per_call": round(statistics.fmean(d), 2)}
                        for n, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]]}
-        steps = len(by_name.get(next((n for n in by_name if STEP_MARKER in n), ""), []))
+        steps = len(by_name.get(STEP_MARKER, [])) / layers
         if steps:
-            row.update(decode_steps=steps, steps_per_s=round(steps / window_ms * 1e3, 1),
+            row.update(decode_steps=round(steps, 2), steps_per_s=round(steps / window_ms * 1e3, 1),
                        ms_per_step=round(window_ms / steps, 2), busy_ms_per_step=round(busy / steps, 2))
         gaps = gaps_ms(per_stream[stream])
         if gaps:
@@ -151,8 +153,9 @@ def main(argv=None) -> int:
     ap.add_argument("trace", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=BACKBONE_LAYERS, help="backbone layers (a tiny checkpoint's differ)")
     args = ap.parse_args(argv)
-    result = budget(load_events(args.trace), args.top)
+    result = budget(load_events(args.trace), args.top, args.layers)
     result["trace"] = args.trace.name
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

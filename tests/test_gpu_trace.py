@@ -65,7 +65,7 @@ def test_a_request_is_recorded_written_and_removed(tmp_path):
             assert recorded == [0.25]
         with gzip.open(tmp_path / "trace-0.json.gz", "rt") as f:
             assert json.load(f)["traceEvents"][0]["name"] == "k"
-        assert not (tmp_path / "trace-0.json").exists()  # only the compressed trace stays
+        assert {p.name for p in tmp_path.iterdir()} == {"trace-0.json.gz"}  # nothing half-written stays
         ask(tmp_path, "99")  # out of range: answered, and the watcher goes on
         assert wait_for(lambda: (tmp_path / "trace-1.error").exists())
         assert "0.1-30" in (tmp_path / "trace-1.error").read_text()
@@ -96,17 +96,18 @@ def kernel(stream, ts, dur, name="gemm"):
 
 
 def test_budget_of_a_known_timeline(tmp_path):
-    # Engine (stream 7): two decode steps, each ending in the draw: [0, 1000) [1000, 1100) then,
+    # Engine (stream 7): two decode steps of a one-layer backbone: [0, 1000) [1000, 1100) then,
     # after a 2 ms gap, [3100, 4000) [4000, 4100). Codec (stream 9): [500, 3500). A CPU op is ignored.
-    events = [kernel(7, 0, 1000, "_split_kernel"), kernel(7, 1000, 100, "_draw_kernel"),
-              kernel(7, 3100, 900), kernel(7, 4000, 100, "_draw_kernel"),
+    events = [kernel(7, 0, 1000, "_decode_qkv_kernel"), kernel(7, 1000, 100, "_draw_kernel"),
+              kernel(7, 3100, 900, "_decode_qkv_kernel"), kernel(7, 4000, 100, "_draw_kernel"),
+              kernel(7, 4100, 0, "_local_attention_kernel"),  # the engine's, whatever its name ends with
               kernel(9, 500, 3000, "_attention_kernel"),
               {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999}]
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    result = budget(load_events(path))
-    assert result["events"] == 5
+    result = budget(load_events(path), layers=1)
+    assert result["events"] == 6
     assert result["window_ms"] == 4.1
     assert result["gpu_busy_ms"] == 4.1 and result["gpu_idle_ms"] == 0.0
     assert result["two_or_more_streams_ms"] == pytest.approx(1.0)  # [500, 1100) and [3100, 3500)
@@ -114,12 +115,12 @@ def test_budget_of_a_known_timeline(tmp_path):
     engine, codec = (engine, codec) if engine["stream"] == 7 else (codec, engine)
     assert (engine["label"], codec["label"]) == ("engine", "codec")
     assert engine["busy_ms"] == 2.1 and codec["busy_ms"] == 3.0
-    assert engine["decode_steps"] == 2 and engine["ms_per_step"] == 2.05 and engine["busy_ms_per_step"] == 1.05
+    assert engine["decode_steps"] == 2.0 and engine["ms_per_step"] == 2.05 and engine["busy_ms_per_step"] == 1.05
     assert engine["gaps"] == {"count": 1, "total_ms": 2.0, "p50_ms": 2.0, "p90_ms": 2.0, "max_ms": 2.0,
                               "over_1ms": 1, "over_1ms_total": 2.0}
     assert "gaps" not in codec
     out = tmp_path / "b.json"
-    assert main([str(path), "--out", str(out)]) == 0
+    assert main([str(path), "--out", str(out), "--layers", "1"]) == 0
     assert json.loads(out.read_text())["gpu_busy_ms"] == 4.1
 
 

@@ -94,10 +94,13 @@ class GpuTrace:
                 request.unlink(missing_ok=True)
 
     def _write(self, seconds: float, name: str) -> None:
-        raw = self.directory / f"{name}.json"
+        raw, packed = self.directory / f"{name}.json", self.directory / f"{name}.json.gz.partial"
         log.info("GPU trace %s: recording %.1f s", name, seconds)
         self._record(seconds, raw)
-        with raw.open("rb") as src, gzip.open(self.directory / f"{name}.json.gz", "wb", compresslevel=6) as dst:
+        with raw.open("rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst)
         raw.unlink()
+        # Renamed whole: a reader that waits for trace-K.json.gz never sees it half-written
+        # (round 12's first traces were read while gzip still wrote them, and lost).
+        packed.rename(self.directory / f"{name}.json.gz")
         log.info("GPU trace %s written", name)
