@@ -247,6 +247,25 @@ def test_decode_step_rows_must_match_codes(codec, codes50):
         codec.decode_step(codes50[:, :2], state, torch.tensor([0]))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(2, 4, 2), (1, 3, 1)])  # rows of whole 8-byte words, and rows of 6 or 12 bytes
+def test_reset_rows_zeroes_exactly_the_rows_listed(dtype, shape):
+    from moss_tts.codec.streaming import CodecDecodeState
+
+    state = CodecDecodeState.empty(5, [shape, shape], torch.device("cpu"), dtype)
+    g = torch.Generator().manual_seed(3)
+    for cache in state.caches:
+        cache.copy_(torch.randn(cache.shape, generator=g).to(dtype) + 2)  # no zero anywhere
+    state.frames.fill_(7)
+    kept = [c.clone() for c in state.caches]
+    state.reset_rows([3, 1])
+    assert state.frames.tolist() == [7, 0, 7, 0, 7]
+    for cache, before in zip(state.caches, kept):
+        assert cache.dtype == dtype and cache.shape == before.shape
+        assert not cache[:, [1, 3]].any()
+        assert torch.equal(cache[:, [0, 2, 4]], before[:, [0, 2, 4]])
+
+
 def test_reset_slot_then_reuse(codec, codes50):
     a, b, c = codes50[0, :24], codes50[1, :30], codes50[0, 24:48]
     state = codec.new_decode_state(2)

@@ -57,7 +57,19 @@ class CodecDecodeState:
         index = upload_index(rows, self.frames.device)  # pinned: no wait for the stream's last round
         self.frames.index_fill_(0, index, 0)
         for cache in self.caches:
-            cache.index_fill_(1, index, 0)
+            _as_words(cache).index_fill_(1, index, 0)
+
+
+def _as_words(cache: torch.Tensor) -> torch.Tensor:
+    """A cache [2, B, ...] as [2, B, n] int64 words where its rows are whole words (the same bytes;
+    zero bits are a zero of any dtype), else as [2, B, n] of its own dtype. index_fill_ stores one
+    element a thread: on the H200 a bulk reset of the dirty rows took ~204 µs a layer in bf16,
+    18.8 ms for the 92 layers, in front of a round (issue 34, round 12's soak trace). The word
+    view makes each store 8 bytes, not 2; its time on the GPU is not measured yet."""
+    flat = cache.view(cache.shape[0], cache.shape[1], -1)
+    if cache.is_contiguous() and flat.shape[2] * cache.element_size() % 8 == 0:
+        return flat.view(torch.int64)
+    return flat
 
 
 @dataclass(frozen=True)
