@@ -109,7 +109,8 @@ class VocoderPlacement:
     vocoder_fusion: str = DEFAULT_FUSION
     # in_process on a GPU: "own" = the vocoder's rounds on a CUDA stream of their own, beside the
     # engine's steps (concurrent); "engine" = on the engine's stream, between its steps (serial):
-    # small rounds' ~1,100 kernels then never interleave with a step's (issue 34, round 11).
+    # small rounds' ~1,100 kernels then never interleave with a step's (issue 34, round 11). Two
+    # streams did more of both than one at every round size on the H200 (round 12).
     vocoder_stream: str = "own"
 
     def __post_init__(self):
