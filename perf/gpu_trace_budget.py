@@ -115,7 +115,7 @@ def budget(events: list[dict], top: int = 10, layers: int = BACKBONE_LAYERS) -> 
                         "us_per_call": round(statistics.fmean(d), 2)}
                        for n, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]]}
         steps = len(by_name.get(STEP_MARKER, [])) / layers
-        if steps:
+        if steps and window_ms:
             row.update(decode_steps=round(steps, 2), steps_per_s=round(steps / window_ms * 1e3, 1),
                        ms_per_step=round(window_ms / steps, 2), busy_ms_per_step=round(busy / steps, 2))
         gaps = gaps_ms(per_stream[stream])

@@ -171,28 +171,31 @@ sample_metrics() {
   done > "$R/metrics_series_$1.txt"
 }
 
+# GPU traces of the moss_tts stub while the soak runs (GPU_TRACE="AT:SECONDS,...", AT s from the
+# soak's start): each asked for by name, waited for (2 min at most), cut into the GPU budget.
+gpu_trace() {
+  local dir="$W/gputrace_$1" at dur t0=$SECONDS name
+  for spec in ${GPU_TRACE//,/ }; do
+    IFS=: read -r at dur <<< "$spec"
+    name="$1_${at}s"
+    [ $((t0 + at - SECONDS)) -gt 0 ] && sleep $((t0 + at - SECONDS))
+    echo "$dur $name" > "$dir/request.tmp" && mv "$dir/request.tmp" "$dir/request"  # whole, never half-written
+    for _ in $(seq 240); do { [ -e "$dir/$name.json.gz" ] || [ -e "$dir/$name.error" ]; } && break; sleep 0.5; done
+    if [ -e "$dir/$name.json.gz" ]; then
+      python3 perf/gpu_trace_budget.py "$dir/$name.json.gz" --out "$R/gpu_budget_$name.json" > "$R/gpu_budget_$name.txt" 2>&1
+      if [ -n "${OUT:-}" ] && [ "$(stat -c %s "$dir/$name.json.gz")" -lt 15000000 ]; then cp "$dir/$name.json.gz" "$OUT/gputrace_$name.json.gz"
+      else echo "trace $name ($(stat -c %s "$dir/$name.json.gz") bytes) not copied to \$OUT" >> "$R/gpu_budget_$name.txt"; fi
+    else
+      cat "$dir/$name.error" > "$R/gpu_budget_$name.txt" 2>/dev/null || echo "no trace $name within 120 s" > "$R/gpu_budget_$name.txt"
+    fi
+  done
+}
+
 # py-spy records of the moss_tts stub (RECORD="START:SECONDS[:MODE],..." from the load's start;
 # carry .whl): collapsed stacks per thread, where the stub's Python time goes. MODE: gil (only the
 # thread holding the GIL), native (every thread with its C frames, e.g. take_gil: pauses the
 # process at each sample), none = every thread, idle ones too. gil and none use --nonblocking, so
 # the load's own numbers stand while they run.
-gpu_trace() {
-  local dir="$W/gputrace_$1" k=0 at dur t0=$SECONDS
-  for spec in ${GPU_TRACE//,/ }; do
-    IFS=: read -r at dur <<< "$spec"
-    [ $((t0 + at - SECONDS)) -gt 0 ] && sleep $((t0 + at - SECONDS))
-    echo "$dur" > "$dir/request.tmp" && mv "$dir/request.tmp" "$dir/request"  # whole, never half-written
-    for _ in $(seq 240); do { [ -e "$dir/trace-$k.json.gz" ] || [ -e "$dir/trace-$k.error" ]; } && break; sleep 0.5; done
-    if [ -e "$dir/trace-$k.json.gz" ]; then
-      python3 perf/gpu_trace_budget.py "$dir/trace-$k.json.gz" --out "$R/gpu_budget_$1_${at}s.json" > "$R/gpu_budget_$1_${at}s.txt" 2>&1
-      [ -n "${OUT:-}" ] && [ "$(stat -c %s "$dir/trace-$k.json.gz")" -lt 15000000 ] && cp "$dir/trace-$k.json.gz" "$OUT/gputrace_$1_${at}s.json.gz"
-    else
-      cat "$dir/trace-$k.error" > "$R/gpu_budget_$1_${at}s.txt" 2>/dev/null || echo "no trace within 120 s" > "$R/gpu_budget_$1_${at}s.txt"
-    fi
-    k=$((k + 1))
-  done
-}
-
 record_stub() {
   [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl
   local pid last=0 flags; pid=$(pgrep -f "repo/moss_tts/1/model.py" | head -1)
@@ -377,9 +380,10 @@ soak() {
     kill "$sampler" 2>/dev/null
   fi
   [ -n "${RECORD:-}" ] && record_stub "$n" &
-  [ -n "${GPU_TRACE:-}" ] && gpu_trace "$n" &
-  # The metric series, the host series and the results kept in $OUT, while the soak runs.
+  # The metric series, the host series and the results kept in $OUT, while the soak runs (and the
+  # GPU traces: killed with the samplers, so none is asked for once the soak is over).
   sample_metrics "${n}_load" & SAMPLERS="$!"
+  [ -n "${GPU_TRACE:-}" ] && { gpu_trace "$n" & SAMPLERS="$SAMPLERS $!"; }
   sample_host "$n" & SAMPLERS="$SAMPLERS $!"
   python3 perf/cpu_sample.py --interval 5 > "$R/cpu_series_$n.txt" 2>&1 & SAMPLERS="$SAMPLERS $!"
   keep_results "$n" & SAMPLERS="$SAMPLERS $!"

@@ -266,6 +266,20 @@ def test_reset_rows_zeroes_exactly_the_rows_listed(dtype, shape):
         assert torch.equal(cache[:, [0, 2, 4]], before[:, [0, 2, 4]])
 
 
+def test_reset_rows_of_caches_that_are_no_whole_words():
+    from moss_tts.codec.streaming import CodecDecodeState
+
+    base = torch.arange(1, 2 * 3 * 8 + 2, dtype=torch.bfloat16)
+    odd_offset = base[1:].view(2, 3, 1, 4, 2)  # storage offset of 2 bytes: no int64 view of it
+    strided = torch.arange(1, 2 * 3 * 16 + 1, dtype=torch.float32).view(2, 3, 1, 4, 4)[..., ::2]
+    state = CodecDecodeState(torch.zeros(3, dtype=torch.long), [odd_offset, strided, torch.zeros(2, 3, 0, 4, 2)])
+    kept = [c.clone() for c in state.caches]
+    state.reset_rows([1])
+    for cache, before in zip(state.caches, kept):
+        assert not cache[:, 1].any()
+        assert torch.equal(cache[:, [0, 2]], before[:, [0, 2]])
+
+
 def test_reset_slot_then_reuse(codec, codes50):
     a, b, c = codes50[0, :24], codes50[1, :30], codes50[0, 24:48]
     state = codec.new_decode_state(2)

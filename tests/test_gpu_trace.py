@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from moss_tts.serving.gpu_trace import ENV, GpuTrace, record_cuda, requested_seconds
+from moss_tts.serving.gpu_trace import ENV, GpuTrace, Stopped, parse_request, record_cuda
 from perf.gpu_trace_budget import budget, load_events, main
 
 TIMEOUT_S = 30.0
@@ -32,50 +32,91 @@ def ask(directory, text):
     (directory / "request.tmp").rename(directory / "request")
 
 
-def test_requested_seconds():
-    assert requested_seconds("") == 2.0
-    assert requested_seconds(" 0.5\n") == 0.5
-    for bad in ("0", "31", "-1"):
-        with pytest.raises(ValueError, match="0.1-30"):
-            requested_seconds(bad)
+def test_parse_request():
+    assert parse_request("", "d") == (2.0, "d")
+    assert parse_request(" 0.5\n", "d") == (0.5, "d")
+    assert parse_request("1 soak_35s", "d") == (1.0, "soak_35s")
+    for bad, why in (("0", "0.1-30"), ("31", "0.1-30"), ("1 ../x", "letters"), ("1 a b", "SECONDS")):
+        with pytest.raises(ValueError, match=why):
+            parse_request(bad, "d")
     with pytest.raises(ValueError):
-        requested_seconds("two")
+        parse_request("two", "d")
 
 
-def test_off_without_the_environment(monkeypatch):
+def test_off_without_the_environment_or_a_usable_directory(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV, raising=False)
     trace = GpuTrace.from_env()
     assert trace.thread is None and trace.directory is None
     trace.stop()  # nothing to stop
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(ENV, str(tmp_path / "file" / "traces"))  # cannot be made: off, not a load failure
+    assert GpuTrace.from_env().thread is None
 
 
-def test_a_request_is_recorded_written_and_removed(tmp_path):
-    recorded, lock = [], threading.Lock()  # written on the watcher's thread, read on this one
+class FakeRecorder:
+    """Writes a one-kernel trace after `seconds` of the watcher's own wait (so stop() cuts it)."""
 
-    def record(seconds, path):
-        with lock:
-            recorded.append(seconds)
+    def __init__(self, fail=False):
+        self.lock = threading.Lock()  # calls are appended on the watcher's thread, read on the test's
+        self.calls, self.fail, self.started = [], fail, threading.Event()
+
+    def __call__(self, seconds, path, wait):
+        with self.lock:
+            self.calls.append(seconds)
         path.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 5}]}))
+        self.started.set()
+        if wait(seconds):
+            raise Stopped()
+        if self.fail:
+            raise RuntimeError("no CUPTI")
 
-    trace = GpuTrace(tmp_path, poll_s=0.01, record=record)
+    def seconds(self):
+        with self.lock:
+            return list(self.calls)
+
+
+def test_requests_are_taken_recorded_and_answered_in_turn(tmp_path):
+    recorder = FakeRecorder()
+    trace = GpuTrace(tmp_path, poll_s=0.01, record=recorder)
     try:
-        ask(tmp_path, "0.25")
-        assert wait_for(lambda: not (tmp_path / "request").exists())
-        with lock:
-            assert recorded == [0.25]
-        with gzip.open(tmp_path / "trace-0.json.gz", "rt") as f:
+        ask(tmp_path, "0.3 first")
+        assert recorder.started.wait(TIMEOUT_S)
+        ask(tmp_path, "0.1 second")  # while the first records: it waits its turn, it is not lost
+        assert wait_for(lambda: (tmp_path / "second.json.gz").exists())
+        with gzip.open(tmp_path / "first.json.gz", "rt") as f:
             assert json.load(f)["traceEvents"][0]["name"] == "k"
-        assert {p.name for p in tmp_path.iterdir()} == {"trace-0.json.gz"}  # nothing half-written stays
-        ask(tmp_path, "99")  # out of range: answered, and the watcher goes on
-        assert wait_for(lambda: (tmp_path / "trace-1.error").exists())
-        assert "0.1-30" in (tmp_path / "trace-1.error").read_text()
+        assert recorder.seconds() == [0.3, 0.1]
+        assert {p.name for p in tmp_path.iterdir()} == {"first.json.gz", "second.json.gz"}  # nothing half-written
+        ask(tmp_path, "99 bad")  # out of range: answered, and the watcher goes on
+        assert wait_for(lambda: (tmp_path / "bad.error").exists())
+        assert "0.1-30" in (tmp_path / "bad.error").read_text()
         ask(tmp_path, "")
-        assert wait_for(lambda: (tmp_path / "trace-2.json.gz").exists())
-        with lock:
-            assert recorded == [0.25, 2.0]
+        assert wait_for(lambda: any(p.name.startswith("trace-") and p.name.endswith(".json.gz") for p in tmp_path.iterdir()))
     finally:
         trace.stop()
     assert not trace.thread.is_alive()
+
+
+def test_a_failed_recording_leaves_only_its_error(tmp_path):
+    trace = GpuTrace(tmp_path, poll_s=0.01, record=FakeRecorder(fail=True))
+    try:
+        ask(tmp_path, "0.1 t")
+        assert wait_for(lambda: (tmp_path / "t.error").exists())
+        assert wait_for(lambda: {p.name for p in tmp_path.iterdir()} == {"t.error"})
+        assert "no CUPTI" in (tmp_path / "t.error").read_text()
+    finally:
+        trace.stop()
+
+
+def test_stop_ends_a_recording_at_once_unwritten(tmp_path):
+    recorder = FakeRecorder()
+    trace = GpuTrace(tmp_path, poll_s=0.01, record=recorder)
+    ask(tmp_path, "30 long")
+    assert recorder.started.wait(TIMEOUT_S)
+    started = time.monotonic()
+    trace.stop(timeout=TIMEOUT_S)
+    assert not trace.thread.is_alive() and time.monotonic() - started < 10  # not the 30 s asked for
+    assert {p.name for p in tmp_path.iterdir()} == set()
 
 
 def test_the_real_recorder_fails_cleanly_without_a_gpu(tmp_path):
@@ -84,8 +125,8 @@ def test_the_real_recorder_fails_cleanly_without_a_gpu(tmp_path):
         pytest.skip("a GPU is here: the CPU's refusal is what this checks")
     trace = GpuTrace(tmp_path, poll_s=0.01, record=record_cuda)
     try:
-        ask(tmp_path, "0.1")
-        assert wait_for(lambda: (tmp_path / "trace-0.error").exists())
+        ask(tmp_path, "0.1 cpu")
+        assert wait_for(lambda: (tmp_path / "cpu.error").exists())
         assert not (tmp_path / "request").exists()
     finally:
         trace.stop()

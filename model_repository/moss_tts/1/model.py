@@ -231,6 +231,7 @@ class TritonPythonModel:
             self.histograms[name].set(values)
 
     def finalize(self):
+        self.gpu_trace.stop()  # first: a recording ends unwritten, CUPTI off before anything unloads
         # Running streams see is_stopping at their next chunk (or within a second while they
         # wait), abort, and answer UNAVAILABLE; then the engine stops.
         if not self.pool.stop(STOP_TIMEOUT_S):
@@ -244,7 +245,6 @@ class TritonPythonModel:
         if self.worker is not None:
             self.worker.stop(STOP_TIMEOUT_S)
         self.gc_watch.stop()
-        self.gpu_trace.stop()
         # Last: the heartbeat, every gauge and request metric (a metric alive after finalize
         # crashes the stub at unload: serving/metrics.MetricHolder).
         metrics.release_metrics()

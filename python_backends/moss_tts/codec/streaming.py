@@ -66,10 +66,11 @@ def _as_words(cache: torch.Tensor) -> torch.Tensor:
     element a thread: on the H200 a bulk reset of the dirty rows took ~204 µs a layer in bf16,
     18.8 ms for the 92 layers, in front of a round (issue 34, round 12's soak trace). The word
     view makes each store 8 bytes, not 2; its time on the GPU is not measured yet."""
+    if not cache.is_contiguous() or cache.numel() == 0:
+        return cache  # index_fill_ along dim 1 as it is (the caches are made contiguous: not reached)
     flat = cache.view(cache.shape[0], cache.shape[1], -1)
-    if cache.is_contiguous() and flat.shape[2] * cache.element_size() % 8 == 0:
-        return flat.view(torch.int64)
-    return flat
+    aligned = cache.storage_offset() * cache.element_size() % 8 == 0
+    return flat.view(torch.int64) if aligned and flat.shape[2] * cache.element_size() % 8 == 0 else flat
 
 
 @dataclass(frozen=True)

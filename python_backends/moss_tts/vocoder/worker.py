@@ -80,9 +80,9 @@ class VocoderWorker:
             codes = self.sessions.check(seq, np.asarray(codes))  # numpy only: no GIL hand-off
         except (TypeError, ValueError) as exc:  # np.asarray raises either for what is no array
             raise ChildError(f"vocoder codes refused: {error_text(exc)}", ErrorKind.INVALID_ARGUMENT) from None
-        job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done,
-                        time.monotonic() if deadline is None else deadline, hurry=self._hurry)
-        with self._cond:
+        with self._cond:  # the job made under the lock: its waiting_since is never older than a hold taken
+            job = VocodeJob(seq, codes.astype(np.int64, copy=False), start, end, on_done,
+                            time.monotonic() if deadline is None else deadline, hurry=self._hurry)
             if self._is_stopping:
                 raise ChildError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
             self._queues.setdefault(seq, deque()).append(job)
