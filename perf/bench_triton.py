@@ -36,6 +36,8 @@ class StreamResult:
     underruns: int
     stall_s: float
     error: Optional[str] = None
+    # (chunk index, gap s) of each underrun: 1 = the stream's second audio chunk (its first gap).
+    gaps: tuple = ()
 
     @property
     def rtf(self) -> float:
@@ -45,17 +47,37 @@ class StreamResult:
 def playback_gaps(arrivals: list[tuple[float, float]]) -> tuple[int, float]:
     """[(arrival time, audio seconds in that chunk)] in order -> (underruns, stalled seconds).
     Playback starts at the first arrival and plays continuously while audio is buffered."""
+    gaps = chunk_gaps(arrivals)
+    return len(gaps), sum(gap for _, gap in gaps)
+
+
+def chunk_gaps(arrivals: list[tuple[float, float]]) -> list[tuple[int, float]]:
+    """(index of the chunk that came late, the gap in s) of every underrun of playback_gaps."""
     if not arrivals:
-        return 0, 0.0
+        return []
     play_until = arrivals[0][0] + arrivals[0][1]
-    underruns, stall = 0, 0.0
-    for at, seconds in arrivals[1:]:
+    gaps = []
+    for index, (at, seconds) in enumerate(arrivals[1:], 1):
         if at > play_until + 1e-9:
-            underruns += 1
-            stall += at - play_until
+            gaps.append((index, at - play_until))
             play_until = at
         play_until += seconds
-    return underruns, stall
+    return gaps
+
+
+def gaps_by_chunk(results: list[StreamResult], last: int = 8) -> dict:
+    """Underruns by the chunk that came late ("1" = streams' second chunk, "8+" = the eighth on):
+    {index: {"underruns", "stall_ms"}}. Which chunk runs dry says what to change: the second
+    (its first is 2 frames, 160 ms of audio) waits on the engine's pace and the vocoder's next
+    round, a later one on a stall."""
+    out: dict = {}
+    for r in results:
+        for index, gap in r.gaps:
+            key = str(index) if index < last else f"{last}+"
+            entry = out.setdefault(key, {"underruns": 0, "stall_ms": 0.0})
+            entry["underruns"] += 1
+            entry["stall_ms"] = round(entry["stall_ms"] + gap * 1e3, 1)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0].rstrip("+"))))
 
 
 @dataclass
@@ -71,6 +93,7 @@ class LevelReport:
     underruns: int = 0
     streams_with_underruns: int = 0
     stall_s: float = 0.0
+    underruns_by_chunk: dict = field(default_factory=dict)  # gaps_by_chunk
     errors: list = field(default_factory=list)
     # Wall clock (time.time()) of the level's first request and last answer: perf/trace_phases.py
     # cuts the server's first-audio trace by them.
@@ -143,8 +166,8 @@ async def one_stream(client, model: str, frames: int, seed: int, stream: bool, t
         return StreamResult(total, total, 0.0, 0, 0.0, "no audio")
     if abs(audio_s - frames / contract.FRAME_RATE) > 1e-6:
         return StreamResult(arrivals[0][0], total, audio_s, 0, 0.0, f"{audio_s:.3f} s of audio, want {frames / contract.FRAME_RATE:.3f}")
-    underruns, stall = playback_gaps(arrivals)
-    return StreamResult(arrivals[0][0], total, audio_s, underruns, stall)
+    gaps = chunk_gaps(arrivals)
+    return StreamResult(arrivals[0][0], total, audio_s, len(gaps), sum(g for _, g in gaps), gaps=tuple(gaps))
 
 
 async def run_workers(url: str, model: str, mode: str, workers: range, requests_per_worker: int, frames: int,
@@ -233,6 +256,7 @@ def level_report(mode: str, concurrency: int, results: list[StreamResult], wall:
     report.underruns = sum(r.underruns for r in good)
     report.streams_with_underruns = sum(1 for r in good if r.underruns)
     report.stall_s = round(sum(r.stall_s for r in good), 3)
+    report.underruns_by_chunk = gaps_by_chunk(good)
     report.errors = sorted({r.error for r in results if r.error})[:5]
     return report
 

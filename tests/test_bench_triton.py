@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from perf.bench_triton import main, playback_gaps, percentiles
+from perf.bench_triton import StreamResult, chunk_gaps, gaps_by_chunk, main, playback_gaps, percentiles
 
 
 def test_a_chunk_that_arrives_before_the_buffer_runs_dry_is_no_underrun():
@@ -19,6 +19,19 @@ def test_a_late_chunk_is_one_underrun_and_its_gap_is_the_stall():
     # playing until 0.26; the next chunk comes at 0.5 -> 0.24 s of silence; then until 1.3, next at 1.4
     underruns, stall = playback_gaps([(0.1, 0.16), (0.5, 0.8), (1.4, 0.8)])
     assert underruns == 2 and stall == pytest.approx(0.24 + 0.1)
+
+
+def test_underruns_are_counted_by_the_chunk_that_came_late():
+    assert chunk_gaps([]) == [] and chunk_gaps([(0.1, 0.16)]) == []
+    gaps = chunk_gaps([(0.1, 0.16), (0.5, 0.8), (1.4, 0.8)])
+    assert [i for i, _ in gaps] == [1, 2] and [g for _, g in gaps] == pytest.approx([0.24, 0.1])
+    late = [StreamResult(0.1, 2.0, 1.0, 2, 0.34, gaps=tuple(gaps)),
+            StreamResult(0.1, 2.0, 1.0, 1, 0.05, gaps=((1, 0.05),)),
+            StreamResult(0.1, 9.0, 8.0, 2, 0.02, gaps=((9, 0.01), (12, 0.01))),
+            StreamResult(0.1, 2.0, 1.0, 0, 0.0)]
+    assert gaps_by_chunk(late) == {"1": {"underruns": 2, "stall_ms": 290.0}, "2": {"underruns": 1, "stall_ms": 100.0},
+                                   "8+": {"underruns": 2, "stall_ms": 20.0}}
+    assert list(gaps_by_chunk(late, last=2)) == ["1", "2+"]
 
 
 def test_percentiles_of_nothing_are_empty():
@@ -38,6 +51,7 @@ def test_a_short_run_against_the_server_reports_every_level(triton, tmp_path):
         assert r["failures"] == 0 and r["requests"] == 2 * r["concurrency"]
         assert r["audio_s"] == pytest.approx(r["requests"] * 8 / 12.5)
         assert 0 < r["ttfa_ms"]["p50"] <= r["ttfa_ms"]["max"] and r["audio_s_per_s"] > 0
+        assert sum(v["underruns"] for v in r["underruns_by_chunk"].values()) == r["underruns"]
         # The level's wall-clock window, by which perf/trace_phases.py cuts the server's trace.
         assert r["wall_end"] - r["wall_start"] == pytest.approx(r["wall_s"])
         # The machine's CPU over the level: the client and the server were busy on it.
