@@ -69,6 +69,16 @@ def test_a_crash_leaves_nothing_half_written(tmp_path):
     assert store.create("ghost", CODES, "h").name == "ghost"  # the stale claim is taken over
 
 
+def same_audio(a: bytes, b: bytes) -> bool:
+    """The same PCM16 audio up to one step of the last bit. The same codes decode to float audio
+    that differs by ~2e-7 with how the vocoder's rounds batched them (other streams' rows, a
+    chunk merged with the next: the CPU's GEMMs round by shape), which can move a sample that
+    sits on a rounding edge by one step (a CI run saw exactly one such byte). Another voice
+    differs everywhere."""
+    x, y = np.frombuffer(a, np.int16).astype(np.int32), np.frombuffer(b, np.int16).astype(np.int32)
+    return x.shape == y.shape and x.size > 0 and int(np.abs(x - y).max()) <= 1
+
+
 @pytest.mark.triton
 def test_saved_voices_through_the_sdk_survive_a_restart(triton, tmp_path):
     import base64
@@ -103,7 +113,8 @@ def test_saved_voices_through_the_sdk_survive_a_restart(triton, tmp_path):
             client.audio.voices.create(name="narrator", audio_sample=("ref.wav", wav, "audio/wav"), consent="c")
         # The saved codes are exactly what a data-URI clone encodes: same request, same audio.
         cloned = speak(client, "default", ref_audio="data:audio/wav;base64," + base64.b64encode(wav).decode())
-        assert speak(client, "narrator") == cloned and speak(client, {"id": voice.id}) == cloned
+        assert same_audio(speak(client, "narrator"), cloned) and same_audio(speak(client, {"id": voice.id}), cloned)
+        assert not same_audio(speak(client, "default"), cloned)  # another voice: other audio
         with pytest.raises(openai.BadRequestError) as info:
             speak(client, "nobody")
         assert "not a voice of this server" in str(info.value)
@@ -114,12 +125,12 @@ def test_saved_voices_through_the_sdk_survive_a_restart(triton, tmp_path):
     try:
         client = openai.OpenAI(base_url=f"{shim.url}/v1", api_key="none")
         assert [v["name"] for v in client.get("/audio/voices", cast_to=dict)["data"]] == ["narrator"]
-        assert speak(client, "narrator") == cloned
+        assert same_audio(speak(client, "narrator"), cloned)
         # The gRPC client uses the same directory and sends the same codes.
         codes = VoiceStore(voices_dir).codes(VoiceStore(voices_dir).get("narrator"))
         grpc_audio = TTSClient(triton.grpc_url).synthesize(
             build_inputs("Hello there.", reference_codes=codes, seed=7, max_frames=6, ignore_stop=True)).audio
-        assert to_pcm16(grpc_audio.T) == cloned
+        assert same_audio(to_pcm16(grpc_audio.T), cloned)
         client.audio.voices.delete(voice.id)
         with pytest.raises(openai.NotFoundError):
             client.audio.voices.delete(voice.id)
