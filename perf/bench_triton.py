@@ -39,6 +39,14 @@ class StreamResult:
     # (chunk index, gap s) of each underrun: 1 = the stream's second audio chunk (its first gap).
     gaps: tuple = ()
 
+    @classmethod
+    def played(cls, ttfa_s: float, total_s: float, audio_s: float,
+               arrivals: list[tuple[float, float]]) -> "StreamResult":
+        """A stream that got all its audio, its underruns from the arrivals (chunk_gaps): every
+        client of the benches builds its results here, so each level's gaps agree with its counts."""
+        gaps = chunk_gaps(arrivals)
+        return cls(ttfa_s, total_s, audio_s, len(gaps), sum(g for _, g in gaps), gaps=tuple(gaps))
+
     @property
     def rtf(self) -> float:
         return self.total_s / self.audio_s if self.audio_s else float("inf")
@@ -166,8 +174,7 @@ async def one_stream(client, model: str, frames: int, seed: int, stream: bool, t
         return StreamResult(total, total, 0.0, 0, 0.0, "no audio")
     if abs(audio_s - frames / contract.FRAME_RATE) > 1e-6:
         return StreamResult(arrivals[0][0], total, audio_s, 0, 0.0, f"{audio_s:.3f} s of audio, want {frames / contract.FRAME_RATE:.3f}")
-    gaps = chunk_gaps(arrivals)
-    return StreamResult(arrivals[0][0], total, audio_s, len(gaps), sum(g for _, g in gaps), gaps=tuple(gaps))
+    return StreamResult.played(arrivals[0][0], total, audio_s, arrivals)
 
 
 async def run_workers(url: str, model: str, mode: str, workers: range, requests_per_worker: int, frames: int,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from moss_tts.contract import tensors as contract
 from moss_tts.contract.session_requests import SessionRequests
 from moss_tts.contract.text_segments import TextSegmenter
-from perf.bench_triton import TEXT, StreamResult, playback_gaps
+from perf.bench_triton import TEXT, StreamResult
 
 SENTENCES = ("The quick brown fox jumps over the lazy dog near the river bank.",
              "Then it runs far away into the quiet forest before the night falls.",
@@ -66,8 +66,7 @@ def _result(start: float, first_at: float, arrivals: list, audio_s: float, want_
         return StreamResult(total, total, 0.0, 0, 0.0, "no audio")
     if abs(audio_s - want_s) > 1e-3:
         return StreamResult(arrivals[0][0] - first_at, total, audio_s, 0, 0.0, f"{audio_s:.3f} s of audio, want {want_s:.3f}")
-    underruns, stall = playback_gaps(arrivals)
-    return StreamResult(arrivals[0][0] - first_at, total, audio_s, underruns, stall)
+    return StreamResult.played(arrivals[0][0] - first_at, total, audio_s, arrivals)
 
 
 async def http_stream(client, load: Load, transport: str, seed: int) -> StreamResult:

@@ -25,6 +25,8 @@ def test_underruns_are_counted_by_the_chunk_that_came_late():
     assert chunk_gaps([]) == [] and chunk_gaps([(0.1, 0.16)]) == []
     gaps = chunk_gaps([(0.1, 0.16), (0.5, 0.8), (1.4, 0.8)])
     assert [i for i, _ in gaps] == [1, 2] and [g for _, g in gaps] == pytest.approx([0.24, 0.1])
+    played = StreamResult.played(0.1, 2.0, 1.76, [(0.1, 0.16), (0.5, 0.8), (1.4, 0.8)])  # every bench's results
+    assert (played.underruns, played.gaps) == (2, tuple(gaps)) and played.stall_s == pytest.approx(0.34)
     late = [StreamResult(0.1, 2.0, 1.0, 2, 0.34, gaps=tuple(gaps)),
             StreamResult(0.1, 2.0, 1.0, 1, 0.05, gaps=((1, 0.05),)),
             StreamResult(0.1, 9.0, 8.0, 2, 0.02, gaps=((9, 0.01), (12, 0.01))),
