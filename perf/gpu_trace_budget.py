@@ -41,30 +41,26 @@ def load_events(path: Path) -> list[dict]:
     return [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "dur" in e]
 
 
+def merged(intervals: list[tuple[float, float]]) -> list[list[float]]:
+    """The union of [start, end) intervals as disjoint [start, end] runs, in order."""
+    runs: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if runs and s <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], e)
+        else:
+            runs.append([s, e])
+    return runs
+
+
 def union_ms(intervals: list[tuple[float, float]]) -> float:
     """Length of the union of [start, end) intervals (µs in), in ms."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total / 1e3
+    return sum(e - s for s, e in merged(intervals)) / 1e3
 
 
 def overlap_ms(per_stream: dict[object, list[tuple[float, float]]]) -> float:
     """Time at least two streams were busy at once, in ms (a sweep over each stream's union)."""
-    edges = []
-    for intervals in per_stream.values():
-        merged = []
-        for s, e in sorted(intervals):
-            if merged and s <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e])
-        for s, e in merged:
-            edges += [(s, 1), (e, -1)]
-    edges.sort(key=lambda x: (x[0], x[1]))
+    edges = sorted((t, d) for intervals in per_stream.values() for s, e in merged(intervals)
+                   for t, d in ((s, 1), (e, -1)))
     busy, last, total = 0, None, 0.0
     for t, d in edges:
         if busy >= 2 and last is not None:
@@ -81,12 +77,9 @@ def label(names: set[str]) -> str:
 
 
 def gaps_ms(intervals: list[tuple[float, float]]) -> list[float]:
-    out, end = [], None
-    for s, e in sorted(intervals):
-        if end is not None and s > end:
-            out.append((s - end) / 1e3)
-        end = e if end is None else max(end, e)
-    return out
+    """The idle gaps between a stream's busy runs, in ms."""
+    runs = merged(intervals)
+    return [(b[0] - a[1]) / 1e3 for a, b in zip(runs, runs[1:])]
 
 
 def budget(events: list[dict], top: int = 10, layers: int = BACKBONE_LAYERS) -> dict:
