@@ -137,7 +137,7 @@ def test_the_triton_kernels_are_off_on_the_cpu_whatever_the_config(tiny_model):
                                              sampler_kernel=True), lambda event: None)
     engine._runner.setup()
     ctx = engine._runner.ctx
-    assert (ctx.attention_kernel, ctx.sampler_kernel, ctx.qkv_kernel, ctx.local_kernel) == (False,) * 4
+    assert (ctx.attention_kernel, ctx.sampler_kernel, ctx.qkv_kernel, ctx.local_kernel, ctx.prefill_kernel) == (False,) * 5
 
 
 def test_merged_projections_are_views_of_one_matrix(tiny_model):

@@ -17,6 +17,7 @@ import pytest
 from moss_tts.kernels import fused_linear as fl
 from moss_tts.kernels import gated_silu as gs
 from moss_tts.kernels import layer_norm as ln
+from moss_tts.kernels import prefill_attention as pa
 from moss_tts.kernels import step_qkv as sq
 from moss_tts.kernels import window_attention as wa
 
@@ -211,3 +212,18 @@ def test_draw_kernel_compiles_for_the_h200(vocab, has_seen, tmp_path):
     kernel = compile_for_h200(sk._draw_kernel, signature, {"HAS_SEEN": has_seen, "BLOCK": block, "FAST_K": sk.FAST_K,
                                                            "LIBDEVICE": True}, sk._num_warps(block), 3)
     assert kernel.asm["cubin"]
+
+
+@pytest.mark.parametrize(("block_t", "num_warps"), [(16, 4), (32, 8)])
+def test_prefill_attention_kernel_compiles_for_the_h200_without_spills(block_t, num_warps, tmp_path):
+    """As the backbone's prefills launch it: 32 query heads over 8 KV heads of 128, bf16, the cache's
+    strides multiples of 16: the default tiles, and 32-row blocks on 8 warps (on 4 their 128 x 128
+    fp32 accumulator spills)."""
+    t, strides = "*bf16", [f"stride_{x}{y}" for x in "qkvo" for y in "nth"]
+    signature = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "slots_ptr": "*i64", "starts_ptr": "*i64", "lengths_ptr": "*i64",
+                 "out_ptr": t, **{name: "i32" for name in strides}, "T": "i32", "max_rows": "i32", "qk_scale": "fp32"}
+    config = pa.PrefillConfig(block_t=block_t, num_warps=num_warps)
+    constants = {"GROUPS": 4, "BLOCK_G": 4, "BLOCK_T": block_t, "BLOCK_N": config.block_n, "HEAD_DIM": 128}
+    kernel = compile_for_h200(pa._prefill_kernel, signature, constants, config.num_warps, config.num_stages,
+                              ("q_ptr", "k_ptr", "v_ptr", "out_ptr", *strides))
+    assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..kernels import decode_attention, step_qkv
+from ..kernels import decode_attention, prefill_attention, step_qkv
 from ..kernels.fused import Fusions
 from ..model.qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
 from .kv_cache import StaticKVCache
@@ -143,51 +143,79 @@ def decode(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: to
 
 
 def prefill(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: torch.Tensor,
-            slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+            slots: torch.Tensor, lengths: torch.Tensor, use_kernel: bool = False) -> torch.Tensor:
     """Whole prompts from row 0, right-padded: embeds [N, T, H] -> each prompt's last hidden [N, H].
 
     Rows past a prompt's length are padding: their keys land in the slot past its length (stale
-    rows that later steps mask or overwrite) and no valid query attends to them.
+    rows that later steps mask or overwrite) and no valid query attends to them. use_kernel:
+    attention by kernels/prefill_attention.py from the slots just written (the runner decides once
+    whether it can run here); else the new rows' keys repeated per query head and a masked SDPA.
     """
     n, t = embeds.shape[:2]
     device = embeds.device
     positions = torch.arange(t, device=device).unsqueeze(0).expand(n, t)
-    bias = attention_bias(positions < lengths.unsqueeze(1), t, embeds.dtype)
+    if use_kernel:
+        starts = torch.zeros_like(lengths)
 
-    def attend(i: int, q, k, v):
-        cache.write_prompts(i, slots, k, v)
-        return backbone.layers[i].self_attn.attend(q, k, v, bias)
+        def attend(i: int, q, k, v):
+            cache.write_prompts(i, slots, k, v)
+            return _attend_slots(backbone, cache, i, q, slots, starts, lengths)
+    else:
+        bias = attention_bias(positions < lengths.unsqueeze(1), t, embeds.dtype)
+
+        def attend(i: int, q, k, v):
+            cache.write_prompts(i, slots, k, v)
+            return backbone.layers[i].self_attn.attend(q, k, v, bias)
 
     hidden = walk(backbone, f, embeds, positions, attend)
     return hidden[torch.arange(n, device=device), lengths - 1]
 
 
 def prefill_after(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: torch.Tensor,
-                  slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
+                  slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, window: int,
+                  use_kernel: bool = False) -> torch.Tensor:
     """Prompts whose rows [0, starts[n]) are already in their slots (copied from the prefix
     pool): embeds [N, T, H] are rows [starts[n], lengths[n]), right-padded -> last hidden [N, H].
 
     Keys come from the slots themselves, rows [0, window) with window >= every length. Padding
     rows write past a prompt's length (stale rows, as in `prefill`), clamped inside the slot.
+    use_kernel: attention reads the slots in place (kernels/prefill_attention.py); else each
+    prompt's window is gathered, repeated per query head and attended with a mask.
     """
     n, t = embeds.shape[:2]
     device = embeds.device
     positions = starts.unsqueeze(1) + torch.arange(t, device=device).unsqueeze(0)
     rows = positions.clamp(max=cache.max_seq_len - 1)
     slot_rows = slots.unsqueeze(1).expand(n, t)
-    allowed = torch.arange(window, device=device).view(1, 1, window) <= positions.unsqueeze(2)
-    bias = torch.zeros(allowed.shape, device=device, dtype=embeds.dtype)
-    bias = bias.masked_fill(~allowed, torch.finfo(embeds.dtype).min).unsqueeze(1)  # [N, 1, T, window]
 
-    def attend(i: int, q, k, v):
+    def write(i: int, k, v):
         cache.k[i].index_put_((slot_rows, rows), k)
         cache.v[i].index_put_((slot_rows, rows), v)
-        keys = cache.k[i][:, :window].index_select(0, slots)
-        values = cache.v[i][:, :window].index_select(0, slots)
-        return backbone.layers[i].self_attn.attend(q, keys, values, bias)
+
+    if use_kernel:
+        def attend(i: int, q, k, v):
+            write(i, k, v)
+            return _attend_slots(backbone, cache, i, q, slots, starts, lengths)
+    else:
+        allowed = torch.arange(window, device=device).view(1, 1, window) <= positions.unsqueeze(2)
+        bias = torch.zeros(allowed.shape, device=device, dtype=embeds.dtype)
+        bias = bias.masked_fill(~allowed, torch.finfo(embeds.dtype).min).unsqueeze(1)  # [N, 1, T, window]
+
+        def attend(i: int, q, k, v):
+            write(i, k, v)
+            keys = cache.k[i][:, :window].index_select(0, slots)
+            values = cache.v[i][:, :window].index_select(0, slots)
+            return backbone.layers[i].self_attn.attend(q, keys, values, bias)
 
     hidden = walk(backbone, f, embeds, positions, attend)
     return hidden[torch.arange(n, device=device), lengths - starts - 1]
+
+
+def _attend_slots(backbone: Qwen3Backbone, cache: StaticKVCache, i: int, q: torch.Tensor, slots: torch.Tensor,
+                  starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """q [N, T, heads, d] at positions starts + t over its slot's cached rows -> o_proj output [N, T, H]."""
+    out = prefill_attention.prefill_attention(q, cache.k[i], cache.v[i], slots, starts, lengths)
+    return backbone.layers[i].self_attn.o_proj(out.reshape(q.shape[0], q.shape[1], -1))
 
 
 def prefill_chunk(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, slot: int,

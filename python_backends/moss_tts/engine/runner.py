@@ -20,7 +20,7 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from ..contract.sampling_params import SamplingParams
-from ..kernels import decode_attention, sample_kernel, step_qkv
+from ..kernels import decode_attention, prefill_attention, sample_kernel, step_qkv
 from ..kernels.fused import Fusions
 from ..kernels.uploads import to_device, upload_index
 from ..model.tts_model import MossTTSLocalModel
@@ -72,8 +72,7 @@ class ModelRunner:
         # prompts of a batched prefill (to a graph's bucket) write and are forgotten.
         self.scratch_slot = config.max_running_requests
         self.kv = StaticKVCache(b.num_hidden_layers, config.max_running_requests + 1, config.max_seq_len,
-                                b.num_key_value_heads, b.head_dim, config.prefix_blocks,
-                                config.prefix_block_rows)
+                                b.num_key_value_heads, b.head_dim, config.prefix_blocks, config.prefix_block_rows)
         is_cuda = self.device.type == "cuda"
         self.buckets = Buckets.build(config.max_running_requests, config.max_seq_len,
                                      config.cuda_graph_max_batch, config.min_kv_bucket,
@@ -130,14 +129,15 @@ class ModelRunner:
                 self._host_out.append((host, host.numpy(), torch.cuda.Event(blocking=True)))
         self.ctx = ctx
 
-    def _kernels(self) -> tuple[bool, bool, bool, bool]:
-        """(attention, sampler, qkv, local) kernels: each as configured and where it can run here, decided once."""
+    def _kernels(self) -> tuple[bool, bool, bool, bool, bool]:
+        """(attention, sampler, qkv, local, prefill) kernels: each as configured and where it can run here."""
         b, c = self.model.cfg.backbone, self.config
         query = torch.empty((1, b.num_attention_heads, b.head_dim), device=self.device, dtype=self.dtype)
         logits = torch.empty((1, self.model.cfg.audio_vocab_size), device=self.device, dtype=self.dtype)
-        qkv = c.qkv_kernels and step_qkv.is_supported(query)
-        return (c.attention_kernel and decode_attention.is_supported(query, self.kv.k[0]),
-                c.sampler_kernel and sample_kernel.is_supported(logits), qkv and step_qkv.fits_decode(b.head_dim), qkv)
+        qkv, cache = c.qkv_kernels and step_qkv.is_supported(query), self.kv.k[0]
+        return (c.attention_kernel and decode_attention.is_supported(query, cache),
+                c.sampler_kernel and sample_kernel.is_supported(logits), qkv and step_qkv.fits_decode(b.head_dim), qkv,
+                c.prefill_kernel and prefill_attention.is_supported(query[None], cache))
 
     def _warm_up(self, ctx: StepContext) -> None:
         """Eager prefills (1, 2 and many prompts) and decode steps (1 and 2 slots), so the fused

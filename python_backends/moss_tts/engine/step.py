@@ -45,6 +45,7 @@ class StepContext:
     sampler_kernel: bool = False  # each draw as one Triton kernel (GPU)
     qkv_kernel: bool = False  # decode layers' q/k norms, RoPE and cache write as one kernel (GPU)
     local_kernel: bool = False  # the local frame's RoPE, cache write and attention as one kernel (GPU)
+    prefill_kernel: bool = False  # prefill attention read from the slots in place (GPU)
 
     @property
     def decode_offset(self) -> int:
@@ -156,9 +157,10 @@ def _prefill(ctx: StepContext, inputs: PrefillInputs, offset: int, hidden: Optio
         embeds = model.embed_rows(inputs.rows).to(model.dtype)
         if window:
             hidden = backbone.prefill_after(model.transformer, ctx.fusions, ctx.cache, embeds, slots,
-                                            inputs.starts, inputs.lengths, window)
+                                            inputs.starts, inputs.lengths, window, ctx.prefill_kernel)
         else:
-            hidden = backbone.prefill(model.transformer, ctx.fusions, ctx.cache, embeds, slots, inputs.lengths)
+            hidden = backbone.prefill(model.transformer, ctx.fusions, ctx.cache, embeds, slots, inputs.lengths,
+                                      ctx.prefill_kernel)
     st.assign(slots, inputs.floats, inputs.ints)
     st.lengths.index_copy_(0, slots, inputs.lengths)
     sampling = st.gather(slots)
