@@ -177,6 +177,17 @@ def test_decode_qkv_kernel_compiles_for_the_h200_without_spills(tmp_path):
     assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)
 
 
+def test_prefill_qkv_kernel_compiles_for_the_h200_without_spills(tmp_path):
+    """The decode kernel's body for a batched prefill's tokens, each into its prompt's slot."""
+    t = "*bf16"
+    signature = {"qkv_ptr": t, "qw_ptr": t, "kw_ptr": t, "cos_ptr": t, "sin_ptr": t, "pos_ptr": "*i64",
+                 "slots_ptr": "*i64", "q_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "eps": "fp32",
+                 "tokens_per_slot": "i32", **{name: "i32" for name in STEP_STRIDES}}
+    kernel = compile_for_h200(sq._prefill_qkv_kernel, signature, {"HEADS": 32, "KV_HEADS": 8, "BLOCK_H": 32, "HALF": 64},
+                              sq.NUM_WARPS, 3, ("qkv_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", *STEP_STRIDES))
+    assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)
+
+
 @pytest.mark.parametrize("pos", [None, 1])  # a runtime position, and 1 (Triton makes an int 1 a constant)
 def test_local_attention_kernel_compiles_for_the_h200(pos):
     """As the local frame launches it: 32 heads of 80 dims (40 pairs in a 64-wide tile), bf16."""

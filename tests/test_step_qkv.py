@@ -26,6 +26,12 @@ DECODE_CASES = {
     "f32_heads_not_pow2": (5, 6, 2, 16, "float32"),
     "f16_g4_d64": (4, 8, 2, 64, "float16"),
 }
+# prefill: (prompts, tokens per prompt, heads, kv_heads, head_dim, dtype)
+PREFILL_CASES = {
+    "f32_g2_d16": (3, 5, 4, 2, 16, "float32"),
+    "f32_one_prompt": (1, 9, 8, 2, 32, "float32"),
+    "f16_g4_d64": (4, 3, 8, 2, 64, "float16"),
+}
 LOCAL_CASES = {
     "f32_d16_pos0": (3, 4, 16, 0, "float32"),
     "f32_d16_pos5": (3, 4, 16, 5, "float32"),
@@ -58,6 +64,37 @@ def decode_errors(slots, heads, kv_heads, head_dim, dtype, device="cpu") -> dict
     untouched = ref_k == GARBAGE
     assert torch.equal(k_cache[untouched], ref_k[untouched]) and torch.equal(v_cache[untouched], ref_v[untouched])
     written = (torch.arange(slots, device=positions.device), positions)  # the rest is GARBAGE, compared above
+    return {"q": relative_error(got, expected), "k": relative_error(k_cache[written], ref_k[written]),
+            "v": relative_error(v_cache[written], ref_v[written])}
+
+
+def prefill_inputs(prompts, tokens, heads, kv_heads, head_dim, dtype, device="cpu", seed=0):
+    """Prompts in shuffled slots of a larger cache, each token at its own row (distinct within a slot)."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(prompts, tokens, (heads + 2 * kv_heads) * head_dim, generator=gen) * 2
+    q_weight = 1 + 0.3 * torch.randn(head_dim, generator=gen)
+    k_weight = 1 + 0.3 * torch.randn(head_dim, generator=gen)
+    slots = torch.randperm(prompts + 2, generator=gen)[:prompts]
+    rows = torch.randint(0, 30, (prompts, 1), generator=gen) + torch.arange(tokens)
+    cos, sin = neox_rope(rows, head_dim, 1e6, torch.float32)
+    cache = torch.full((prompts + 2, 48, kv_heads, head_dim), GARBAGE)
+    cast = dict(device=device, dtype=getattr(torch, dtype))
+    return (qkv.to(**cast), q_weight.to(**cast), k_weight.to(**cast), cos.to(**cast), sin.to(**cast),
+            cache.to(**cast), cache.clone().to(**cast), slots.to(device), rows.to(device))
+
+
+def prefill_errors(prompts, tokens, heads, kv_heads, head_dim, dtype, device="cpu") -> dict[str, float]:
+    """Relative errors of prefill_qkv's q, k cache and v cache against the reference's; every cache row
+    it was not given keeps its garbage."""
+    qkv, qw, kw, cos, sin, k_cache, v_cache, slots, rows = prefill_inputs(prompts, tokens, heads, kv_heads, head_dim,
+                                                                          dtype, device)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    expected = step_qkv.reference_prefill_qkv(qkv, qw, kw, 1e-6, cos, sin, ref_k, ref_v, slots, rows, heads, kv_heads)
+    got = step_qkv.prefill_qkv(qkv, qw, kw, 1e-6, cos, sin, k_cache, v_cache, slots, rows, heads, kv_heads)
+    assert got.shape == expected.shape == (prompts, tokens, heads, head_dim) and got.dtype == expected.dtype
+    untouched = ref_k == GARBAGE
+    assert torch.equal(k_cache[untouched], ref_k[untouched]) and torch.equal(v_cache[untouched], ref_v[untouched])
+    written = (slots.unsqueeze(1).expand_as(rows), rows)
     return {"q": relative_error(got, expected), "k": relative_error(k_cache[written], ref_k[written]),
             "v": relative_error(v_cache[written], ref_v[written])}
 
@@ -133,6 +170,7 @@ def wired_errors() -> dict[str, float]:
 def interpreter_main() -> None:
     """Run in a subprocess with TRITON_INTERPRET=1: prints {case: {part: relative error}} as JSON."""
     errors = {f"decode_{name}": decode_errors(*case) for name, case in DECODE_CASES.items()}
+    errors.update({f"prefill_{name}": prefill_errors(*case) for name, case in PREFILL_CASES.items()})
     errors.update({f"local_{name}": local_errors(*case) for name, case in LOCAL_CASES.items()})
     errors["wired"] = wired_errors()
     print(json.dumps(errors))
@@ -147,6 +185,13 @@ def interpreter_errors() -> dict[str, dict[str, float]]:
 def test_interpreter_decode_qkv_matches_reference(interpreter_errors, name):
     tolerance = TOLERANCE[DECODE_CASES[name][-1]]
     assert all(e <= tolerance for e in interpreter_errors[f"decode_{name}"].values()), interpreter_errors[f"decode_{name}"]
+
+
+@pytest.mark.parametrize("name", list(PREFILL_CASES))
+def test_interpreter_prefill_qkv_matches_reference(interpreter_errors, name):
+    tolerance = TOLERANCE[PREFILL_CASES[name][-1]]
+    errors = interpreter_errors[f"prefill_{name}"]
+    assert all(e <= tolerance for e in errors.values()), errors
 
 
 @pytest.mark.parametrize("name", list(LOCAL_CASES))
@@ -200,6 +245,13 @@ def test_reference_decode_equals_the_backbone_path():
 @pytest.mark.parametrize("slots", [1, 256])
 def test_gpu_decode_qkv_matches_reference(slots):
     errors = decode_errors(slots, 32, 8, 128, "bfloat16", "cuda")
+    assert all(e <= TOLERANCE["bfloat16"] for e in errors.values()), errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("prompts", "tokens"), [(1, 300), (128, 16)])
+def test_gpu_prefill_qkv_matches_reference(prompts, tokens):
+    errors = prefill_errors(prompts, tokens, 32, 8, 128, "bfloat16", "cuda")
     assert all(e <= TOLERANCE["bfloat16"] for e in errors.values()), errors
 
 

@@ -147,25 +147,22 @@ def prefill(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: t
     """Whole prompts from row 0, right-padded: embeds [N, T, H] -> each prompt's last hidden [N, H].
 
     Rows past a prompt's length are padding: their keys land in the slot past its length (stale
-    rows that later steps mask or overwrite) and no valid query attends to them. use_kernel:
-    attention by kernels/prefill_attention.py from the slots just written (the runner decides once
-    whether it can run here); else the new rows' keys repeated per query head and a masked SDPA.
+    rows that later steps mask or overwrite) and no valid query attends to them. use_kernel: each
+    layer's q/k norms, RoPE and cache write, then its attention from the slots, by two Triton
+    kernels (the runner decides once whether they can run here); else the compiled norms, index
+    copies, the new rows' keys repeated per query head and a masked SDPA.
     """
     n, t = embeds.shape[:2]
     device = embeds.device
     positions = torch.arange(t, device=device).unsqueeze(0).expand(n, t)
     if use_kernel:
-        starts = torch.zeros_like(lengths)
+        return _prefill_in_slots(backbone, f, cache, embeds, slots, positions.contiguous(), torch.zeros_like(lengths),
+                                 lengths, positions)
+    bias = attention_bias(positions < lengths.unsqueeze(1), t, embeds.dtype)
 
-        def attend(i: int, q, k, v):
-            cache.write_prompts(i, slots, k, v)
-            return _attend_slots(backbone, cache, i, q, slots, starts, lengths)
-    else:
-        bias = attention_bias(positions < lengths.unsqueeze(1), t, embeds.dtype)
-
-        def attend(i: int, q, k, v):
-            cache.write_prompts(i, slots, k, v)
-            return backbone.layers[i].self_attn.attend(q, k, v, bias)
+    def attend(i: int, q, k, v):
+        cache.write_prompts(i, slots, k, v)
+        return backbone.layers[i].self_attn.attend(q, k, v, bias)
 
     hidden = walk(backbone, f, embeds, positions, attend)
     return hidden[torch.arange(n, device=device), lengths - 1]
@@ -179,43 +176,54 @@ def prefill_after(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, emb
 
     Keys come from the slots themselves, rows [0, window) with window >= every length. Padding
     rows write past a prompt's length (stale rows, as in `prefill`), clamped inside the slot.
-    use_kernel: attention reads the slots in place (kernels/prefill_attention.py); else each
-    prompt's window is gathered, repeated per query head and attended with a mask.
+    use_kernel: as in `prefill`, the slots read in place (window unused); else each prompt's window
+    is gathered, repeated per query head and attended with a mask.
     """
     n, t = embeds.shape[:2]
     device = embeds.device
     positions = starts.unsqueeze(1) + torch.arange(t, device=device).unsqueeze(0)
     rows = positions.clamp(max=cache.max_seq_len - 1)
+    if use_kernel:
+        return _prefill_in_slots(backbone, f, cache, embeds, slots, rows, starts, lengths, positions)
     slot_rows = slots.unsqueeze(1).expand(n, t)
+    allowed = torch.arange(window, device=device).view(1, 1, window) <= positions.unsqueeze(2)
+    bias = torch.zeros(allowed.shape, device=device, dtype=embeds.dtype)
+    bias = bias.masked_fill(~allowed, torch.finfo(embeds.dtype).min).unsqueeze(1)  # [N, 1, T, window]
 
-    def write(i: int, k, v):
+    def attend(i: int, q, k, v):
         cache.k[i].index_put_((slot_rows, rows), k)
         cache.v[i].index_put_((slot_rows, rows), v)
-
-    if use_kernel:
-        def attend(i: int, q, k, v):
-            write(i, k, v)
-            return _attend_slots(backbone, cache, i, q, slots, starts, lengths)
-    else:
-        allowed = torch.arange(window, device=device).view(1, 1, window) <= positions.unsqueeze(2)
-        bias = torch.zeros(allowed.shape, device=device, dtype=embeds.dtype)
-        bias = bias.masked_fill(~allowed, torch.finfo(embeds.dtype).min).unsqueeze(1)  # [N, 1, T, window]
-
-        def attend(i: int, q, k, v):
-            write(i, k, v)
-            keys = cache.k[i][:, :window].index_select(0, slots)
-            values = cache.v[i][:, :window].index_select(0, slots)
-            return backbone.layers[i].self_attn.attend(q, keys, values, bias)
+        keys = cache.k[i][:, :window].index_select(0, slots)
+        values = cache.v[i][:, :window].index_select(0, slots)
+        return backbone.layers[i].self_attn.attend(q, keys, values, bias)
 
     hidden = walk(backbone, f, embeds, positions, attend)
     return hidden[torch.arange(n, device=device), lengths - starts - 1]
 
 
-def _attend_slots(backbone: Qwen3Backbone, cache: StaticKVCache, i: int, q: torch.Tensor, slots: torch.Tensor,
-                  starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """q [N, T, heads, d] at positions starts + t over its slot's cached rows -> o_proj output [N, T, H]."""
-    out = prefill_attention.prefill_attention(q, cache.k[i], cache.v[i], slots, starts, lengths)
-    return backbone.layers[i].self_attn.o_proj(out.reshape(q.shape[0], q.shape[1], -1))
+def _prefill_in_slots(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: torch.Tensor,
+                      slots: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+    """A prefill whose layers write and read the slots in place: step_qkv.prefill_qkv (q/k norms,
+    RoPE, each token's key and value at rows[n, t] of slot slots[n]), then prefill_attention (the
+    query at positions[n, t] = starts[n] + t over rows [0, position] of its slot). Why: gathering each
+    prompt's window, repeating it per query head and a masked SDPA took ~17% of the engine stream's
+    GPU time under the H200's mixed soak (issue 34, round 13). -> each prompt's last hidden [N, H]."""
+    n, t = embeds.shape[:2]
+
+    def attend_qkv(i: int, qkv, cos, sin):
+        attn = backbone.layers[i].self_attn
+        c = attn.cfg
+        q = step_qkv.prefill_qkv(qkv, attn.q_norm.weight, attn.k_norm.weight, c.rms_norm_eps, cos, sin, cache.k[i],
+                                 cache.v[i], slots, rows, c.num_attention_heads, c.num_key_value_heads)
+        out = prefill_attention.prefill_attention(q, cache.k[i], cache.v[i], slots, starts, lengths)
+        return attn.o_proj(out.reshape(n, t, -1))
+
+    def attend(i: int, q, k, v):  # a backbone without merged projections (never the engine's)
+        raise RuntimeError("the prefill kernels need the merged q/k/v projection (backbone.merge_projections)")
+
+    hidden = walk(backbone, f, embeds, positions, attend, attend_qkv)
+    return hidden[torch.arange(n, device=embeds.device), lengths - starts - 1]
 
 
 def prefill_chunk(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, slot: int,

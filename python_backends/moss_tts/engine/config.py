@@ -66,8 +66,9 @@ class EngineConfig:
     qkv_kernels: bool = True  # what a decode step does between a layer's qkv GEMM and its attention
     # (backbone: q/k norms, RoPE, the cache write; local frame: RoPE, cache write, attention) as one
     # Triton kernel each (kernels/step_qkv.py); false = the compiled kernels and index copies
-    prefill_kernel: bool = True  # prefill attention reads each prompt's keys in its slot (Triton,
-    # kernels/prefill_attention.py); false = gather the slots' windows, repeat per query head, masked SDPA
+    prefill_kernel: bool = True  # a batched prefill's layers write and read the KV slots in place: q/k norms,
+    # RoPE and cache write (step_qkv.prefill_qkv), then attention (kernels/prefill_attention.py), one
+    # Triton kernel each; false = compiled norms, index copies, gathered windows repeated per head, masked SDPA
     # Light load only: with at most this many running rows, a step that ends a new stream's first
     # chunk is completed before the next is launched, and the next waits on the device for the
     # in-process vocoder's round of that chunk, which then runs alone (first_audio_gate.py; needs

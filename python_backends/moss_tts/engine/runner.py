@@ -131,13 +131,13 @@ class ModelRunner:
 
     def _kernels(self) -> tuple[bool, bool, bool, bool, bool]:
         """(attention, sampler, qkv, local, prefill) kernels: each as configured and where it can run here."""
-        b, c = self.model.cfg.backbone, self.config
+        b, c, cache = self.model.cfg.backbone, self.config, self.kv.k[0]
         query = torch.empty((1, b.num_attention_heads, b.head_dim), device=self.device, dtype=self.dtype)
         logits = torch.empty((1, self.model.cfg.audio_vocab_size), device=self.device, dtype=self.dtype)
-        qkv, cache = c.qkv_kernels and step_qkv.is_supported(query), self.kv.k[0]
+        qkv, fits = step_qkv.is_supported(query), step_qkv.fits_decode(b.head_dim)
         return (c.attention_kernel and decode_attention.is_supported(query, cache),
-                c.sampler_kernel and sample_kernel.is_supported(logits), qkv and step_qkv.fits_decode(b.head_dim), qkv,
-                c.prefill_kernel and prefill_attention.is_supported(query[None], cache))
+                c.sampler_kernel and sample_kernel.is_supported(logits), c.qkv_kernels and qkv and fits,
+                c.qkv_kernels and qkv, c.prefill_kernel and qkv and fits and prefill_attention.is_supported(query[None], cache))
 
     def _warm_up(self, ctx: StepContext) -> None:
         """Eager prefills (1, 2 and many prompts) and decode steps (1 and 2 slots), so the fused

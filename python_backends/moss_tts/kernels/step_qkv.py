@@ -3,7 +3,8 @@
 decode_qkv (the Qwen3 backbone): RMSNorm of each q and k head, NeoX RoPE, and the new key and
 value written straight into the slot-major cache at each slot's position; returns the rotated q.
 It replaces, per layer, the compiled norm+RoPE kernel and the two index_put kernels of the
-cache write (36 layers: 108 kernels a step become 36).
+cache write (36 layers: 108 kernels a step become 36). prefill_qkv is the same for a batched
+prefill's N x T tokens, each into its prompt's slot at its own row (engine knob prefill_kernel).
 
 local_attention_step (the local transformer, one of a frame's 12 micro-steps): interleaved RoPE
 of q and k, the new key and value into the frame's local cache at `pos`, and attention of the
@@ -82,6 +83,45 @@ def reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cach
     return q
 
 
+def prefill_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                slots: torch.Tensor, rows: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """decode_qkv for a batched prefill: qkv [N, T, (heads + 2 kv_heads) x d]; cos/sin [N, T, 1, d];
+    token t of prompt n written to slot slots[n] at row rows[n, t] (long [N, T], inside the slots'
+    rows). Returns q [N, T, heads, d], normed and rotated. One kernel a layer instead of the compiled
+    norm+RoPE kernel and two index_put kernels (backbone.prefill / prefill_after, with prefill_kernel)."""
+    if not (is_supported(qkv) and fits_decode(q_weight.shape[0])):
+        return reference_prefill_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, slots, rows,
+                                     heads, kv_heads)
+    n, t, _ = qkv.shape
+    head_dim = q_weight.shape[0]
+    flat = qkv.reshape(n * t, -1)
+    cos2, sin2, positions = cos.reshape(n * t, head_dim), sin.reshape(n * t, head_dim), rows.reshape(n * t)
+    q = torch.empty(n, t, heads, head_dim, device=qkv.device, dtype=qkv.dtype)
+    assert flat.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    assert cos2.stride(1) == sin2.stride(1) == 1 and positions.stride(0) == 1 and slots.stride(0) == 1
+    _prefill_qkv_kernel[(n * t, 2)](
+        flat, q_weight, k_weight, cos2, sin2, positions, slots, q, k_cache, v_cache, eps, t,
+        flat.stride(0), cos2.stride(0), sin2.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        HEADS=heads, KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(max(heads, kv_heads)), HALF=head_dim // 2,
+        num_warps=NUM_WARPS)
+    return q
+
+
+def reference_prefill_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, slots, rows, heads, kv_heads):
+    """The same in torch, as backbone._layer's split path and prefill_after's index_put write do it."""
+    n, t, _ = qkv.shape
+    head_dim = q_weight.shape[0]
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k = qk_norm_rope(q.reshape(n, t, heads, head_dim), k.reshape(n, t, kv_heads, head_dim),
+                        q_weight, k_weight, eps, cos, sin)
+    slot_rows = slots.unsqueeze(1).expand(n, t)
+    k_cache.index_put_((slot_rows, rows), k)
+    v_cache.index_put_((slot_rows, rows), v.reshape(n, t, kv_heads, head_dim))
+    return q
+
+
 @jit
 def _norm_rope(x_ptr, w_ptr, cos_lo, cos_hi, sin_lo, sin_hi, rows, n_rows, eps,
                HALF: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -109,6 +149,31 @@ def _decode_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr
     """One (slot, part): part 0 the q heads into q, part 1 the k heads (normed, rotated) and the
     v heads into the caches at the slot's position."""
     s = tl.program_id(0).to(tl.int64)
+    _qkv_token(s, s, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, eps,
+               stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh, stride_cs, stride_ct, stride_ch,
+               HEADS, KV_HEADS, BLOCK_H, HALF)
+
+
+@jit
+def _prefill_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_ptr, k_cache_ptr,
+                        v_cache_ptr, eps, tokens_per_slot, stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh,
+                        stride_cs, stride_ct, stride_ch,
+                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """One (token, part) of N prompts' T tokens each, token s of prompt s // T into slot slots[s // T]
+    at row pos[s]. A kernel of its own name: the GPU budget counts decode steps by the decode kernel."""
+    s = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + s // tokens_per_slot).to(tl.int64)
+    _qkv_token(s, slot, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, eps,
+               stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh, stride_cs, stride_ct, stride_ch,
+               HEADS, KV_HEADS, BLOCK_H, HALF)
+
+
+@jit
+def _qkv_token(s, slot, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, eps,
+               stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh, stride_cs, stride_ct, stride_ch,
+               HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """Token s's part tl.program_id(1): 0 its q heads into q row s, 1 its k heads (normed, rotated)
+    and v heads into cache slot `slot` at row pos[s]."""
     rows = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HALF)
     cos_lo = tl.load(cos_ptr + s * stride_cos + offs_d).to(tl.float32)
@@ -127,7 +192,7 @@ def _decode_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr
         lo, hi = _norm_rope(row + HEADS * 2 * HALF, kw_ptr, cos_lo, cos_hi, sin_lo, sin_hi, rows, KV_HEADS, eps,
                             HALF, BLOCK_H)
         mask = (rows < KV_HEADS)[:, None]
-        at = (s * stride_cs + tl.load(pos_ptr + s).to(tl.int64) * stride_ct
+        at = (slot * stride_cs + tl.load(pos_ptr + s).to(tl.int64) * stride_ct
               + rows[:, None] * stride_ch + offs_d[None, :])
         cache_dtype = k_cache_ptr.dtype.element_ty
         tl.store(k_cache_ptr + at, lo.to(dtype).to(cache_dtype), mask=mask)
