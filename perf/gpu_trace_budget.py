@@ -10,7 +10,10 @@ event's start to the last one's end):
 - the engine's stream: its decode steps (one `_decode_qkv_kernel` per backbone layer a step;
   `_draw_kernel` runs 13 times a step, the stop and 12 codebooks, and once more per prefill),
   ms a step, and its idle gaps (the host's time between launches, or waits on another stream);
-- per stream, the kernels that took the most time (prefill shows among the engine's).
+- per stream, the kernels that took the most time;
+- the engine's prefill launches: one prefill attention kernel per backbone layer a launch (PyTorch's
+  `fmha_*` / flash kernels, or the engine's `_prefill_kernel`): launches, their span and kernel time,
+  their share of the stream, and their kernels by time (round 13: ~40% of the soak's engine stream).
 No torch import: it runs wherever the trace is.
 """
 
@@ -31,6 +34,11 @@ ENGINE_MARKERS = ("_split_kernel", "_combine_kernel", "_decode_qkv_kernel", "_dr
 CODEC_MARKERS = ("_ring_write_kernel", "_attention_kernel", "_rope_kernel", "_layer_norm_kernel")
 STEP_MARKER = "_decode_qkv_kernel"  # once per backbone layer per decode step (engine/backbone.py)
 BACKBONE_LAYERS = 36  # Qwen3-4B's
+
+
+def is_prefill_attention(name: str) -> bool:
+    """A prefill's attention kernel: SDPA's (memory-efficient `fmha_cutlassF*`, flash) or the engine's own."""
+    return name == "_prefill_kernel" or name.startswith("fmha_") or "flash_fwd" in name
 
 
 def load_events(path: Path) -> list[dict]:
@@ -111,6 +119,9 @@ def budget(events: list[dict], top: int = 10, layers: int = BACKBONE_LAYERS) -> 
         if steps and window_ms:
             row.update(decode_steps=round(steps, 2), steps_per_s=round(steps / window_ms * 1e3, 1),
                        ms_per_step=round(window_ms / steps, 2), busy_ms_per_step=round(busy / steps, 2))
+        prefill = prefill_launches(evs, layers, window_ms, busy, top)
+        if prefill:
+            row["prefill"] = prefill
         gaps = gaps_ms(per_stream[stream])
         if gaps:
             q = statistics.quantiles(gaps, n=10) if len(gaps) > 1 else [gaps[0]] * 9
@@ -120,6 +131,31 @@ def budget(events: list[dict], top: int = 10, layers: int = BACKBONE_LAYERS) -> 
                            "max_ms": round(max(gaps), 3), "over_1ms": len(long), "over_1ms_total": round(sum(long), 2)}
         out["streams"].append(row)
     return out
+
+
+def prefill_launches(evs: list[dict], layers: int, window_ms: float, busy_ms: float, top: int) -> dict:
+    """One stream's prefill launches: runs of `layers` prefill attention kernels in time order (a
+    partial run at the window's edge is left out). A launch spans its first attention kernel's start
+    to its last one's end; its kernels are the stream's that start inside the span."""
+    evs = sorted(evs, key=lambda e: e["ts"])
+    marks = [i for i, e in enumerate(evs) if is_prefill_attention(e["name"])]
+    launches = [marks[k:k + layers] for k in range(0, len(marks) - layers + 1, layers)]
+    if not launches:
+        return {}
+    spans, kernel_ms, by_name = [], [], defaultdict(float)
+    for run in launches:
+        first, last = evs[run[0]], evs[run[-1]]
+        end = last["ts"] + last["dur"]
+        inside = [e for e in evs[run[0]:run[-1] + 1] if e["ts"] < end]
+        spans.append((end - first["ts"]) / 1e3)
+        kernel_ms.append(sum(e["dur"] for e in inside) / 1e3)
+        for e in inside:
+            by_name[e["name"][:90]] += e["dur"] / 1e3
+    total = sum(kernel_ms)
+    return {"launches": len(launches), "per_s": round(len(launches) / window_ms * 1e3, 1) if window_ms else 0.0,
+            "span_ms_p50": round(statistics.median(spans), 3), "kernel_ms_p50": round(statistics.median(kernel_ms), 3),
+            "kernel_ms": round(total, 2), "share_of_busy": round(total / busy_ms, 4) if busy_ms else 0.0,
+            "top": [{"name": n, "ms": round(t, 3)} for n, t in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]]}
 
 
 def table(result: dict) -> str:
@@ -138,6 +174,12 @@ def table(result: dict) -> str:
     for s in result["streams"][:3]:
         lines.append(f"top kernels, stream {s['stream']} ({s['label']}):")
         lines += [f"  {k['ms']:9.3f} ms {k['calls']:6d} x {k['us_per_call']:8.2f} us  {k['name']}" for k in s["top"]]
+        if "prefill" in s:
+            p = s["prefill"]
+            lines.append(f"prefill launches, stream {s['stream']}: {p['launches']} ({p['per_s']} a second), span p50 "
+                         f"{p['span_ms_p50']} ms, kernels p50 {p['kernel_ms_p50']} ms, {p['kernel_ms']} ms in all "
+                         f"({p['share_of_busy']:.1%} of the stream's busy time); their kernels:")
+            lines += [f"  {k['ms']:9.3f} ms  {k['name']}" for k in p["top"]]
     return "\n".join(lines)
 
 

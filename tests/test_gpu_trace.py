@@ -165,6 +165,20 @@ def test_budget_of_a_known_timeline(tmp_path):
     assert json.loads(out.read_text())["gpu_busy_ms"] == 4.1
 
 
+def test_prefill_launches_of_a_known_timeline():
+    """A two-layer backbone: one whole prefill launch (attention kernels at 100 and 400, a GEMM
+    between them and one after the span), then half a launch at the window's edge (left out)."""
+    events = [kernel(7, 0, 100, "nvjet_qkv"), kernel(7, 100, 50, "fmha_cutlassF_x"), kernel(7, 150, 250, "nvjet_mlp"),
+              kernel(7, 400, 100, "_prefill_kernel"), kernel(7, 500, 30, "_decode_qkv_kernel"),
+              kernel(7, 900, 40, "fmha_cutlassF_x"), kernel(7, 940, 10, "_draw_kernel")]
+    engine = budget(events, layers=2)["streams"][0]
+    p = engine["prefill"]
+    assert (p["launches"], p["span_ms_p50"], p["kernel_ms_p50"], p["kernel_ms"]) == (1, 0.4, 0.4, 0.4)
+    assert p["share_of_busy"] == round(0.4 / 0.58, 4)
+    assert p["top"][0] == {"name": "nvjet_mlp", "ms": 0.25}
+    assert "prefill" not in budget([kernel(7, 0, 10, "_decode_qkv_kernel")], layers=1)["streams"][0]
+
+
 def test_budget_of_an_empty_trace_says_so(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": []}))
