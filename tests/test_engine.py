@@ -32,10 +32,20 @@ def test_chunks_grow_from_the_first_to_chunk_frames():
     assert chunk_target(20, 20, 10) == 10
 
 
-def expected_chunk_sizes(num_frames: int, first: int, every: int) -> list[int]:
+def test_doubling_chunks_are_as_large_as_the_audio_already_sent():
+    sizes, sent = [], 0
+    while len(sizes) < 7:
+        sizes.append(chunk_target(sent, 2, 10, doubling=True))
+        sent += sizes[-1]
+    assert sizes == [2, 2, 4, 8, 10, 10, 10]
+    assert [chunk_target(n, 3, 10, doubling=True) for n in (0, 3, 6, 12)] == [3, 3, 6, 10]
+    assert [chunk_target(n, 10, 10, doubling=True) for n in (0, 10, 20)] == [10, 10, 10]
+
+
+def expected_chunk_sizes(num_frames: int, first: int, every: int, doubling: bool = False) -> list[int]:
     sizes = []
     while sum(sizes) < num_frames:
-        sizes.append(min(chunk_target(sum(sizes), first, every), num_frames - sum(sizes)))
+        sizes.append(min(chunk_target(sum(sizes), first, every, doubling), num_frames - sum(sizes)))
     return sizes
 
 
@@ -170,6 +180,26 @@ def test_chunk_sizes_follow_config_and_per_request_override(tiny_model, prompts)
     assert all(sink.final(rid).reason == "max_frames" for rid in ids)
     assert engine.stats().max_batch_size_seen == 4
     assert_idle(engine, 4)
+
+
+def test_chunk_doubling_from_the_config_keeps_the_frames(tiny_model, prompts):
+    """chunk_doubling: 2, 2, 4, 8, 5 for a 21-frame request (the last is what is left), and the
+    codes are the plain engine's, chunked differently."""
+    chunks = {}
+    for doubling in (False, True):
+        sink = Collector()
+        engine = make_engine(tiny_model, sink, max_running_requests=2, chunk_doubling=doubling)
+        engine.submit(EngineRequest("d", prompts[0], SamplingParams(seed=5, max_frames=21, ignore_stop=True)))
+        engine.start()
+        try:
+            sink.wait_finished(["d"])
+        finally:
+            engine.shutdown(TIMEOUT_S)
+        chunks[doubling] = sink.chunks("d")
+    assert [c.num_frames for c in chunks[True]] == expected_chunk_sizes(21, 2, 10, True) == [2, 2, 4, 8, 5]
+    assert [c.num_frames for c in chunks[False]] == [2, 4, 8, 7]
+    assert np.array_equal(np.concatenate([c.codes for c in chunks[True]]),
+                          np.concatenate([c.codes for c in chunks[False]]))
 
 
 def test_abort_frees_the_slot_and_leaves_others_untouched(tiny_model, prompts):

@@ -48,6 +48,10 @@ class EngineConfig:
     max_seq_len: int = MAX_SEQ_LEN
     first_chunk_frames: int = FIRST_CHUNK_FRAMES
     chunk_frames: int = CHUNK_FRAMES
+    # Chunks after the first: false = the frames sent so far plus the first chunk's (2, 4, 8, 10, ...),
+    # true = the frames sent so far (2, 2, 4, 8, 10, ...: one chunk more, and the second chunk due
+    # after 2 steps instead of 4, for the slow steps while a wave of streams is admitted; chunk_target).
+    chunk_doubling: bool = False
     # Prompt tokens prefilled per engine step: admission stops once a step's budget is used
     # (a longer prompt is still admitted alone) and one prefill forward covers at most this
     # many rows, so a burst of long prompts cannot stall the running streams for long.

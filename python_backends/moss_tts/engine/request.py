@@ -71,9 +71,10 @@ class EngineRequest:
                              f"({model_cfg.audio_pad_code} = no code)")
 
 
-def chunk_target(num_flushed: int, first_chunk_frames: int, chunk_frames: int) -> int:
+def chunk_target(num_flushed: int, first_chunk_frames: int, chunk_frames: int, doubling: bool = False) -> int:
     """Frames the next chunk carries: a short first chunk for latency, then chunks that grow by
-    what was already sent (2, 4, 8, 10, 10, ... for 2 and 10) up to `chunk_frames`.
+    what was already sent (2, 4, 8, 10, 10, ... for 2 and 10) up to `chunk_frames`. `doubling`: the
+    chunks after the first are as large as what was already sent (2, 2, 4, 8, 10, ...).
 
     Why grow: a listener starts playing at the first chunk, so chunk k must arrive before the
     audio sent before it has played out. Its frames take (its size) engine steps to generate,
@@ -82,10 +83,15 @@ def chunk_target(num_flushed: int, first_chunk_frames: int, chunk_frames: int) -
     plays), with the rest of the buffer left for the vocoder's queueing jitter. A steady 10 after
     a 2-frame first chunk needs 10 steps inside the first chunk's 160 ms: it ran dry at every
     concurrency above 16 (docs/scaling.md). A first chunk at least as big as `chunk_frames`
-    makes every chunk `chunk_frames`."""
+    makes every chunk `chunk_frames`.
+
+    Why doubling: at 256 streams the second chunk (4 frames, due within the first chunk's 160
+    ms) came late in 255 of 282 underruns, because the steps that admit a wave of new streams take
+    ~44-70 ms (issue 34, round 13). Doubling makes the second chunk 2 frames (steps under ~65 ms
+    with the vocoder's ~30) and the later ones due at steps under ~43-52 ms, for one chunk more."""
     if num_flushed == 0:
         return first_chunk_frames
-    return min(chunk_frames, num_flushed + first_chunk_frames)
+    return min(chunk_frames, max(num_flushed, first_chunk_frames) if doubling else num_flushed + first_chunk_frames)
 
 
 class RequestStatus(enum.Enum):
@@ -99,6 +105,7 @@ class RequestState:
     request: EngineRequest
     first_chunk_frames: int
     chunk_frames: int
+    chunk_doubling: bool = False  # EngineConfig.chunk_doubling (chunk_target)
     status: RequestStatus = RequestStatus.WAITING
     slot: Optional[int] = None
     prefix: Optional[PrefixMatch] = None  # pool blocks its prompt loads; None with reuse off
@@ -118,10 +125,11 @@ class RequestState:
     @classmethod
     def create(cls, request: EngineRequest, config: EngineConfig) -> "RequestState":
         first = request.first_chunk_frames or config.first_chunk_frames
-        return cls(request, first, request.chunk_frames or config.chunk_frames)
+        return cls(request, first, request.chunk_frames or config.chunk_frames, config.chunk_doubling)
 
     def _next_due(self) -> int:
-        chunk_end = self.num_flushed + chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames)
+        chunk_end = self.num_flushed + chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames,
+                                                    self.chunk_doubling)
         return min(chunk_end, self.request.params.max_frames)
 
     @property
