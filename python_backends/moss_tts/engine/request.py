@@ -86,9 +86,10 @@ def chunk_target(num_flushed: int, first_chunk_frames: int, chunk_frames: int, d
     makes every chunk `chunk_frames`.
 
     Why doubling: at 256 streams the second chunk (4 frames, due within the first chunk's 160
-    ms) came late in 255 of 282 underruns, because the steps that admit a wave of new streams take
-    ~44-70 ms (issue 34, round 13). Doubling makes the second chunk 2 frames (steps under ~65 ms
-    with the vocoder's ~30) and the later ones due at steps under ~43-52 ms, for one chunk more."""
+    ms) came late in 255 of 282 underruns, by 121 ms on average: the steps while a wave of new
+    streams is admitted took 44 ms a second in, longer before (issue 34, round 13). Doubling makes
+    the second chunk 2 frames (in time at steps under ~65 ms, with ~30 ms of vocoder jitter) and
+    the later ones in time at steps under ~43-52 ms, for one chunk more."""
     if num_flushed == 0:
         return first_chunk_frames
     return min(chunk_frames, max(num_flushed, first_chunk_frames) if doubling else num_flushed + first_chunk_frames)
