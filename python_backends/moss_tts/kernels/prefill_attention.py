@@ -133,6 +133,14 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, starts_ptr, lengths_ptr, out
     # Keys [0, full) every row of the block sees; [full, hi) the causal edge (hi: the newest any row sees + 1).
     full = tl.minimum(start + first_t + 1, length)
     hi = tl.minimum(start + first_t + BLOCK_T, length)
+    # A block of padding rows only (a short prompt padded to the launch's rows) reads key 0 alone:
+    # its output is unused but must stay finite (it reaches stale cache rows), and reading the whole
+    # prompt for it would multiply a reused prefix's reads by the padding blocks.
+    is_padding = start + first_t >= length
+    full = tl.where(is_padding, 0, full)
+    hi = tl.where(is_padding, 1, hi)
+    # The slot's offset in int64 (slot x stride passes 2**31 in a full-size cache); a key's offset
+    # inside its slot stays in int32 (rows x kv_heads x head_dim: ~2 M at 2,048 rows).
     k_base = k_ptr + slot * stride_kn + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vn + kv_head * stride_vh
 
@@ -142,26 +150,26 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, starts_ptr, lengths_ptr, out
     num_full = full // BLOCK_N
     for k in range(0, num_full):  # seen whole: no mask
         keys = k * BLOCK_N + offs_n
-        kt = tl.load(k_base + keys[None, :].to(tl.int64) * stride_kt + offs_d[:, None])
+        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None])
         scores = tl.dot(q, kt, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
         new_max = tl.maximum(row_max, tl.max(scores, 1))
         alpha = tl.exp2(row_max - new_max)
         p = tl.exp2(scores - new_max[:, None])
-        v = tl.load(v_base + keys[:, None].to(tl.int64) * stride_vt + offs_d[None, :])
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         row_sum = row_sum * alpha + tl.sum(p, 1)
         row_max = new_max
     for first in range(num_full * BLOCK_N, hi, BLOCK_N):  # the causal edge
         keys = first + offs_n
         is_key = keys < hi
-        kt = tl.load(k_base + keys[None, :].to(tl.int64) * stride_kt + offs_d[:, None], mask=is_key[None, :], other=0.0)
+        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None], mask=is_key[None, :], other=0.0)
         scores = tl.dot(q, kt, input_precision="ieee") * qk_scale
         scores = tl.where(keys[None, :] <= newest[:, None], scores, float("-inf"))
         # Finite: key 0 is in the first tile walked and every row sees it (newest >= 0).
         new_max = tl.maximum(row_max, tl.max(scores, 1))
         alpha = tl.exp2(row_max - new_max)
         p = tl.exp2(scores - new_max[:, None])
-        v = tl.load(v_base + keys[:, None].to(tl.int64) * stride_vt + offs_d[None, :], mask=is_key[:, None], other=0.0)
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=is_key[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         row_sum = row_sum * alpha + tl.sum(p, 1)
         row_max = new_max
