@@ -1,5 +1,5 @@
-"""A batched prefill's attention, per layer: the gather + SDPA path against the slot kernel (issue 34,
-thirteenth round).
+"""A batched prefill's per-layer work between its qkv GEMM and o_proj: the torch path against the
+slot kernels (issue 34, thirteenth round).
 
     PYTHONPATH=python_backends:. python3 perf/bench_prefill_attention.py [--out x.json]
 
@@ -17,7 +17,9 @@ Launch shapes (N prompts x T new rows per prompt, after a reused prefix of `star
   clones        clone prompts: ~300 reused reference rows, ~30 new;
   from_row0     a plain prefill (no prefix): N x ~80 rows from row 0.
 Each figure is the median of graph replays of 36 calls (one per layer, over 4 caches in turn), per
-call. No model, no engine.
+call. Then, per launch shape, the step before the attention (`qkv` rows): the compiled q/k RMSNorm +
+RoPE (Fusions, as served) and two `index_put` writes against `step_qkv.prefill_qkv`. No model, no
+engine.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from moss_tts.engine.step import PREFILL_ATTENTION
+from moss_tts.kernels import step_qkv
+from moss_tts.kernels.fused import Fusions
 from moss_tts.kernels.prefill_attention import DEFAULT_CONFIG, PrefillConfig, prefill_attention
 from moss_tts.kernels.prefill_attention import reference_prefill_attention
+from moss_tts.model.qwen3 import neox_rope
 from perf.graph_timing import graph_ms
 
 HEADS, KV_HEADS, HEAD_DIM, SLOTS, MAX_SEQ_LEN, LAYERS, CACHES = 32, 8, 128, 257, 2048, 36, 4
@@ -72,6 +77,41 @@ def torch_call(q, k, v, slots, starts, bias, window):
     with sdpa_kernel(PREFILL_ATTENTION):
         return F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(groups, dim=2).transpose(1, 2),
                                               values.repeat_interleave(groups, dim=2).transpose(1, 2), attn_mask=bias)
+
+
+def time_qkv(q, slots, starts, caches, fusions) -> dict:
+    """µs per layer: the compiled norm + RoPE and two index_put writes, against prefill_qkv."""
+    n, t = q.shape[:2]
+    gen = torch.Generator(device=q.device).manual_seed(1)
+    qkv = torch.randn(n, t, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen, device=q.device, dtype=q.dtype)
+    qw, kw = (1 + 0.1 * torch.randn(HEAD_DIM, generator=gen, device=q.device, dtype=q.dtype) for _ in range(2))
+    positions = starts.unsqueeze(1) + torch.arange(t, device=q.device)
+    rows = positions.clamp(max=MAX_SEQ_LEN - 1)
+    cos, sin = neox_rope(positions, HEAD_DIM, 1e6, q.dtype)
+    slot_rows = slots.unsqueeze(1).expand(n, t)
+
+    def torch_path(i: int):
+        k_cache, v_cache = caches[i % CACHES]
+        a, b, c = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+        qq, kk = fusions.qk_norm_rope(a.reshape(n, t, HEADS, HEAD_DIM), b.reshape(n, t, KV_HEADS, HEAD_DIM),
+                                      qw, kw, 1e-6, cos, sin)
+        k_cache.index_put_((slot_rows, rows), kk)
+        v_cache.index_put_((slot_rows, rows), c.reshape(n, t, KV_HEADS, HEAD_DIM))
+        return qq
+
+    def kernel_path(i: int):
+        k_cache, v_cache = caches[i % CACHES]
+        return step_qkv.prefill_qkv(qkv, qw, kw, 1e-6, cos, sin, k_cache, v_cache, slots, rows, HEADS, KV_HEADS)
+
+    k0, v0 = (c.clone() for c in caches[0])
+    expected = torch_path(0).float()
+    got = kernel_path(0).float()
+    error = ((got - expected).abs().max() / expected.abs().max()).item()
+    caches[0][0].copy_(k0)
+    caches[0][1].copy_(v0)
+    del k0, v0
+    return {"torch_us": graph_ms(torch_path, LAYERS, 20) * 1e3, "kernel_us": graph_ms(kernel_path, LAYERS, 20) * 1e3,
+            "kernel_relative_error": error}
 
 
 def main(argv=None) -> int:
@@ -116,6 +156,10 @@ def main(argv=None) -> int:
         results["runs"].append({**base, "path": "torch", "us_per_call": torch_us})
         print(f"{name:<18} N {n:<3} T {t:<3} window {window:<4} torch {torch_us:7.2f} µs  (kernel error {error:.2e})",
               flush=True)
+        qkv = time_qkv(q, slots, starts, caches, Fusions.for_device(device, True))
+        results["runs"].append({**base, "path": "qkv", **qkv})
+        print(f"  qkv: torch (compiled norm + RoPE, 2 index_put) {qkv['torch_us']:7.2f} µs, prefill_qkv "
+              f"{qkv['kernel_us']:7.2f} µs (error {qkv['kernel_relative_error']:.2e})", flush=True)
         for block_t, block_n, warps, stages in grid:
             config = PrefillConfig(block_t, block_n, warps, stages)
             try:
