@@ -14,6 +14,7 @@ import importlib.util
 
 import pytest
 
+from moss_tts.kernels import block_copy as bc
 from moss_tts.kernels import fused_linear as fl
 from moss_tts.kernels import gated_silu as gs
 from moss_tts.kernels import layer_norm as ln
@@ -238,3 +239,14 @@ def test_prefill_attention_kernel_compiles_for_the_h200_without_spills(block_t, 
     kernel = compile_for_h200(pa._prefill_kernel, signature, constants, config.num_warps, config.num_stages,
                               ("q_ptr", "k_ptr", "v_ptr", "out_ptr", *strides))
     assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)
+
+
+def test_block_copy_kernel_compiles_for_the_h200_with_vector_loads():
+    """As the engine's prefix copies launch it: bf16 blocks of 16 rows x 8 heads x 128 (16,384
+    elements, 2,048 a step), the layer and block strides multiples of 16."""
+    t, strides = "*bf16", ("src_layer", "src_block", "dst_layer", "dst_block")
+    signature = {"src_k": t, "src_v": t, "dst_k": t, "dst_v": t, "src_index": "*i64", "dst_index": "*i64",
+                 "size": "i32", **{name: "i32" for name in strides}}
+    kernel = compile_for_h200(bc._copy_blocks_kernel, signature, {"BLOCK": bc.BLOCK}, bc.NUM_WARPS, 3,
+                              ("src_k", "src_v", "dst_k", "dst_v", "size", *strides))
+    assert "v4" in kernel.asm["ptx"]  # 16-byte loads and stores

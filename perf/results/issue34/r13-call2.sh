@@ -15,7 +15,7 @@ T0=$SECONDS
 bash perf/h200_scaling.sh setup > $R/setup.log 2>&1 &
 SETUP=$!
 PYTHONPATH=python_backends:tests:. timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/test_prefill_attention.py tests/test_step_qkv.py tests/test_gpu_engine.py > $R/gpu_tests.txt 2>&1
+  tests/test_prefill_attention.py tests/test_step_qkv.py tests/test_block_copy.py tests/test_gpu_engine.py > $R/gpu_tests.txt 2>&1
 echo "gpu tests rc $? at $((SECONDS-T0)) s: $(tail -1 $R/gpu_tests.txt)"
 grep -E "^(FAILED|ERROR)" $R/gpu_tests.txt | head -8
 wait $SETUP; tail -1 $R/setup.log; echo "setup done $((SECONDS-T0)) s"

@@ -72,7 +72,8 @@ class EngineConfig:
     # Triton kernel each (kernels/step_qkv.py); false = the compiled kernels and index copies
     prefill_kernel: bool = True  # a batched prefill's layers write and read the KV slots in place: q/k norms,
     # RoPE and cache write (step_qkv.prefill_qkv), then attention (kernels/prefill_attention.py), one
-    # Triton kernel each; false = compiled norms, index copies, gathered windows repeated per head, masked SDPA
+    # Triton kernel each, and a step's prefix-pool copies in one launch (kernels/block_copy.py); false =
+    # compiled norms, index copies, gathered windows repeated per head, masked SDPA, batched pool copies
     # Light load only: with at most this many running rows, a step that ends a new stream's first
     # chunk is completed before the next is launched, and the next waits on the device for the
     # in-process vocoder's round of that chunk, which then runs alone (first_audio_gate.py; needs

@@ -16,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from ..kernels import block_copy
+
 log = logging.getLogger(__name__)
 
 
@@ -94,6 +96,21 @@ class StaticKVCache:
         """The reverse of load_prefix: slot blocks into pool blocks, every layer at once."""
         for pool, blocks in self._blocks:
             pool.index_copy_(1, pool_blocks, blocks.index_select(1, slot_blocks))
+
+    def copy_prefixes(self, count: int, slot_blocks: Optional[torch.Tensor], pool_blocks: Optional[torch.Tensor],
+                      into_slots: bool, one_launch: bool = False) -> None:
+        """A step's `count` prefix copies, pool blocks into slots (into_slots) or slots into the pool.
+        one_launch: all of them, K and V, in one kernel launch (kernels/block_copy.py, no temporary);
+        else load_prefix / store_prefix, COPY_BLOCKS at a time."""
+        if not count:
+            return
+        if one_launch:
+            pools, slots = (self._pool_k, self._pool_v), (self._blocks[0][1], self._blocks[1][1])
+            src, dst = (pools, slots) if into_slots else (slots, pools)
+            src_index, dst_index = (pool_blocks, slot_blocks) if into_slots else (slot_blocks, pool_blocks)
+            block_copy.copy_blocks(src, dst, src_index, dst_index)
+        else:
+            in_batches(self.load_prefix if into_slots else self.store_prefix, count, slot_blocks, pool_blocks)
 
     def slot_block(self, slot: int, index: int) -> int:
         """The flat block number load_prefix/store_prefix take for block `index` of `slot`."""

@@ -30,7 +30,7 @@ from .cache_manager import PrefixStore, StepPlan
 from .config import EngineConfig
 from .frame import LocalRope
 from .graph_runner import REMEDIES, GraphCaptureError, GraphRunner
-from .kv_cache import StaticKVCache, in_batches
+from .kv_cache import StaticKVCache
 from .memory import check_memory_budget
 from .prefix_cache import PrefixMatch
 from .prefill_batch import StagedPrompt, prefill_inputs, prefill_plan
@@ -200,10 +200,10 @@ class ModelRunner:
             self.ctx.state.deactivate(deactivate)
         # Every reused prefix is copied in before any prefill of this step, and new blocks are
         # stored after all of them, so no copy reads a pool block a store of this step rewrote.
-        in_batches(self.kv.load_prefix, len(loads), load_slots, load_pool)
+        self.kv.copy_prefixes(len(loads), load_slots, load_pool, True, self.ctx.prefill_kernel)
         for offset, group in groups:
             self._run_prefill(group, offset, use)
-        in_batches(self.kv.store_prefix, len(stores), store_slots, store_pool)
+        self.kv.copy_prefixes(len(stores), store_slots, store_pool, False, self.ctx.prefill_kernel)
         num_rows = len(staged)
         if slots:
             self._run_decode(slots, plan.kv_len, use)
