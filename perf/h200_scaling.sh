@@ -132,6 +132,22 @@ stop_server() {
   pkill -9 -f tritonserver; pkill -9 -f triton_python_backend_stub; sleep 2
 }
 
+# A server (and its stubs, its load) left by an earlier run that a `timeout` cut short: its
+# serve.sh ran under setsid, out of the timeout's reach, and would answer the next server's
+# readiness polls on the same ports. Killed, and the ports waited for, before a server starts.
+clear_leftovers() {
+  if pgrep -f "tritonserver|triton_python_backend_stub|perf.soak|perf/bench_triton" > /dev/null; then
+    log "clearing a server or load left running by an earlier run"
+    pkill -9 -f "perf.soak|perf/bench_triton"; pkill -9 -f tritonserver; pkill -9 -f triton_python_backend_stub
+  fi
+  for _ in $(seq 30); do
+    python3 -c "import socket, sys; [socket.create_connection(('127.0.0.1', p), 0.2) for p in (8000, 8001, 8002)]" \
+      2>/dev/null || return 0
+    sleep 1
+  done
+  log "ports 8000-8002 still answer after 30 s"
+}
+
 # wait_ready URL...: until every URL answers 200 (tritonserver's readiness, the shim's health), for
 # at most 8 minutes; 1 (not ready) as soon as the server that $W/server.pid names has died.
 wait_ready() {
@@ -242,6 +258,7 @@ layout() {
     # BUDGET_S: seconds this call may still use; a layout needs ~4 min (load, levels, stop).
     if [ $((SECONDS + ${LAYOUT_S:-240})) -gt "${BUDGET_S:-100000}" ]; then log "layout $name: skipped (call budget)"; continue; fi
     local t0=$SECONDS extra=() visible=0,1 n="$name${TAG:+_$TAG}"
+    clear_leftovers
     case "$name" in
       single) visible=0 ;;
       *) extra=(--model-config-name="$name") ;;
@@ -367,6 +384,7 @@ soak() {
   prepare_repo
   # TAG: a name for this run's files (two servers in one call: an A/B of PARAMS).
   local t0=$SECONDS n="soak${TAG:+_$TAG}"
+  clear_leftovers
   CUDA_VISIBLE_DEVICES=0 MODEL_REPOSITORY="$W/repo" PYTHON=python3 MOSS_TTS_MODEL_DIR="$W/ckpt/model" \
     MOSS_TTS_CODEC_DIR="$W/ckpt/codec" SHIM_PORT=0 MOSS_GPU_TRACE_DIR="${GPU_TRACE:+$W/gputrace_$n}" setsid $SERVER_PIN scripts/serve.sh > "$W/server_$n.log" 2>&1 < /dev/null &
   echo $! > "$W/server.pid"

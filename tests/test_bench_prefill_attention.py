@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 
 from moss_tts.kernels.prefill_attention import reference_prefill_attention
+import perf.bench_prefill_attention as bench
+from moss_tts.kernels.fused import Fusions
 from perf.bench_prefill_attention import HEAD_DIM, KV_HEADS, SHAPES, SLOTS, launch, torch_call, window_of
 
 
@@ -35,3 +37,27 @@ def test_the_timed_torch_path_is_the_reference():
     expected = reference_prefill_attention(q, k, v, slots, starts, lengths)
     for i, (s, e) in enumerate(zip(starts.tolist(), lengths.tolist())):
         torch.testing.assert_close(got[i, :e - s], expected[i, :e - s], rtol=1e-4, atol=1e-4)
+
+
+def test_the_timed_torch_path_from_row0_is_prefills():
+    """A launch with no reused prefix: the engine's `prefill` attends over the new rows' own keys."""
+    gen = torch.Generator().manual_seed(2)
+    q, slots, starts, lengths = launch((6, 20, (0, 1), (5, 20)), gen, "cpu")
+    q = q.float()
+    caches = [tuple(torch.randn(SLOTS, 32, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))] * bench.CACHES
+    got = bench.torch_path_of(q, slots, starts, lengths, caches)(0).transpose(1, 2)
+    expected = reference_prefill_attention(q, *caches[0], slots, starts, lengths)
+    for i, e in enumerate(lengths.tolist()):
+        torch.testing.assert_close(got[i, :e], expected[i, :e], rtol=1e-4, atol=1e-4)
+
+
+def test_time_qkv_runs_both_paths(monkeypatch):
+    """Each path once on the CPU (no graphs): the kernel's torch fallback equals the compiled path's
+    eager form, after a prefix and from row 0."""
+    monkeypatch.setattr(bench, "graph_ms", lambda call, reps, iters: call(0) is not None and 1.0)
+    gen = torch.Generator().manual_seed(3)
+    caches = [tuple(torch.zeros(SLOTS, 64, KV_HEADS, HEAD_DIM) for _ in range(2)) for _ in range(bench.CACHES)]
+    for starts in (torch.tensor([5, 30]), torch.tensor([0, 0])):
+        q = torch.randn(2, 8, bench.HEADS, HEAD_DIM, generator=gen)
+        got = bench.time_qkv(q, torch.tensor([3, 9]), starts, caches, Fusions.eager())
+        assert got == {"torch_us": 1e3, "kernel_us": 1e3, "kernel_relative_error": 0.0}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from moss_tts.engine.kv_cache import StaticKVCache
+from moss_tts.kernels import block_copy
 from triton_interpreter import interpreter_json
 
 INTERPRETER_TIMEOUT_S = 300
@@ -69,8 +70,13 @@ def test_interpreter_kernel_copies_what_the_index_copies_do(interpreter_results,
     assert interpreter_results[name] == {"loads": True, "stores": True, "moved": True}
 
 
-def test_cpu_takes_the_index_copies():
-    assert copy_case(*CASES["many_pairs_partial_tiles"]) == {"loads": True, "stores": True, "moved": True}
+def test_block_pairs_know_their_layout():
+    kv = filled_cache(3, 2, 10, 2, 4, 5, 4, torch.float32, "cpu")
+    assert (kv._pool_pair.size, kv._pool_pair.layer_stride, kv._pool_pair.block_stride) == (32, 160, 32)
+    assert (kv._slot_pair.size, kv._slot_pair.layer_stride, kv._slot_pair.block_stride) == (32, 2 * 12 * 8, 32)
+    assert kv._slot_pair.k.shape == (3, 6, 4, 2, 4)  # 2 slots of 12 rows (10 rounded up) as 3 blocks each
+    with pytest.raises(AssertionError):
+        block_copy.BlockPair.of(kv._k_all, kv._v_all[:, :1])
 
 
 def test_no_pairs_copies_nothing():

@@ -6,16 +6,16 @@
 # levels 128 and 256 twice (underruns_by_chunk; first audio at 128, whose target is p95 <= 250 ms),
 # then a 60 s soak. PK: prefill_kernel in both arms (set it to what r13-call2's A/B chose).
 set -uo pipefail
+T0=$SECONDS  # before the pack's unpacking: every second of the call counts against its 600
 W=/tmp/moss-scale; R=$W/results/c4; mkdir -p $R
 trap 'tar -czf $OUT/results.tgz -C $W results' EXIT
 tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
-T0=$SECONDS
 bash perf/h200_scaling.sh setup > $R/setup.log 2>&1; tail -1 $R/setup.log; echo "setup $((SECONDS-T0)) s"
 for arm in cd0:false:2 cd1:true:1; do  # name:chunk_doubling:share of the time left
   IFS=: read -r tag value share <<< "$arm"
   TAG=$tag PARAMS=chunk_doubling=$value,prefill_kernel=${PK:-false} BENCH=1 LEVELS=128,256 MODE=stream REPEAT=2 \
-    RESPONSE_TIMEOUT=30 timeout $(( (575 - SECONDS + T0) / share )) bash perf/h200_scaling.sh soak 60 2>&1 | tail -2
+    RESPONSE_TIMEOUT=30 timeout $(( (545 - SECONDS + T0) / share )) bash perf/h200_scaling.sh soak 60 2>&1 | tail -2
   echo "$tag $((SECONDS-T0)) s"
 done
 grep -h '"python_ms"' $W/results/scaling.log | tail -1

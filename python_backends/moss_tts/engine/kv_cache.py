@@ -34,6 +34,7 @@ class StaticKVCache:
         self.v: list[torch.Tensor] = []
         self._k_all = self._v_all = None  # [layers, num_slots, slot_rows, kv_heads, head_dim]
         self._pool_k = self._pool_v = None  # [layers, prefix_blocks, block_rows, kv_heads, head_dim]
+        self._pool_pair = self._slot_pair = None  # the pool and the slots as block_copy.BlockPairs
         self._blocks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (pool, slots as blocks) for K, V
 
     @property
@@ -64,6 +65,12 @@ class StaticKVCache:
         # The slots as blocks, viewed once: per copy a view would be one more torch call, and
         # each call on the engine thread gives up the GIL and must win it back.
         self._blocks = [(self._pool_k, self._blocks_of(self._k_all)), (self._pool_v, self._blocks_of(self._v_all))]
+        if self.prefix_blocks:
+            self._pool_pair = block_copy.BlockPair.of(self._pool_k, self._pool_v)
+            self._slot_pair = block_copy.BlockPair.of(self._blocks[0][1], self._blocks[1][1])
+            if block_copy.is_supported(self._pool_k):  # compiled now, not at a wave's first prefix copy
+                zero = torch.zeros(1, dtype=torch.long, device=device)
+                block_copy.copy_blocks(self._pool_pair, self._slot_pair, zero, zero)  # zeros onto zeros
         log.info("KV cache allocated%s", _free_memory(device))
 
     def write_range(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor):
@@ -100,15 +107,15 @@ class StaticKVCache:
     def copy_prefixes(self, count: int, slot_blocks: Optional[torch.Tensor], pool_blocks: Optional[torch.Tensor],
                       into_slots: bool, one_launch: bool = False) -> None:
         """A step's `count` prefix copies, pool blocks into slots (into_slots) or slots into the pool.
-        one_launch: all of them, K and V, in one kernel launch (kernels/block_copy.py, no temporary);
-        else load_prefix / store_prefix, COPY_BLOCKS at a time."""
+        one_launch: all of them, K and V, in one kernel launch (kernels/block_copy.py, no temporary;
+        the caller checked it can run here); else load_prefix / store_prefix, COPY_BLOCKS at a time."""
         if not count:
             return
         if one_launch:
-            pools, slots = (self._pool_k, self._pool_v), (self._blocks[0][1], self._blocks[1][1])
-            src, dst = (pools, slots) if into_slots else (slots, pools)
-            src_index, dst_index = (pool_blocks, slot_blocks) if into_slots else (slot_blocks, pool_blocks)
-            block_copy.copy_blocks(src, dst, src_index, dst_index)
+            if into_slots:
+                block_copy.copy_blocks(self._pool_pair, self._slot_pair, pool_blocks, slot_blocks)
+            else:
+                block_copy.copy_blocks(self._slot_pair, self._pool_pair, slot_blocks, pool_blocks)
         else:
             in_batches(self.load_prefix if into_slots else self.store_prefix, count, slot_blocks, pool_blocks)
 

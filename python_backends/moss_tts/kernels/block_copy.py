@@ -13,6 +13,8 @@ Nothing is read back to the host; the grid depends on the number of pairs only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .triton_setup import INTERPRET, jit, tl, triton
@@ -26,32 +28,43 @@ def is_supported(t: torch.Tensor) -> bool:
     return triton is not None and (INTERPRET or t.is_cuda)
 
 
-def copy_blocks(src: tuple[torch.Tensor, torch.Tensor], dst: tuple[torch.Tensor, torch.Tensor],
-                src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
-    """For K and V (src[0] -> dst[0], src[1] -> dst[1]), every layer and every pair i:
-    dst[:, dst_index[i]] = src[:, src_index[i]]. Tensors [layers, blocks, *block] with each block
-    contiguous (the pool, or the slots seen as blocks); indices [n] long on the device, dst
-    indices distinct (the callers' plans make them so). The torch path where the kernel cannot run."""
-    n = src_index.shape[0]
-    if n == 0:
-        return
-    if not is_supported(src[0]):
-        for s, d in zip(src, dst):
-            d.index_copy_(1, dst_index, s.index_select(1, src_index))
-        return
-    shapes = {t.shape[2:] for t in (*src, *dst)}
-    assert len(shapes) == 1 and all(t.shape[0] == src[0].shape[0] for t in (*src, *dst)), "one block shape"
-    size = src[0][0, 0].numel()
-    for t in (*src, *dst):
-        assert t[0, 0].is_contiguous() and t.stride(1) == size, "each block contiguous, blocks packed"
-    assert src[0].stride() == src[1].stride() and dst[0].stride() == dst[1].stride(), "K and V laid out alike"
-    _copy_blocks_kernel[(n, src[0].shape[0], 2)](
-        src[0], src[1], dst[0], dst[1], src_index, dst_index, size,
-        src[0].stride(0), src[0].stride(1), dst[0].stride(0), dst[0].stride(1),
-        BLOCK=min(BLOCK, triton.next_power_of_2(size)), num_warps=NUM_WARPS)
+@dataclass(frozen=True)
+class BlockPair:
+    """K and V as blocks, [layers, blocks, *block] each, and what a launch needs of their layout,
+    worked out once (StaticKVCache.setup): a launch on the engine thread then makes no torch call
+    but the launch itself (each would give up the GIL under load)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    size: int  # elements of a block
+    layer_stride: int
+    block_stride: int
+
+    @classmethod
+    def of(cls, k: torch.Tensor, v: torch.Tensor) -> "BlockPair":
+        size = k[0, 0].numel()
+        assert k.shape == v.shape and k.stride() == v.stride(), "K and V laid out alike"
+        assert k[0, 0].is_contiguous() and k.stride(1) == size, "each block contiguous, blocks packed"
+        return cls(k, v, size, k.stride(0), k.stride(1))
 
 
-@jit
+def copy_blocks(src: BlockPair, dst: BlockPair, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
+    """For K and V, every layer and every pair i: dst[:, dst_index[i]] = src[:, src_index[i]]; indices
+    [n] long on the device, dst indices distinct (the callers' plans make them so), n >= 1. The
+    caller checked is_supported once."""
+    assert src.size == dst.size and src.k.shape[0] == dst.k.shape[0], "one block shape, one layer count"
+    _copy_blocks_kernel[(src_index.shape[0], src.k.shape[0], 2)](
+        src.k, src.v, dst.k, dst.v, src_index, dst_index, src.size,
+        src.layer_stride, src.block_stride, dst.layer_stride, dst.block_stride,
+        BLOCK=min(BLOCK, triton.next_power_of_2(src.size)), num_warps=NUM_WARPS)
+
+
+# The index tensors are views into one upload at any 8-byte offset: without this, each 16-byte
+# alignment case would compile a variant of its own on the engine thread, mid-serving.
+_jit = (lambda fn: triton.jit(fn, do_not_specialize_on_alignment=["src_index", "dst_index"])) if triton else jit
+
+
+@_jit
 def _copy_blocks_kernel(src_k, src_v, dst_k, dst_v, src_index, dst_index, size,
                         src_layer, src_block, dst_layer, dst_block, BLOCK: tl.constexpr):
     """One (pair, layer, K or V): `size` elements of a block, BLOCK at a time."""
