@@ -7,16 +7,16 @@
 # bench_triton's underruns_by_chunk says which chunk ran dry in each arm; first audio at 128 is
 # what the smaller cap may cost (target p95 <= 250 ms). Files tagged p4096 / p2048.
 set -uo pipefail
+T0=$SECONDS  # before the pack's unpacking: every second of the call counts against its 600
 W=/tmp/moss-scale; R=$W/results/c1; mkdir -p $R
 trap 'tar -czf $OUT/results.tgz -C $W results' EXIT
 tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
-T0=$SECONDS
 bash perf/h200_scaling.sh setup > $R/setup.log 2>&1; tail -1 $R/setup.log; echo "setup $((SECONDS-T0)) s"
 for arm in p4096:4096:2 p2048:2048:1; do  # name:prefill_chunk_tokens:share of the time left
   IFS=: read -r tag tokens share <<< "$arm"
   TAG=$tag PARAMS=prefill_chunk_tokens=$tokens BENCH=1 LEVELS=128,256 MODE=stream REPEAT=2 RESPONSE_TIMEOUT=30 \
-    timeout $(( (575 - SECONDS + T0) / share )) bash perf/h200_scaling.sh soak 60 2>&1 | tail -3
+    timeout $(( (545 - SECONDS + T0) / share )) bash perf/h200_scaling.sh soak 60 2>&1 | tail -3
   echo "$tag $((SECONDS-T0)) s"
 done
 for t in p4096 p2048; do
