@@ -33,6 +33,8 @@ CASES = {
     # BLOCK_N, less one): an off-by-one in the unmasked tiles shows only here (a review's mutation).
     "f32_tile_edge_n16": (8, 2, 16, [14, 62], [40, 90], 20, "float32", 16, 16),
     "f32_tile_edge_n64": (8, 2, 16, [62, 126], [90, 150], 30, "float32", 16, 64),
+    # The backbone's own heads (32 over 8 KV heads of 128), after a prefix and from row 0.
+    "f32_real_heads": (32, 8, 128, [64, 0], [80, 40], 37, "float32", 16, 64),
     # Blocks of padding rows only: a short prompt after a long prefix, padded to 64 rows.
     "f32_padding_blocks": (8, 2, 16, [100, 0], [104, 3], 64, "float32", 16, 32),
 }

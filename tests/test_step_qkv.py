@@ -31,6 +31,7 @@ PREFILL_CASES = {
     "f32_g2_d16": (3, 5, 4, 2, 16, "float32"),
     "f32_one_prompt": (1, 9, 8, 2, 32, "float32"),
     "f16_g4_d64": (4, 3, 8, 2, 64, "float16"),
+    "f32_real_heads": (3, 7, 32, 8, 128, "float32"),  # the backbone's: 32 q heads, 8 kv heads of 128
 }
 LOCAL_CASES = {
     "f32_d16_pos0": (3, 4, 16, 0, "float32"),
