@@ -117,7 +117,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, starts_ptr, lengths_ptr, out
     first_t = tl.program_id(0) * BLOCK_T
     n = tl.program_id(1).to(tl.int64)
     kv_head = tl.program_id(2)
-    slot = tl.load(slots_ptr + n).to(tl.int64)  # slot x stride passes 2**31 in a full-size cache
+    slot = tl.load(slots_ptr + n).to(tl.int64)
     start = tl.load(starts_ptr + n).to(tl.int32)
     length = tl.minimum(tl.load(lengths_ptr + n), max_rows).to(tl.int32)  # never past the cache's rows
 
@@ -149,30 +149,34 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, starts_ptr, lengths_ptr, out
     acc = tl.zeros([BLOCK_T * BLOCK_G, HEAD_DIM], tl.float32)
     num_full = full // BLOCK_N
     for k in range(0, num_full):  # seen whole: no mask
-        keys = k * BLOCK_N + offs_n
-        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None])
-        scores = tl.dot(q, kt, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
-        alpha = tl.exp2(row_max - new_max)
-        p = tl.exp2(scores - new_max[:, None])
-        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :])
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        row_sum = row_sum * alpha + tl.sum(p, 1)
-        row_max = new_max
+        row_max, row_sum, acc = _key_tile(q, k_base, v_base, k * BLOCK_N + offs_n, offs_d, stride_kt, stride_vt,
+                                          newest, hi, row_max, row_sum, acc, qk_scale, False)
     for first in range(num_full * BLOCK_N, hi, BLOCK_N):  # the causal edge
-        keys = first + offs_n
-        is_key = keys < hi
-        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None], mask=is_key[None, :], other=0.0)
-        scores = tl.dot(q, kt, input_precision="ieee") * qk_scale
-        scores = tl.where(keys[None, :] <= newest[:, None], scores, float("-inf"))
-        # Finite: key 0 is in the first tile walked and every row sees it (newest >= 0).
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
-        alpha = tl.exp2(row_max - new_max)
-        p = tl.exp2(scores - new_max[:, None])
-        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=is_key[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        row_sum = row_sum * alpha + tl.sum(p, 1)
-        row_max = new_max
+        row_max, row_sum, acc = _key_tile(q, k_base, v_base, first + offs_n, offs_d, stride_kt, stride_vt,
+                                          newest, hi, row_max, row_sum, acc, qk_scale, True)
     out = acc / row_sum[:, None]
     tl.store(out_ptr + n * stride_on + row.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
              + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=is_query[:, None])
+
+
+@jit
+def _key_tile(q, k_base, v_base, keys, offs_d, stride_kt, stride_vt, newest, hi, row_max, row_sum, acc, qk_scale,
+              MASKED: tl.constexpr):
+    """Keys `keys` of the slot into the online softmax. MASKED: the causal edge (keys past `hi`
+    not loaded, a row sees keys up to its `newest`); else every row sees every key of the tile."""
+    if MASKED:
+        is_key = keys < hi
+        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None], mask=is_key[None, :], other=0.0)
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=is_key[:, None], other=0.0)
+        scores = tl.dot(q, kt, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
+        # Finite maxima: key 0 is in the first tile walked and every row sees it (newest >= 0).
+        scores = tl.where(keys[None, :] <= newest[:, None], scores, float("-inf"))
+    else:
+        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None])
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :])
+        scores = tl.dot(q, kt, input_precision="ieee") * qk_scale
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    alpha = tl.exp2(row_max - new_max)
+    p = tl.exp2(scores - new_max[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return new_max, row_sum * alpha + tl.sum(p, 1), acc
