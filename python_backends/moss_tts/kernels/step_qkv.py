@@ -71,16 +71,11 @@ def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
 
 
 def reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions, heads, kv_heads):
-    """The same in torch, as backbone._layer and StaticKVCache.write_step do it."""
-    num_slots, t, _ = qkv.shape
-    head_dim = q_weight.shape[0]
-    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q, k = qk_norm_rope(q.reshape(num_slots, t, heads, head_dim), k.reshape(num_slots, t, kv_heads, head_dim),
-                        q_weight, k_weight, eps, cos, sin)
-    slots = torch.arange(num_slots, device=qkv.device)
-    k_cache.index_put_((slots, positions), k[:, 0])
-    v_cache.index_put_((slots, positions), v.reshape(num_slots, t, kv_heads, head_dim)[:, 0])
-    return q
+    """The same in torch, as backbone._layer and StaticKVCache.write_step do it: the prefill's
+    reference with one token a slot, slot s = row s."""
+    slots = torch.arange(qkv.shape[0], device=qkv.device)
+    return reference_prefill_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, slots,
+                                 positions.unsqueeze(1), heads, kv_heads)
 
 
 def prefill_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
