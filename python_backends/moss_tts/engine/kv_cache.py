@@ -34,8 +34,9 @@ class StaticKVCache:
         self.v: list[torch.Tensor] = []
         self._k_all = self._v_all = None  # [layers, num_slots, slot_rows, kv_heads, head_dim]
         self._pool_k = self._pool_v = None  # [layers, prefix_blocks, block_rows, kv_heads, head_dim]
-        self._pool_pair = self._slot_pair = None  # the pool and the slots as block_copy.BlockPairs
-        self._blocks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (pool, slots as blocks) for K, V
+        # The pool and the slots seen as blocks, K and V each (block_copy.BlockPair), viewed once: per copy
+        # a view would be one more torch call, and each call on the engine thread gives up the GIL.
+        self._pool_pair = self._slot_pair = None
 
     @property
     def is_ready(self) -> bool:
@@ -62,12 +63,9 @@ class StaticKVCache:
             pool = (self.num_layers, self.prefix_blocks, self.prefix_block_rows, self.kv_heads, self.head_dim)
             self._pool_k = torch.zeros(pool, device=device, dtype=dtype)
             self._pool_v = torch.zeros(pool, device=device, dtype=dtype)
-        # The slots as blocks, viewed once: per copy a view would be one more torch call, and
-        # each call on the engine thread gives up the GIL and must win it back.
-        self._blocks = [(self._pool_k, self._blocks_of(self._k_all)), (self._pool_v, self._blocks_of(self._v_all))]
         if self.prefix_blocks:
             self._pool_pair = block_copy.BlockPair.of(self._pool_k, self._pool_v)
-            self._slot_pair = block_copy.BlockPair.of(self._blocks[0][1], self._blocks[1][1])
+            self._slot_pair = block_copy.BlockPair.of(self._blocks_of(self._k_all), self._blocks_of(self._v_all))
             if block_copy.is_supported(self._pool_k):  # compiled now, not at a wave's first prefix copy
                 zero = torch.zeros(1, dtype=torch.long, device=device)
                 block_copy.copy_blocks(self._pool_pair, self._slot_pair, zero, zero)  # zeros onto zeros
@@ -96,12 +94,12 @@ class StaticKVCache:
     def load_prefix(self, slot_blocks: torch.Tensor, pool_blocks: torch.Tensor) -> None:
         """Copy pool blocks into slots, every layer at once: slot_blocks [n] = slot x
         (max_seq_len / block_rows) + block index in the slot; pool_blocks [n] (device)."""
-        for pool, blocks in self._blocks:
+        for pool, blocks in self._kv_blocks():
             blocks.index_copy_(1, slot_blocks, pool.index_select(1, pool_blocks))
 
     def store_prefix(self, slot_blocks: torch.Tensor, pool_blocks: torch.Tensor) -> None:
         """The reverse of load_prefix: slot blocks into pool blocks, every layer at once."""
-        for pool, blocks in self._blocks:
+        for pool, blocks in self._kv_blocks():
             pool.index_copy_(1, pool_blocks, blocks.index_select(1, slot_blocks))
 
     def copy_prefixes(self, count: int, slot_blocks: Optional[torch.Tensor], pool_blocks: Optional[torch.Tensor],
@@ -122,6 +120,10 @@ class StaticKVCache:
     def slot_block(self, slot: int, index: int) -> int:
         """The flat block number load_prefix/store_prefix take for block `index` of `slot`."""
         return slot * (self.slot_rows // self.prefix_block_rows) + index
+
+    def _kv_blocks(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """(pool, slots as blocks) for K, then for V."""
+        return (self._pool_pair.k, self._slot_pair.k), (self._pool_pair.v, self._slot_pair.v)
 
     def _blocks_of(self, cache: torch.Tensor) -> torch.Tensor:
         return cache.view(self.num_layers, -1, self.prefix_block_rows, self.kv_heads, self.head_dim)
