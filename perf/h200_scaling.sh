@@ -13,6 +13,8 @@
 #   AB="a:k=v,...;b:k=v,..." perf/h200_scaling.sh ab   # the single layout once per variant, each
 #                                              # with its PARAMS, files tagged a, b (an A/B of
 #                                              # moss_tts parameters on one machine)
+#   AB=... AB_UNTIL=EPOCH_S perf/h200_scaling.sh ab_soak SECONDS   # the soak (and BENCH levels)
+#                                              # once per variant, the time left shared out
 #   perf/h200_scaling.sh trees DIR             # the single layout from this tree (TAG newK) and from
 #                                              # the tree in DIR (TAG oldK), alternating ROUNDS (1) times
 #   perf/h200_scaling.sh soak SECONDS          # single layout, perf/soak.py (the mixed load: cancels,
@@ -508,6 +510,42 @@ ab() {
   for variant in "${variants[@]}"; do
     TAG=${variant%%:*} PARAMS=${variant#*:} layout single
   done
+}
+
+# AB="a:k=v,...;b:k=v,..." AB_UNTIL=EPOCH_S ... ab_soak SECONDS: the soak (BENCH, LEVELS, MODE and
+# REPEAT as for soak) once per variant, each on a server of its own with that variant's PARAMS and its
+# files tagged with its name. Each arm gets an equal share of the time left until AB_UNTIL (epoch
+# seconds: the device call's own deadline); an arm cut short leaves its server to the next arm's
+# clear_leftovers. Then each arm's figures (ab_summary.txt).
+ab_soak() {
+  local variant left share
+  IFS=';' read -ra variants <<< "${AB:?AB=\"name:k=v,...;name:k=v,...\"}"
+  left=${#variants[@]}
+  for variant in "${variants[@]}"; do
+    share=$(( (${AB_UNTIL:?AB_UNTIL: epoch seconds by which every arm ends} - $(date +%s)) / left ))
+    [ "$share" -gt 30 ] || { log "ab_soak: ${variant%%:*} skipped (${share} s left for it)"; left=$((left - 1)); continue; }
+    TAG=${variant%%:*} PARAMS=${variant#*:} timeout "$share" bash perf/h200_scaling.sh soak "$1" 2>&1 | tail -2
+    log "ab_soak: ${variant%%:*} ended"
+    left=$((left - 1))
+  done
+  clear_leftovers
+  for variant in "${variants[@]}"; do ab_figures "soak_${variant%%:*}"; done | tee "$R/ab_summary.txt"
+}
+
+# One soak run's figures: each bench level (concurrency, audio-s/s, first audio p95, RTF p95, streams
+# with an underrun, underruns by chunk, stolen cores), the soak, and its steal-free budget.
+ab_figures() {
+  local k
+  for k in $(seq "${REPEAT:-1}"); do
+    [ -e "$R/bench_$1_$k.json" ] && python3 -c "import json; [print('$1', $k, l['concurrency'], round(l['audio_s_per_s'], 1), \
+l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), l['streams_with_underruns'], l.get('underruns_by_chunk'), l['host_steal_cores']) \
+for l in json.load(open('$R/bench_$1_$k.json'))]"
+  done
+  [ -e "$R/$1.json" ] && python3 -c "import json; d = json.load(open('$R/$1.json')); print('$1 soak', d['requests'], \
+d['num_failures'], round(d['audio_seconds'] / d['wall_seconds'], 1), d['first_audio_ms_p50'], d['first_audio_ms_p95'])"
+  [ -e "$R/metrics_series_$1_load.txt" ] && python3 -m perf.served_budget "$R/metrics_series_$1_load.txt" \
+    --cpu "$R/cpu_series_$1.txt" 2>/dev/null | tail -2
+  grep -h "$1: shutdown took\|$1: stub crashes" "$R/scaling.log" | tail -2
 }
 
 # An A/B of two trees on one machine (after one setup): the single layout served from this tree

@@ -21,24 +21,13 @@ TESTS=$?
 echo "gpu tests rc $TESTS at $((SECONDS-T0)) s: $(tail -1 $R/gpu_tests.txt)"
 grep -E "^(FAILED|ERROR)" $R/gpu_tests.txt | head -8
 wait $SETUP; tail -1 $R/setup.log; echo "setup done $((SECONDS-T0)) s"
-ARMS="pk0:false pk1:true"
+AB="pk0:prefill_kernel=false;pk1:prefill_kernel=true"
 # The kernel arm is skipped only when a test of the new kernels (or of a prefill) failed.
-if grep -qE "^(FAILED|ERROR).*(prefill|block_copy)" $R/gpu_tests.txt; then ARMS="pk0:false"; echo "a kernel test failed: the kernel arm is not run"; fi
-left=$(wc -w <<< "$ARMS")
-for arm in $ARMS; do
-  IFS=: read -r tag value <<< "$arm"
-  TAG=$tag PARAMS=prefill_kernel=$value BENCH=1 LEVELS=256 MODE=stream REPEAT=1 RESPONSE_TIMEOUT=30 \
-    timeout $(( (500 - SECONDS + T0) / left )) bash perf/h200_scaling.sh soak 45 2>&1 | tail -2
-  echo "$tag $((SECONDS-T0)) s"; left=$((left - 1))
-done
+if grep -qE "^(FAILED|ERROR).*(prefill|block_copy)" $R/gpu_tests.txt; then AB="pk0:prefill_kernel=false"; echo "a kernel test failed: the kernel arm is not run"; fi
+AB=$AB AB_UNTIL=$(( $(date +%s) + 500 - SECONDS + T0 )) BENCH=1 LEVELS=256 MODE=stream REPEAT=1 RESPONSE_TIMEOUT=30 \
+  bash perf/h200_scaling.sh ab_soak 45
+echo "arms done $((SECONDS-T0)) s"
 [ $((560 - SECONDS + T0)) -gt 20 ] && PYTHONPATH=python_backends:. timeout $((560 - SECONDS + T0)) \
   python3 perf/bench_prefill_attention.py --out $OUT/r13-prefill-attention-call2.json 2>&1 | grep -E "torch|default"
 echo "bench done $((SECONDS-T0)) s"
 grep -h '"python_ms"' $W/results/scaling.log | tail -1
-for t in pk0 pk1; do
-  [ -e $W/results/bench_soak_${t}_1.json ] || continue
-  python3 -c "import json; [print('$t', l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), l['streams_with_underruns'], l.get('underruns_by_chunk'), l['host_steal_cores']) for l in json.load(open('$W/results/bench_soak_${t}_1.json'))]"
-  python3 -c "import json; d=json.load(open('$W/results/soak_$t.json')); print('$t soak', d['requests'], d['num_failures'], round(d['audio_seconds']/d['wall_seconds'],1), d['first_audio_ms_p50'], d['first_audio_ms_p95'])" 2>/dev/null
-  python3 -m perf.served_budget $W/results/metrics_series_soak_${t}_load.txt --cpu $W/results/cpu_series_soak_$t.txt 2>/dev/null | tail -2
-done
-grep -h "shutdown took\|stub crash" $W/results/scaling.log | tail -4

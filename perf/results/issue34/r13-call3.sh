@@ -13,14 +13,5 @@ trap 'tar -czf $OUT/results.tgz -C $W results' EXIT
 tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
 bash perf/h200_scaling.sh setup > $R/setup.log 2>&1; tail -1 $R/setup.log; echo "setup $((SECONDS-T0)) s"
-for arm in p4096:4096:2 p2048:2048:1; do  # name:prefill_chunk_tokens:share of the time left
-  IFS=: read -r tag tokens share <<< "$arm"
-  TAG=$tag PARAMS=prefill_chunk_tokens=$tokens BENCH=1 LEVELS=128,256 MODE=stream REPEAT=2 RESPONSE_TIMEOUT=30 \
-    timeout $(( (545 - SECONDS + T0) / share )) bash perf/h200_scaling.sh soak 60 2>&1 | tail -3
-  echo "$tag $((SECONDS-T0)) s"
-done
-for t in p4096 p2048; do
-  for k in 1 2; do
-    python3 -c "import json; [print('$t', $k, l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), l['streams_with_underruns'], l.get('underruns_by_chunk'), l['host_steal_cores']) for l in json.load(open('$W/results/bench_soak_${t}_$k.json'))]"
-  done
-done
+AB="p4096:prefill_chunk_tokens=4096;p2048:prefill_chunk_tokens=2048" AB_UNTIL=$(( $(date +%s) + 545 - SECONDS + T0 )) \
+  BENCH=1 LEVELS=128,256 MODE=stream REPEAT=2 RESPONSE_TIMEOUT=30 bash perf/h200_scaling.sh ab_soak 60

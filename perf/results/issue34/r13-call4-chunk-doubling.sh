@@ -12,17 +12,7 @@ trap 'tar -czf $OUT/results.tgz -C $W results' EXIT
 tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
 bash perf/h200_scaling.sh setup > $R/setup.log 2>&1; tail -1 $R/setup.log; echo "setup $((SECONDS-T0)) s"
-for arm in cd0:false:2 cd1:true:1; do  # name:chunk_doubling:share of the time left
-  IFS=: read -r tag value share <<< "$arm"
-  TAG=$tag PARAMS=chunk_doubling=$value,prefill_kernel=${PK:-false} BENCH=1 LEVELS=128,256 MODE=stream REPEAT=2 \
-    RESPONSE_TIMEOUT=30 timeout $(( (545 - SECONDS + T0) / share )) bash perf/h200_scaling.sh soak 60 2>&1 | tail -2
-  echo "$tag $((SECONDS-T0)) s"
-done
+AB="cd0:chunk_doubling=false,prefill_kernel=${PK:-false};cd1:chunk_doubling=true,prefill_kernel=${PK:-false}" \
+  AB_UNTIL=$(( $(date +%s) + 545 - SECONDS + T0 )) BENCH=1 LEVELS=128,256 MODE=stream REPEAT=2 RESPONSE_TIMEOUT=30 \
+  bash perf/h200_scaling.sh ab_soak 60
 grep -h '"python_ms"' $W/results/scaling.log | tail -1
-for t in cd0 cd1; do
-  for k in 1 2; do
-    python3 -c "import json; [print('$t', $k, l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), l['streams_with_underruns'], l.get('underruns_by_chunk'), l['host_steal_cores']) for l in json.load(open('$W/results/bench_soak_${t}_$k.json'))]"
-  done
-  python3 -c "import json; d=json.load(open('$W/results/soak_$t.json')); print('$t soak', d['requests'], d['num_failures'], round(d['audio_seconds']/d['wall_seconds'],1), d['first_audio_ms_p50'], d['first_audio_ms_p95'])"
-done
-grep -h "shutdown took\|stub crash" $W/results/scaling.log | tail -4
