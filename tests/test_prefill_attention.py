@@ -64,12 +64,17 @@ def real_rows(out: torch.Tensor, starts, lengths) -> list[torch.Tensor]:
     return [out[i, :length - start] for i, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist()))]
 
 
+def kernel_error(out, q, k, v, slots, starts, lengths) -> float:
+    """The largest relative error of `out`'s real rows against the reference computed in fp32."""
+    expected = reference_prefill_attention(q.float(), k.float(), v.float(), slots, starts, lengths)
+    return max(relative_error(g, e) for g, e in zip(real_rows(out, starts, lengths), real_rows(expected, starts, lengths)))
+
+
 def case_error(heads, kv_heads, head_dim, starts, lengths, t, dtype, block_t=16, block_n=64, device="cpu") -> float:
     q, k, v, slots, st, ln = make_inputs(heads, kv_heads, head_dim, starts, lengths, t, dtype, device)
     out = prefill_attention(q, k, v, slots, st, ln, config=PrefillConfig(block_t=block_t, block_n=block_n))
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
-    expected = reference_prefill_attention(q.float(), k.float(), v.float(), slots, st, ln)
-    return max(relative_error(g, e) for g, e in zip(real_rows(out, st, ln), real_rows(expected, st, ln)))
+    return kernel_error(out, q, k, v, slots, st, ln)
 
 
 def wired_errors() -> dict[str, float]:
@@ -209,9 +214,7 @@ def test_gpu_kernel_matches_reference(n, t, prefix):
     starts, lengths = real_case(n, t, prefix)
     q, k, v, slots, st, ln = make_inputs(lengths=lengths, starts=starts, t=t, dtype="bfloat16", device="cuda",
                                          slots=list(range(n)), cache_rows=640, **REAL)
-    out = prefill_attention(q, k, v, slots, st, ln)
-    expected = reference_prefill_attention(q.float(), k.float(), v.float(), slots, st, ln)
-    error = max(relative_error(g, e) for g, e in zip(real_rows(out, st, ln), real_rows(expected, st, ln)))
+    error = kernel_error(prefill_attention(q, k, v, slots, st, ln), q, k, v, slots, st, ln)
     assert error <= TOLERANCE["bfloat16"], error
 
 
@@ -238,9 +241,7 @@ def test_gpu_captured_kernel_follows_new_inputs():
         torch.cuda.synchronize()
     finally:  # a graph left for the garbage collector could be reset during a later test's capture
         del graph
-    q, k, v, slots, st, ln = inputs
-    expected = reference_prefill_attention(q.float(), k.float(), v.float(), slots, st, ln)
-    error = max(relative_error(g, e) for g, e in zip(real_rows(out, st, ln), real_rows(expected, st, ln)))
+    error = kernel_error(out, *inputs)
     assert error <= TOLERANCE["bfloat16"], error
 
 
