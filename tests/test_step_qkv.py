@@ -78,7 +78,9 @@ def prefill_inputs(prompts, tokens, heads, kv_heads, head_dim, dtype, device="cp
     slots = torch.randperm(prompts + 2, generator=gen)[:prompts]
     rows = torch.randint(0, 30, (prompts, 1), generator=gen) + torch.arange(tokens)
     cos, sin = neox_rope(rows, head_dim, 1e6, torch.float32)
-    cache = torch.full((prompts + 2, 48, kv_heads, head_dim), GARBAGE)
+    # Rows reach 29 + tokens: the GPU case of 300 tokens needs more than the small cases' 48 (an index
+    # past the cache is an IndexError on CPU but a device-side assert on CUDA, poisoning the process).
+    cache = torch.full((prompts + 2, max(48, 48 + tokens - 16), kv_heads, head_dim), GARBAGE)
     cast = dict(device=device, dtype=getattr(torch, dtype))
     return (qkv.to(**cast), q_weight.to(**cast), k_weight.to(**cast), cos.to(**cast), sin.to(**cast),
             cache.to(**cast), cache.clone().to(**cast), slots.to(device), rows.to(device))
@@ -249,8 +251,18 @@ def test_gpu_decode_qkv_matches_reference(slots):
     assert all(e <= TOLERANCE["bfloat16"] for e in errors.values()), errors
 
 
+GPU_PREFILL_SHAPES = [(1, 300), (128, 16)]
+
+
+@pytest.mark.parametrize(("prompts", "tokens"), GPU_PREFILL_SHAPES)
+def test_the_gpu_prefill_shapes_fit_their_cache_on_cpu(prompts, tokens):
+    """The GPU case's inputs, small heads, through the CPU path: a row past the cache fails here as an
+    IndexError instead of as a device-side assert that takes every later GPU test down with it."""
+    assert prefill_errors(prompts, tokens, 4, 2, 16, "float32") == {"q": 0.0, "k": 0.0, "v": 0.0}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(("prompts", "tokens"), [(1, 300), (128, 16)])
+@pytest.mark.parametrize(("prompts", "tokens"), GPU_PREFILL_SHAPES)
 def test_gpu_prefill_qkv_matches_reference(prompts, tokens):
     errors = prefill_errors(prompts, tokens, 32, 8, 128, "bfloat16", "cuda")
     assert all(e <= TOLERANCE["bfloat16"] for e in errors.values()), errors
