@@ -28,10 +28,12 @@ from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 @dataclass(frozen=True)
 class PrefillConfig:
     """The kernel's launch shape: block_t query rows (times the group's heads, padded to a power
-    of two) per program, block_n keys per inner-loop tile, Triton's warps and stages."""
+    of two) per program, block_n keys per inner-loop tile, Triton's warps and stages. The default is
+    the fastest of 6 shapes on the H200 in all 4 of perf/bench_prefill_attention.py's prefills (10-18%
+    ahead of 64-key tiles; issue 34, round 13's call 2)."""
 
     block_t: int = 16
-    block_n: int = 64
+    block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
 
