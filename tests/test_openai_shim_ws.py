@@ -27,6 +27,7 @@ NATIVE = {"sample_rate": 48000, "channels": 2}  # the server's own stream: FRAME
 OPTIONS = {"seed": 5, "max_new_tokens": FRAMES, "ignore_stop": True, "initial_codec_chunk_frames": 2, **NATIVE}
 LONG = {"seed": 1, "max_new_tokens": 1900, "ignore_stop": True, "initial_codec_chunk_frames": 1, **NATIVE}
 CANCELLED = 'moss_tts_sessions{stat="cancelled"}'
+OPENED = 'moss_tts_sessions{stat="opened"}'
 
 
 def ws_url(shim) -> str:
@@ -222,6 +223,7 @@ def test_a_bad_option_gets_an_error_event_and_the_connection_still_works(openai_
 ])
 def test_a_protocol_violation_closes_with_a_reason_and_frees_everything(openai_shim, triton, when, message, code,
                                                                        reason):
+    before = triton.settled_metrics()
     with connect(ws_url(openai_shim)) as ws:
         if when == "after":
             start(ws, **LONG)
@@ -230,8 +232,12 @@ def test_a_protocol_violation_closes_with_a_reason_and_frees_everything(openai_s
         ws.send(message)
         read_all(ws)
         assert ws.close_code == code and reason in ws.close_reason, (ws.close_code, ws.close_reason)
-    all_free(triton)
-    assert triton.metrics().get(OPEN) == 0
+    if when == "after":  # the server cancelled the socket's session (not left to expire)
+        assert_cancelled_and_free(triton, before)
+    else:
+        all_free(triton)
+    after = triton.settled_metrics()  # one session at most, none opened since (its buffered text never went)
+    assert after[OPENED] - before[OPENED] == (when == "after") and after[OPEN] == 0, (before, after)
 
 
 def test_a_message_over_the_size_limit_closes_1009(openai_shim, triton):

@@ -49,7 +49,8 @@ def delta(after, before, stat):
 
 def all_free(server):
     rows = 2 * server.parameter("moss_tts", "max_running_requests")  # both instances' engines
-    freed = server.wait_for_metrics(lambda m: m[SESSIONS.format("open")] == 0 and not idle_problems(m, rows))
+    freed = server.wait_for_metrics(lambda m: m[SESSIONS.format("open")] == 0 and not idle_problems(m, rows),
+                                    fresh=True)
     assert freed[SESSIONS.format("open")] == 0 and not idle_problems(freed, rows), idle_problems(freed, rows)
 
 

@@ -30,9 +30,11 @@ OPEN = 'moss_tts_sessions{stat="open"}'
 
 
 def all_free(triton):
-    """Wait until no session, engine row, stream or vocoder sequence is held; assert it."""
+    """Wait until no session, engine row, stream or vocoder sequence is held, in gauges computed
+    after this call; assert it. A read at once could show gauges from before the test's work: a
+    session opened and cancelled within one refresh read as free, then as open."""
     m = triton.wait_for_metrics(lambda m: m.get(OPEN) == 0 and m['moss_tts_sessions{stat="waiting"}'] == 0
-                                and triton.is_idle(m), timeout=20)
+                                and triton.is_idle(m), timeout=20, fresh=True)
     assert m.get(OPEN) == 0 and triton.is_idle(m), m
 
 

@@ -24,6 +24,7 @@ def free_port() -> int:
 
 
 _free_port = free_port  # the name the shim's tests import
+GAUGE_FRESH_S = 1.0  # twice the slowest gauge refresh (0.5 s, moss_tts model.py): a read then shows newer values
 
 
 @dataclass
@@ -42,12 +43,14 @@ class TritonServer:
 
         return read_metrics(self.metrics_url)
 
-    def wait_for_metrics(self, predicate, timeout: float = 30.0) -> dict[str, float]:
-        """Poll the metrics endpoint until predicate(metrics) holds (gauges refresh every 0.25 s)."""
-        deadline = time.monotonic() + timeout
+    def wait_for_metrics(self, predicate, timeout: float = 30.0, fresh: bool = False) -> dict[str, float]:
+        """Poll the metrics endpoint until predicate(metrics) holds; fresh: on reads begun GAUGE_FRESH_S
+        after this call only (gauges refresh every 0.25-0.5 s: a read at once may predate the work)."""
+        deadline, fresh_from = time.monotonic() + timeout, time.monotonic() + (GAUGE_FRESH_S if fresh else 0.0)
         while True:
+            is_fresh = time.monotonic() >= fresh_from  # before the read: the gauges it sees are newer
             values = self.metrics()
-            if predicate(values) or time.monotonic() > deadline:
+            if (is_fresh and predicate(values)) or time.monotonic() > deadline:
                 return values
             time.sleep(0.1)
 
