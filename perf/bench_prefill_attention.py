@@ -140,7 +140,7 @@ def time_qkv(q, slots, starts, caches, fusions) -> dict:
 
 # The launch shapes of the kernel swept (block_t:block_n:warps:stages): 32-row blocks on 8 warps
 # only (on 4 their accumulator spills: tests/test_kernel_compile.py); the default first.
-CONFIGS = "16:64:4:2,16:32:4:2,16:64:4:3,16:128:8:2,32:64:8:2,32:32:8:3"
+CONFIGS = "16:32:4:2,16:64:4:2,16:64:4:3,16:128:8:2,32:64:8:2,32:32:8:3"
 
 
 def main(argv=None) -> int:

@@ -45,7 +45,7 @@ class StepContext:
     sampler_kernel: bool = False  # each draw as one Triton kernel (GPU)
     qkv_kernel: bool = False  # decode layers' q/k norms, RoPE and cache write as one kernel (GPU)
     local_kernel: bool = False  # the local frame's RoPE, cache write and attention as one kernel (GPU)
-    prefill_kernel: bool = False  # prefill attention read from the slots in place (GPU)
+    prefill_kernel: bool = False  # prefills on the slots in place, prefix copies in one launch (GPU)
 
     @property
     def decode_offset(self) -> int:
