@@ -301,10 +301,10 @@ def test_step_failure_ends_running_requests_and_engine_keeps_serving(tiny_model,
             raise RuntimeError("injected decode failure")
         return real_run_step(plan)
 
-    def flaky_stage_prompt(slot, rows, params, prefix):
+    def flaky_stage_prompt(slot, rows, params, prefix, *rest):
         if params.seed == 666:
             raise RuntimeError("injected prefill failure")
-        real_stage_prompt(slot, rows, params, prefix)
+        real_stage_prompt(slot, rows, params, prefix, *rest)
 
     monkeypatch.setattr(runner, "run_step", flaky_run_step)
     monkeypatch.setattr(runner, "stage_prompt", flaky_stage_prompt)

@@ -55,12 +55,16 @@ class CacheManager:
     def num_free_slots(self) -> int:
         return len(self._free)
 
-    def prefill_rows(self, prompt_rows: torch.Tensor) -> tuple[int, Optional[tuple[bytes, ...]]]:
+    def prefill_rows(self, prompt_rows: torch.Tensor,
+                     hashes: Optional[tuple[bytes, ...]] = None) -> tuple[int, Optional[tuple[bytes, ...]]]:
         """(rows a prefill of this prompt would compute now, its block hashes for allocate):
-        the prompt less the prefix the pool holds. Changes nothing."""
+        the prompt less the prefix the pool holds. Changes nothing. `hashes`: the prompt's
+        block hashes when the caller has them (RequestState.block_hashes), else computed here."""
         if self.prefix is None:
             return prompt_rows.shape[0], None
-        hashes = self.prefix.block_hashes(prompt_rows)
+        if hashes is None:
+            hashes = self.prefix.block_hashes(prompt_rows)
+        assert len(hashes) == prompt_rows.shape[0] // self.prefix.block_rows, "hashes of another block size"
         return prompt_rows.shape[0] - self.prefix.reusable_rows(prompt_rows, hashes), hashes
 
     def allocate(self, prompt_rows: torch.Tensor,

@@ -124,8 +124,7 @@ class Engine:
     # ---- engine thread ----
 
     def _loop(self) -> None:
-        # No inference_mode here: the runner enters it, and chunks built out here are plain
-        # tensors that a consumer may modify in place.
+        # No inference_mode here: the runner enters it; chunks built out here are plain tensors.
         if self._runner.device.type == "cuda":
             # The current CUDA device is per thread and a new thread starts on cuda:0; graph
             # replay and the Triton kernels launch on the current one (engine on cuda:1).
@@ -196,7 +195,8 @@ class Engine:
 
     def _stage(self, state: RequestState) -> bool:
         try:
-            self._runner.stage_prompt(state.slot, state.request.prompt_rows, state.request.params, state.prefix)
+            request = state.request
+            self._runner.stage_prompt(state.slot, request.prompt_rows, request.params, state.prefix, state.param_rows)
         except Exception as exc:
             log.exception("prefill failed for request %s", state.request_id)
             self._fail([state], f"prefill failed: {error_text(exc, with_type=True)}")

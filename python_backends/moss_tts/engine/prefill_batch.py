@@ -18,12 +18,17 @@ from .slot_state import param_rows
 from .step import PrefillInputs
 
 
+# The parameters of a padding prompt (a batched prefill's rows past its group, in the scratch slot).
+_PAD_PARAMS = param_rows(SamplingParams(seed=0, max_frames=1))
+
+
 @dataclass(frozen=True)
 class StagedPrompt:
     slot: int
     rows: torch.Tensor  # [T, 13] int64, CPU
     params: SamplingParams
     prefix: Optional[PrefixMatch] = None  # None with prefix reuse off
+    param_rows: Optional[tuple[list[float], list[int]]] = None  # param_rows(params), if known
 
     @property
     def start(self) -> int:
@@ -67,13 +72,13 @@ def prefill_inputs(group: list[StagedPrompt], num_prompts: int, num_tokens: int,
     rows, slots, lengths, starts, ints, floats = host.arrays()
     rows[..., 0] = cfg.pad_token_id
     rows[..., 1:] = cfg.audio_pad_code
-    pad = param_rows(SamplingParams(seed=0, max_frames=1))
     slots[len(group):], lengths[len(group):] = scratch_slot, 1
     for i, p in enumerate(group):
         t = min(p.rows.shape[0] - p.start, num_tokens)
         rows[i, :t] = p.rows.numpy()[p.start:p.start + t]
         slots[i], lengths[i], starts[i] = p.slot, p.rows.shape[0], p.start
-    params = [param_rows(p.params) for p in group] + [pad] * (num_prompts - len(group))
+    params = ([param_rows(p.params) if p.param_rows is None else p.param_rows for p in group]
+              + [_PAD_PARAMS] * (num_prompts - len(group)))
     floats[:] = np.array([f for f, _ in params], dtype=np.float32)
     ints[:] = np.array([i for _, i in params], dtype=np.int64)
     return host

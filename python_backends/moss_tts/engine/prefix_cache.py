@@ -29,6 +29,18 @@ import torch
 import xxhash
 
 
+def block_hashes(rows: torch.Tensor, block_rows: int) -> tuple[bytes, ...]:
+    """Chained names of the full `block_rows`-row blocks of `rows` [T, width] (int64). A pure
+    function of the prompt: Engine.submit computes it on the caller's thread, so a wave of
+    admissions does not hash on the engine's (RequestState.block_hashes)."""
+    data = np.ascontiguousarray(rows.numpy() if rows.device.type == "cpu" else rows.cpu().numpy(), dtype=np.int64)
+    names, parent = [], b""
+    for start in range(0, data.shape[0] - block_rows + 1, block_rows):
+        parent = xxhash.xxh3_128_digest(parent + data[start:start + block_rows].tobytes())
+        names.append(parent)
+    return tuple(names)
+
+
 @dataclass(frozen=True)
 class PrefixMatch:
     """A prompt's blocks: `hashes` of its full blocks; the first len(pool_blocks) are in the pool."""
@@ -65,12 +77,7 @@ class PrefixCache:
 
     def block_hashes(self, rows: torch.Tensor) -> tuple[bytes, ...]:
         """Chained names of the full blocks of `rows` [T, width] (int64)."""
-        data = np.ascontiguousarray(rows.numpy() if rows.device.type == "cpu" else rows.cpu().numpy(), dtype=np.int64)
-        b, names, parent = self.block_rows, [], b""
-        for start in range(0, data.shape[0] - b + 1, b):
-            parent = xxhash.xxh3_128_digest(parent + data[start:start + b].tobytes())
-            names.append(parent)
-        return tuple(names)
+        return block_hashes(rows, self.block_rows)
 
     def reusable_rows(self, rows: torch.Tensor, hashes: tuple[bytes, ...]) -> int:
         """Rows of `rows` (named by `hashes`, its block_hashes) that match() would copy from the

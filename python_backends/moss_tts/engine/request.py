@@ -13,7 +13,8 @@ from ..contract.sampling_params import SamplingParams
 from ..model.config import MossTTSConfig
 from .config import EngineConfig
 from .events import CodesChunk
-from .prefix_cache import PrefixMatch
+from .prefix_cache import PrefixMatch, block_hashes
+from .slot_state import param_rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +117,10 @@ class RequestState:
     # n_vq codes per frame not yet delivered, as lists of ints (Engine._complete says why)
     pending: list[list[int]] = field(default_factory=list)
     is_abort_requested: bool = False
+    # Derived from the request on the submitting thread (create), not on the engine's: a wave of
+    # ~256 admissions would otherwise hash and convert every prompt inside the engine's step.
+    block_hashes: Optional[tuple[bytes, ...]] = None  # its prompt's prefix-block names (None: reuse off)
+    param_rows: Optional[tuple[list[float], list[int]]] = None  # slot_state.param_rows of its params
     # Where add_frame says "act now": the frame count of the next chunk (or of the frame
     # budget, if sooner). Kept, not recomputed: add_frame runs for every request every step.
     _due_at: int = 0
@@ -125,8 +130,12 @@ class RequestState:
 
     @classmethod
     def create(cls, request: EngineRequest, config: EngineConfig) -> "RequestState":
+        """On the submitting thread: everything about the request the engine's admission would
+        otherwise work out on its own thread (prefix-block hashes, parameter rows)."""
         first = request.first_chunk_frames or config.first_chunk_frames
-        return cls(request, first, request.chunk_frames or config.chunk_frames, config.chunk_doubling)
+        hashes = block_hashes(request.prompt_rows, config.prefix_block_rows) if config.prefix_blocks else None
+        return cls(request, first, request.chunk_frames or config.chunk_frames, config.chunk_doubling,
+                   block_hashes=hashes, param_rows=param_rows(request.params))
 
     def _next_due(self) -> int:
         chunk_end = self.num_flushed + chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames,

@@ -176,11 +176,11 @@ class ModelRunner:
     # ---- steps ----
 
     def stage_prompt(self, slot: int, prompt_rows: torch.Tensor, params: SamplingParams,
-                     prefix: Optional[PrefixMatch] = None) -> None:
+                     prefix: Optional[PrefixMatch] = None, rows_of_params=None) -> None:
         """Queue a newly admitted prompt for the next step's batched prefill; `prefix` names the
-        pool blocks to copy its first rows from."""
+        pool blocks to copy its first rows from; `rows_of_params`: param_rows(params), if known."""
         assert self.is_ready, "ModelRunner.setup() must run before stage_prompt"
-        self._staged.append(StagedPrompt(slot, prompt_rows, params, prefix))
+        self._staged.append(StagedPrompt(slot, prompt_rows, params, prefix, rows_of_params))
 
     @torch.inference_mode()
     def run_step(self, plan: StepPlan) -> StepOutput:
