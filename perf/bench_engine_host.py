@@ -46,13 +46,14 @@ from moss_tts.tools.make_tiny_checkpoint import tiny_model_config_dict
 from perf.gil_counter import GilCounter
 
 
-def running_states(num: int, first_chunk: int, chunk: int, max_frames: int = 1000) -> list[RequestState]:
+def running_states(num: int, first_chunk: int, chunk: int, max_frames: int = 1000,
+                   config: EngineConfig = EngineConfig()) -> list[RequestState]:
     """`num` requests started in slots 0..num-1, as the scheduler leaves them."""
     rows = torch.zeros((3, 13), dtype=torch.long)
     states = []
     for i in range(num):
         request = EngineRequest(f"r{i}", rows, SamplingParams(seed=i, max_frames=max_frames), first_chunk, chunk)
-        state = RequestState.create(request, EngineConfig())
+        state = RequestState.create(request, config)
         state.start(i)
         states.append(state)
     return states
@@ -66,11 +67,12 @@ def complete_step(engine: Engine, rows: np.ndarray, decoding: list[RequestState]
         s.num_issued += 1
 
 
-def run(rows: int, steps: int, seed: int = 0) -> dict:
+def run(rows: int, steps: int, seed: int = 0, deadline_ms: int = 0) -> dict:
     model = build_random_model(MossTTSConfig.from_dict(tiny_model_config_dict(), "tiny"), "cpu", torch.float32, seed=0)
     chunks = []
-    engine = Engine(model, EngineConfig(max_running_requests=rows), lambda e: chunks.append(isinstance(e, CodesChunk)))
-    states = running_states(rows, 2, 25, max_frames=steps + 51)
+    config = EngineConfig(max_running_requests=rows, chunk_deadline_ms=deadline_ms)
+    engine = Engine(model, config, lambda e: chunks.append(isinstance(e, CodesChunk)))
+    states = running_states(rows, 2, 25, max_frames=steps + 51, config=config)
     rng = np.random.default_rng(seed)
     outputs = [np.concatenate([np.ones((rows, 1), np.int64), rng.integers(0, 1024, (rows, 12))], axis=1)
                for _ in range(8)]
@@ -151,12 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--chunk-deadline-ms", type=int, default=0, help="EngineConfig.chunk_deadline_ms of the run")
     p.add_argument("--admit", type=int, default=0, help="time the admission of a wave of this many prompts instead")
     p.add_argument("--prompt-rows", type=int, default=48)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out")
     args = p.parse_args(argv)
-    result = admission(args.admit, args.prompt_rows, args.reps) if args.admit else run(args.rows, args.steps)
+    result = (admission(args.admit, args.prompt_rows, args.reps) if args.admit
+              else run(args.rows, args.steps, deadline_ms=args.chunk_deadline_ms))
     print(json.dumps(result))
     if args.out:
         with open(args.out, "w") as f:

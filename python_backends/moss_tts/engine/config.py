@@ -52,6 +52,12 @@ class EngineConfig:
     # true = the frames sent so far (2, 2, 4, 8, 10, ...: one chunk more, and the second chunk due
     # after 2 steps instead of 4, for the slow steps while a wave of streams is admitted; chunk_target).
     chunk_doubling: bool = False
+    # A chunk leaves before its size, with the frames it has, when waiting one more step (as long
+    # as the last) would make it leave later than this many ms before the audio already sent plays
+    # out (counted from the stream's first chunk, 80 ms a frame); when it is already later, chunks
+    # keep their sizes (an engine slower than real time gains nothing from smaller ones). For the
+    # slow steps that admit a wave of streams. 0 = off: chunks leave at their size only.
+    chunk_deadline_ms: int = 0
     # Prompt tokens prefilled per engine step: admission stops once a step's budget is used
     # (a longer prompt is still admitted alone) and one prefill forward covers at most this
     # many rows, so a burst of long prompts cannot stall the running streams for long.
@@ -104,6 +110,7 @@ class EngineConfig:
         _require_non_negative("cuda_graph_prefill_tokens", self.cuda_graph_prefill_tokens)
         _require_non_negative("first_audio_hold_rows", self.first_audio_hold_rows, "never")
         _require_non_negative("host_turn_ms", self.host_turn_ms, "off")
+        _require_non_negative("chunk_deadline_ms", self.chunk_deadline_ms, "off")
         _require_non_negative("prefix_cache_rows", self.prefix_cache_rows, "no prefix reuse")
         _require_positive("prefix_block_rows", self.prefix_block_rows)
         if 0 < self.prefix_cache_rows < self.prefix_block_rows:

@@ -23,6 +23,7 @@ from ..contract.errors import error_text
 from ..model.tts_model import MossTTSLocalModel
 from .config import EngineConfig
 from .events import EngineEvent, Finished, FinishReason
+from .chunk_deadlines import ChunkDeadlines
 from .first_audio_gate import FirstAudioGate, FirstAudioHold
 from .host_turn import HostTurn
 from .launch import Launch
@@ -43,8 +44,7 @@ class EngineClosed(RuntimeError):
 class Engine:
     def __init__(self, model: MossTTSLocalModel, config: EngineConfig, on_event: EventCallback,
                  first_audio_gate: Optional[FirstAudioGate] = None, stream=None) -> None:
-        """first_audio_gate: the in-process vocoder's posts (first_audio_gate.py, first_audio_hold_rows).
-        stream: the CUDA stream to run on (shared with the vocoder: vocoder_stream "engine"), else its own."""
+        """first_audio_gate: the in-process vocoder's posts (first_audio_hold_rows); stream: the CUDA stream to run on."""
         self.config, self._stream = config, stream
         self._model_cfg = model.cfg
         self._runner = ModelRunner(model, config)
@@ -60,6 +60,7 @@ class Engine:
         self._is_stopping = False
         self._in_flight: Optional[Launch] = None  # engine thread only
         self._step_started: Optional[float] = None  # monotonic start of the step now running
+        self._deadlines = ChunkDeadlines() if config.chunk_deadline_ms else None  # engine thread only
 
     # ---- caller side (any thread) ----
 
@@ -126,8 +127,7 @@ class Engine:
     def _loop(self) -> None:
         # No inference_mode here: the runner enters it; chunks built out here are plain tensors.
         if self._runner.device.type == "cuda":
-            # The current CUDA device is per thread and a new thread starts on cuda:0; graph
-            # replay and the Triton kernels launch on the current one (engine on cuda:1).
+            # The current CUDA device is per thread (a new one starts on cuda:0); replays and kernels use it.
             torch.cuda.set_device(self._runner.device)
             # Its own stream above the default priority (an in-process vocoder's, normal, fills the SMs the
             # steps leave idle, never delaying one), unless it shares one with the vocoder (vocoder_stream).
@@ -225,8 +225,7 @@ class Engine:
         ends_first_chunk = self._hold is not None and self._hold.ends_first_chunk((*staged, *decoding))
         with self._cond:
             self._counters.record_step(len(set(staged) | set(decoding)), out.graph_use)
-        # The runner orders the prefill rows its own way (longest prompt first): map them back by slot.
-        by_slot = {s.slot: s for s in staged}
+        by_slot = {s.slot: s for s in staged}  # the runner orders prefill rows its own way (longest first)
         return Launch(out, [by_slot[slot] for slot in out.prefill_slots], [(s, s.slot) for s in decoding],
                       ends_first_chunk)
 
@@ -242,14 +241,15 @@ class Engine:
             self._fail(launch.states, f"decode step failed: {error_text(exc, with_type=True)}")
             return time.perf_counter() - start, 0.0
         waited = time.perf_counter() - start
-        # Two conversions to Python lists for the whole step, then per request only a list index.
-        # Not numpy rows: numpy gives the GIL up per row copied, once per frame delivered (half the
-        # engine thread's time in the soak's py-spy record, issue 34); lists of ints never do.
+        # Two conversions to Python lists for the whole step, then per request only a list index. Not numpy
+        # rows: numpy gives the GIL up per row copied (half the engine thread's time in an H200 soak, issue 34).
         emitted, codes = rows[:, 0].tolist(), rows[:, 1:].tolist()
         frames = sum(self._apply(state, emitted[i], codes[i]) for i, state in enumerate(launch.prefilled))
         offset = launch.out.decode_offset
         frames += sum(self._apply(state, emitted[offset + slot], codes[offset + slot])
                       for state, slot in launch.decoded)
+        if self._deadlines is not None:  # chunks that one more step would send too late leave now
+            self._deadlines.flush(launch.states, self._emit)
         with self._cond:
             self._counters.record_frames(frames)
         return waited, time.perf_counter() - start - waited

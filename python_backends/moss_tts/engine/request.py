@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -10,6 +12,7 @@ import numpy as np
 import torch
 
 from ..contract.sampling_params import SamplingParams
+from ..contract.tensors import FRAME_RATE
 from ..model.config import MossTTSConfig
 from .config import EngineConfig
 from .events import CodesChunk
@@ -121,6 +124,11 @@ class RequestState:
     # ~256 admissions would otherwise hash and convert every prompt inside the engine's step.
     block_hashes: Optional[tuple[bytes, ...]] = None  # its prompt's prefix-block names (None: reuse off)
     param_rows: Optional[tuple[list[float], list[int]]] = None  # slot_state.param_rows of its params
+    # Chunk deadlines (chunk_deadlines.py): EngineConfig.chunk_deadline_ms in s (0: off), when the
+    # first chunk left (monotonic), and when the listener's audio runs out less the deadline.
+    deadline_s: float = 0.0
+    first_chunk_at: float = 0.0
+    flush_at: float = math.inf
     # Where add_frame says "act now": the frame count of the next chunk (or of the frame
     # budget, if sooner). Kept, not recomputed: add_frame runs for every request every step.
     _due_at: int = 0
@@ -135,7 +143,8 @@ class RequestState:
         first = request.first_chunk_frames or config.first_chunk_frames
         hashes = block_hashes(request.prompt_rows, config.prefix_block_rows) if config.prefix_blocks else None
         return cls(request, first, request.chunk_frames or config.chunk_frames, config.chunk_doubling,
-                   block_hashes=hashes, param_rows=param_rows(request.params))
+                   block_hashes=hashes, param_rows=param_rows(request.params),
+                   deadline_s=config.chunk_deadline_ms / 1000)
 
     def _next_due(self) -> int:
         chunk_end = self.num_flushed + chunk_target(self.num_flushed, self.first_chunk_frames, self.chunk_frames,
@@ -183,14 +192,20 @@ class RequestState:
         self.num_frames += 1
         return self.num_frames >= self._due_at
 
-    def take_chunk(self) -> Optional[CodesChunk]:
-        """All pending frames as one chunk (None if there are none); they count as delivered."""
+    def take_chunk(self, now: float = 0.0) -> Optional[CodesChunk]:
+        """All pending frames as one chunk (None if there are none); they count as delivered.
+        `now` (monotonic, 0: read here) dates the first chunk, from which the deadlines count."""
         if not self.pending:
             return None
         chunk = CodesChunk(self.request_id, np.array(self.pending, dtype=np.int32), self.num_flushed)
         self.num_flushed += len(self.pending)
         self.pending.clear()
         self._due_at = self._next_due()
+        if self.deadline_s:
+            if not self.first_chunk_at:
+                self.first_chunk_at = now or time.monotonic()
+            # the listener, playing from (about) then, runs out of what was sent at first + sent / rate
+            self.flush_at = self.first_chunk_at + self.num_flushed / FRAME_RATE - self.deadline_s
         return chunk
 
     def finish(self) -> None:
