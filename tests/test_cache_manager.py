@@ -59,3 +59,16 @@ def test_an_abandoned_step_leaves_no_names_behind():
     cache.abandon(cache.plan_step([first], []))
     _, again = cache.allocate(prompt(10))
     assert again.pool_blocks == () and cache.prefix_stats().pool_blocks_used == 0
+
+
+def test_block_names_of_another_block_size_are_worked_out_again():
+    """RequestState.create names a prompt's blocks on the caller's thread; names made at another
+    block size than the cache's would store a block's KV under a name covering other rows."""
+    from moss_tts.engine.prefix_cache import BlockNames
+
+    manager = CacheManager(4, prefix_blocks=8, prefix_block_rows=16)
+    rows = torch.arange(20 * 13, dtype=torch.long).reshape(20, 13)
+    own = manager.prefix.block_hashes(rows)
+    assert manager.prefill_rows(rows, BlockNames.of(rows, 16)) == (20, own)
+    wrong = BlockNames.of(rows, 12)  # also one full block of a 20-row prompt, another name
+    assert wrong.hashes != own and manager.prefill_rows(rows, wrong) == (20, own)

@@ -29,8 +29,10 @@ class Clock:
         return self.now
 
 
-def chunks_over_time(tiny_model, monkeypatch, deadline_ms: int, step_s: float, frames: int = 60):
-    """[(time it left, frames)] of one stream's chunks, the engine taking step_s a step."""
+def chunks_over_time(tiny_model, monkeypatch, deadline_ms: int, step_s, frames: int = 60):
+    """[(time it left, frames)] of one stream's chunks, the engine taking step_s a step (or the
+    steps of the list step_s, its last one repeated)."""
+    steps = list(step_s) if isinstance(step_s, (list, tuple)) else [step_s]
     clock = Clock()
     for module in (chunk_deadlines, request_module):  # where chunks are dated
         monkeypatch.setattr(module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
@@ -42,8 +44,8 @@ def chunks_over_time(tiny_model, monkeypatch, deadline_ms: int, step_s: float, f
                                               SamplingParams(seed=0, max_frames=frames + 10)), config)
     state.start(0)
     row = np.concatenate([np.ones((1, 1), np.int64), np.zeros((1, 12), np.int64)], axis=1)
-    for _ in range(frames):
-        clock.now += step_s
+    for k in range(frames):
+        clock.now += steps[min(k, len(steps) - 1)]
         complete_step(engine, row, [state])
     engine.host_turn.give()
     return left
@@ -67,14 +69,24 @@ def test_off_chunks_leave_at_their_sizes_and_run_dry_at_slow_steps(tiny_model, m
     assert late_chunks(left) == [1, 2, 3, 4]  # 4 frames in 200 ms against 160 ms of audio, and so on
 
 
-def test_on_chunks_leave_by_their_deadlines_while_the_engine_outruns_real_time(tiny_model, monkeypatch):
-    left = chunks_over_time(tiny_model, monkeypatch, 40, 0.05)
-    assert late_chunks(left) == []
+def test_on_a_wave_start_chunks_leave_by_their_deadlines(tiny_model, monkeypatch):
+    """Ten 50 ms steps (a wave being admitted), then 15 ms ones: off, the second chunk runs dry;
+    on, every chunk leaves at least the deadline before the listener's audio runs out."""
+    steps = [0.05] * 10 + [0.015]
+    assert late_chunks(chunks_over_time(tiny_model, monkeypatch, 0, steps)) == [1]
+    left = chunks_over_time(tiny_model, monkeypatch, 40, steps)
+    assert late_chunks(left) == [] and left[1][1] < 4, left
     start, sent = left[0][0], left[0][1]
-    for at, n in left[1:]:  # each left at least 40 ms before the listener runs dry
+    for at, n in left[1:]:
         assert at <= start + sent * FRAME_S - 0.04 + 1e-9, left
         sent += n
-    assert left[1][1] < 4  # the second chunk left before its 4 frames were in
+
+
+def test_sustained_slow_steps_get_three_early_chunks_then_the_sizes(tiny_model, monkeypatch):
+    """50 ms steps throughout: the second to fourth chunks leave early and in time; then the
+    sizes rule (chunk_target assumes steps under 40 ms), as with deadlines off."""
+    left = chunks_over_time(tiny_model, monkeypatch, 40, 0.05)
+    assert min(late_chunks(left)) > chunk_deadlines.MAX_EARLY_CHUNKS and left[1][1] < 4, left
 
 
 def test_on_never_flushes_early_at_fast_steps(tiny_model, monkeypatch):
@@ -82,11 +94,23 @@ def test_on_never_flushes_early_at_fast_steps(tiny_model, monkeypatch):
             == [n for _, n in chunks_over_time(tiny_model, monkeypatch, 0, 0.01)] == [2, 4, 8, 16, 25])
 
 
-def test_behind_real_time_chunks_keep_their_sizes(tiny_model, monkeypatch):
-    """An engine slower than real time: at most one early chunk, then the sizes (no fragments)."""
-    off = chunks_over_time(tiny_model, monkeypatch, 0, 0.1)
-    on = chunks_over_time(tiny_model, monkeypatch, 40, 0.1)
-    assert len(on) <= len(off) + 1 and min(n for _, n in on[2:]) >= 4
+def test_a_step_longer_than_the_last_still_sends_before_the_audio_runs_out(tiny_model, monkeypatch):
+    """30 ms steps, then two of 70 ms: the first of them ends past the deadline with the listener
+    still playing (its audio runs out 160 ms after the first chunk, which left at 60 ms), and what
+    the stream has leaves then, not at its size after the audio ran out."""
+    steps = [0.03] * 4 + [0.07, 0.07, 0.015]
+    left = chunks_over_time(tiny_model, monkeypatch, 40, steps)
+    assert late_chunks(left) == [] and left[1][1] < 4, left
+    assert late_chunks(chunks_over_time(tiny_model, monkeypatch, 0, steps)) == [1]
+
+
+@pytest.mark.parametrize("step_s", [0.079, 0.081, 0.13])
+def test_near_or_behind_real_time_at_most_three_chunks_leave_early(tiny_model, monkeypatch, step_s):
+    """An engine near or behind real time: the deadline would fire nearly every step (one frame a
+    chunk); at most MAX_EARLY_CHUNKS leave early, then the sizes rule."""
+    off = chunks_over_time(tiny_model, monkeypatch, 0, step_s)
+    on = chunks_over_time(tiny_model, monkeypatch, 40, step_s)
+    assert len(on) <= len(off) + chunk_deadlines.MAX_EARLY_CHUNKS, (off, on)
 
 
 def test_the_deadline_is_validated():

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from .prefix_cache import PrefixCache, PrefixMatch, PrefixStats
+from .prefix_cache import BlockNames, PrefixCache, PrefixMatch, PrefixStats
 
 
 @dataclass(frozen=True)
@@ -56,15 +56,17 @@ class CacheManager:
         return len(self._free)
 
     def prefill_rows(self, prompt_rows: torch.Tensor,
-                     hashes: Optional[tuple[bytes, ...]] = None) -> tuple[int, Optional[tuple[bytes, ...]]]:
+                     names: Optional[BlockNames] = None) -> tuple[int, Optional[tuple[bytes, ...]]]:
         """(rows a prefill of this prompt would compute now, its block hashes for allocate):
-        the prompt less the prefix the pool holds. Changes nothing. `hashes`: the prompt's
-        block hashes when the caller has them (RequestState.block_hashes), else computed here."""
+        the prompt less the prefix the pool holds. Changes nothing. `names`: the prompt's block
+        names when the caller has them (RequestState.block_names); at another block size, or
+        None, they are worked out here."""
         if self.prefix is None:
             return prompt_rows.shape[0], None
-        if hashes is None:
+        if names is not None and names.block_rows == self.prefix.block_rows:
+            hashes = names.hashes
+        else:
             hashes = self.prefix.block_hashes(prompt_rows)
-        assert len(hashes) == prompt_rows.shape[0] // self.prefix.block_rows, "hashes of another block size"
         return prompt_rows.shape[0] - self.prefix.reusable_rows(prompt_rows, hashes), hashes
 
     def allocate(self, prompt_rows: torch.Tensor,

@@ -7,10 +7,12 @@ rounds 13-14), so the second chunk's 4 frames took longer than the first chunk's
 and 8-37% of the streams at 256 had a gap there. With EngineConfig.chunk_deadline_ms > 0, after
 each step the engine sends what a stream has, as a smaller chunk, when waiting one more step (as
 long as this one was) would send it later than the deadline before the listener's audio runs out
-(counted from when the stream's first chunk left, RequestState.flush_at). When the stream is
-already past that moment the engine is slower than real time and smaller chunks only cost more
-chunks, so sizes rule again. The per-row check runs only with deadlines on (a pass over the
-step's requests); with them off nothing here runs.
+(counted from when the stream's first chunk left, RequestState.flush_at), while the listener
+still has audio: once it has run out, the engine is slower than real time there and smaller chunks
+only cost more chunks. A request sends at most MAX_EARLY_CHUNKS chunks early: a wave's start needs
+its second to fourth chunks early, and an engine near real time (steps of ~80 ms) would otherwise
+send one frame a chunk for as long as it stays there, each a vocoder job and a stream wake-up. The
+per-row check runs only with deadlines on (a pass over the step's requests); off, nothing here runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .events import CodesChunk
 from .request import RequestState
 
 MAX_STEP_S = 0.25  # the longest next step reckoned with (the first step after the engine idled)
+MAX_EARLY_CHUNKS = 3  # per request (module docstring)
 
 
 class ChunkDeadlines:
@@ -32,10 +35,13 @@ class ChunkDeadlines:
 
     def flush(self, states: list[RequestState], emit: Callable[[CodesChunk], None]) -> None:
         """After a step's frames are applied: emit the chunk of every running request whose
-        deadline falls between now and the next step's expected end."""
+        deadline falls before the next step's expected end, while its listener still has audio
+        (a step longer than the last can carry now past the deadline itself)."""
         now = time.monotonic()
         horizon = now + min(now - self._last, MAX_STEP_S)
         self._last = now
         for state in states:
-            if state.is_running and state.pending and now < state.flush_at <= horizon:
+            if (state.is_running and state.pending and state.early_chunks < MAX_EARLY_CHUNKS
+                    and state.flush_at <= horizon and now < state.flush_at + state.deadline_s):
+                state.early_chunks += 1
                 emit(state.take_chunk(now))

@@ -32,13 +32,25 @@ import xxhash
 def block_hashes(rows: torch.Tensor, block_rows: int) -> tuple[bytes, ...]:
     """Chained names of the full `block_rows`-row blocks of `rows` [T, width] (int64). A pure
     function of the prompt: Engine.submit computes it on the caller's thread, so a wave of
-    admissions does not hash on the engine's (RequestState.block_hashes)."""
+    admissions does not hash on the engine's (RequestState.block_names)."""
     data = np.ascontiguousarray(rows.numpy() if rows.device.type == "cpu" else rows.cpu().numpy(), dtype=np.int64)
     names, parent = [], b""
     for start in range(0, data.shape[0] - block_rows + 1, block_rows):
         parent = xxhash.xxh3_128_digest(parent + data[start:start + block_rows].tobytes())
         names.append(parent)
     return tuple(names)
+
+
+@dataclass(frozen=True)
+class BlockNames:
+    """A prompt's block names at one block size, worked out where it was submitted (RequestState.create)."""
+
+    block_rows: int
+    hashes: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, rows: torch.Tensor, block_rows: int) -> "BlockNames":
+        return cls(block_rows, block_hashes(rows, block_rows))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ..contract.tensors import FRAME_RATE
 from ..model.config import MossTTSConfig
 from .config import EngineConfig
 from .events import CodesChunk
-from .prefix_cache import PrefixMatch, block_hashes
+from .prefix_cache import BlockNames, PrefixMatch
 from .slot_state import param_rows
 
 
@@ -122,13 +122,15 @@ class RequestState:
     is_abort_requested: bool = False
     # Derived from the request on the submitting thread (create), not on the engine's: a wave of
     # ~256 admissions would otherwise hash and convert every prompt inside the engine's step.
-    block_hashes: Optional[tuple[bytes, ...]] = None  # its prompt's prefix-block names (None: reuse off)
+    block_names: Optional[BlockNames] = None  # its prompt's prefix-block names (None: reuse off)
     param_rows: Optional[tuple[list[float], list[int]]] = None  # slot_state.param_rows of its params
     # Chunk deadlines (chunk_deadlines.py): EngineConfig.chunk_deadline_ms in s (0: off), when the
-    # first chunk left (monotonic), and when the listener's audio runs out less the deadline.
+    # first chunk left (monotonic), when the listener's audio runs out less the deadline, and how
+    # many chunks left early.
     deadline_s: float = 0.0
     first_chunk_at: float = 0.0
     flush_at: float = math.inf
+    early_chunks: int = 0
     # Where add_frame says "act now": the frame count of the next chunk (or of the frame
     # budget, if sooner). Kept, not recomputed: add_frame runs for every request every step.
     _due_at: int = 0
@@ -141,9 +143,9 @@ class RequestState:
         """On the submitting thread: everything about the request the engine's admission would
         otherwise work out on its own thread (prefix-block hashes, parameter rows)."""
         first = request.first_chunk_frames or config.first_chunk_frames
-        hashes = block_hashes(request.prompt_rows, config.prefix_block_rows) if config.prefix_blocks else None
+        names = BlockNames.of(request.prompt_rows, config.prefix_block_rows) if config.prefix_blocks else None
         return cls(request, first, request.chunk_frames or config.chunk_frames, config.chunk_doubling,
-                   block_hashes=hashes, param_rows=param_rows(request.params),
+                   block_names=names, param_rows=param_rows(request.params),
                    deadline_s=config.chunk_deadline_ms / 1000)
 
     def _next_due(self) -> int:

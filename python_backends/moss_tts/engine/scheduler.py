@@ -89,7 +89,7 @@ class Scheduler:
         budget = self.prefill_budget
         while self.waiting and self.cache.num_free_slots:
             rows = self.waiting[0].request.prompt_rows
-            cost, hashes = self.cache.prefill_rows(rows, self.waiting[0].block_hashes)
+            cost, hashes = self.cache.prefill_rows(rows, self.waiting[0].block_names)
             if admitted and cost > budget:
                 break
             state = self.waiting.popleft()
