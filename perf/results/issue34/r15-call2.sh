@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Round 15, call 2 (one machine, carry .device; ~9 min). Chunk deadlines (EngineConfig.chunk_deadline_ms,
-# engine/chunk_deadlines.py, served 0 = off), built in round 15 on the CPU: on the 2-core dev box's tiny
-# server at 8 and 16 streams (steps slower than a frame's 80 ms / 2, as in an H200 wave's start) they
-# cut the streams' gaps at chunks 1-3 (perf/RESULTS.md, round 15). Here, on the H200's served config:
+# engine/chunk_deadlines.py, served 0 = off), built in round 15 on the CPU: on a fake clock they remove
+# the second chunk's gap of a wave's slow start; on the 2-core dev box's tiny server (slow steps
+# throughout) they moved the gaps from chunks 1-3 to 4-6 (perf/RESULTS.md, round 15). Here, on the
+# H200's served config (look at underruns_by_chunk: gaps at chunk 4+ point at MAX_EARLY_CHUNKS):
 # - beside the setup, the engine thread's host work on this host's CPU (bench_engine_host.py: a
 #   256-prompt admission wave, and a step's frames at 256 rows with deadlines off and on);
 # - the A/B, one server each: dl0 (served), dl40, dl80 (chunk_deadline_ms): the stream level 256 twice,
