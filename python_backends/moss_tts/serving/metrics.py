@@ -5,10 +5,17 @@ every finalize(), lets go of all of them while the stub can still tell Triton. T
 families refreshed on a thread of their own (`Gauges`), in-process histograms published as three
 gauge series (`HistogramGauges`), the per-request series of `moss_tts` (`RequestMetrics`) and
 counters that follow totals kept elsewhere (`Counters`); the heartbeat is one too
-(triton_io.Heartbeat). Importable only inside Triton's Python backend stub."""
+(triton_io.Heartbeat). Importable only inside Triton's Python backend stub.
+
+Every set, increment or observe is an IPC round trip made holding the GIL, which the engine thread
+needs back at each of its device calls: on the dev box's tiny server the gauge threads held it
+4-6x as long as all 64 streams' threads together (~320 gauge calls a second: issue 34, round 15).
+So a series whose value did not change since its last publication is not sent again, and the
+per-request counters move once per flush by their sums."""
 
 from __future__ import annotations
 
+import collections
 import gc
 import logging
 import threading
@@ -52,6 +59,7 @@ class MetricHolder:
 
 
 _registry_lock = threading.Lock()
+_UNSET = object()  # a series not published yet: unequal to any value
 
 
 _holders: list[MetricHolder] = []
@@ -119,12 +127,15 @@ class Gauges(MetricHolder):
         self._thread.start()
 
     def _refresh(self) -> None:
-        failures = 0
+        failures, last = 0, {}
         while not self._stop.wait(self.interval_s):
             try:
                 values = self.read()
                 for stat, metric in self.metrics.items():
-                    metric.set(values[stat])
+                    value = values[stat]
+                    if last.get(stat, _UNSET) != value:  # unchanged values cost no IPC (module docstring)
+                        metric.set(value)
+                        last[stat] = value
                 self.after()
             except Exception:  # a gauge thread that dies would freeze the gauges at stale values
                 failures += 1
@@ -155,15 +166,17 @@ class HistogramGauges(MetricHolder):
                         for le in [f"{b:g}" for b in bounds] + ["+Inf"]]
         self.total = self._metric(total, f"{name}_sum", labels=own)
         self.num = self._metric(num, f"{name}_count", labels=own)
+        self._last = (_UNSET,) * (len(self.buckets) + 2)  # what each series was last set to
 
     def set(self, cumulative: tuple) -> None:
         if self.released:  # a caller's closure may outlive the release (Gauges(after=...))
             return
         counts, total, num = cumulative
-        for metric, count in zip(self.buckets, counts):
-            metric.set(count)
-        self.total.set(total)
-        self.num.set(num)
+        values = (*counts, total, num)
+        for metric, value, last in zip((*self.buckets, self.total, self.num), values, self._last):
+            if value != last:  # unchanged series cost no IPC (module docstring)
+                metric.set(value)
+        self._last = values
 
     def drop(self) -> None:
         self.buckets, self.total, self.num, self.families = [], None, None, []
@@ -215,17 +228,22 @@ class RequestMetrics(MetricHolder):
             pending, self._pending = self._pending, []
         if self.released:
             return
+        # The counters move once per flush by their sums; the histograms take one value per call.
+        outcomes, audio_s = collections.Counter(), 0.0
         for item in pending:
             if isinstance(item, str):
-                self.requests[item].increment(1)
+                outcomes[item] += 1
                 continue
-            self.requests[item.outcome].increment(1)
+            outcomes[item.outcome] += 1
             if item.first_output_s is not None:
                 self.ttfa.observe(item.first_output_s)
             if item.outcome == "ok" and item.rtf is not None:
                 self.rtf.observe(item.rtf)
-            if item.audio_s:
-                self.audio.increment(item.audio_s)
+            audio_s += item.audio_s or 0.0
+        for outcome, count in outcomes.items():
+            self.requests[outcome].increment(count)
+        if audio_s:
+            self.audio.increment(audio_s)
 
     def drop(self) -> None:
         self.requests, self.ttfa, self.rtf, self.audio, self.families = {}, None, None, None, []
@@ -243,8 +261,9 @@ class Counters(MetricHolder):
 
     def publish(self, totals: dict) -> None:
         for n, metric in self.counters.items():
-            metric.increment(totals[n] - self.published[n])
-            self.published[n] = totals[n]
+            if totals[n] != self.published[n]:  # no IPC for a counter that did not move
+                metric.increment(totals[n] - self.published[n])
+                self.published[n] = totals[n]
 
     def drop(self) -> None:
         self.counters, self.family = {}, None
