@@ -2,9 +2,11 @@
 # Round 15, call 1 (one machine, carry .device and .whl; ~9 min). Round 14 served prefill_kernel (the
 # soak +15%); the 256-stream wave's start is still host-bound (round 13's trace: GPU 62% busy, 44 ms
 # steps of 18 ms GPU work) and its second chunks underrun. Here, on the served config:
-# - py-spy (GIL holder only, non-blocking) of the moss_tts stub over the wave's first 4 s: which
-#   thread and which Python the 17-40 ms launch phases of an admitted wave spend;
-# - the stream levels 256 then 128, then the 330 s mixed soak (the issue's soak target) on one server.
+# - the stream levels 256 then 128, then the 330 s mixed soak (the issue's soak target) on one server;
+# - py-spy (GIL holder only, non-blocking) of the moss_tts stub over the soak's first 4 s (RECORD
+#   counts from the soak's start when BENCH=1 runs the levels first: 256 mixed streams starting
+#   at once, a wave): which thread and which Python the slow launch phases of an admitted wave
+#   spend. For the 256-level's own wave instead: RECORD with `layout single` (h200_scaling.sh).
 set -uo pipefail
 T0=$SECONDS  # before the pack's unpacking: every second of the call counts against its 600
 W=/tmp/moss-scale; mkdir -p $W/results
