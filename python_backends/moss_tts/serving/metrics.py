@@ -62,6 +62,15 @@ _registry_lock = threading.Lock()
 _UNSET = object()  # a series not published yet: unequal to any value
 
 
+def _send_changed(metrics, values, last: list) -> None:
+    """metric.set(value) for each value unlike the one `last` holds for it (the module docstring:
+    an unchanged series costs no IPC); `last` is updated as each set succeeds."""
+    for i, (metric, value) in enumerate(zip(metrics, values)):
+        if last[i] is _UNSET or last[i] != value:
+            metric.set(value)
+            last[i] = value
+
+
 _holders: list[MetricHolder] = []
 
 
@@ -127,15 +136,11 @@ class Gauges(MetricHolder):
         self._thread.start()
 
     def _refresh(self) -> None:
-        failures, last = 0, {}
+        failures, last = 0, [_UNSET] * len(self.metrics)
         while not self._stop.wait(self.interval_s):
             try:
                 values = self.read()
-                for stat, metric in self.metrics.items():
-                    value = values[stat]
-                    if last.get(stat, _UNSET) != value:  # unchanged values cost no IPC (module docstring)
-                        metric.set(value)
-                        last[stat] = value
+                _send_changed(self.metrics.values(), [values[stat] for stat in self.metrics], last)
                 self.after()
             except Exception:  # a gauge thread that dies would freeze the gauges at stale values
                 failures += 1
@@ -166,17 +171,13 @@ class HistogramGauges(MetricHolder):
                         for le in [f"{b:g}" for b in bounds] + ["+Inf"]]
         self.total = self._metric(total, f"{name}_sum", labels=own)
         self.num = self._metric(num, f"{name}_count", labels=own)
-        self._last = (_UNSET,) * (len(self.buckets) + 2)  # what each series was last set to
+        self._last = [_UNSET] * (len(self.buckets) + 2)  # what each series was last set to
 
     def set(self, cumulative: tuple) -> None:
         if self.released:  # a caller's closure may outlive the release (Gauges(after=...))
             return
         counts, total, num = cumulative
-        values = (*counts, total, num)
-        for metric, value, last in zip((*self.buckets, self.total, self.num), values, self._last):
-            if value != last:  # unchanged series cost no IPC (module docstring)
-                metric.set(value)
-        self._last = values
+        _send_changed((*self.buckets, self.total, self.num), (*counts, total, num), self._last)
 
     def drop(self) -> None:
         self.buckets, self.total, self.num, self.families = [], None, None, []
