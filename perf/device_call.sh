@@ -10,6 +10,9 @@
 #   call_until S      epoch seconds at S seconds into the call (AB_UNTIL, timeouts)
 #   call_left S       seconds left until S seconds into the call
 #   call_mark WHAT    "WHAT at N s"
+#   call_gpu_tests T...  tests/test_T.py -m gpu, each file in a process of its own and all at once
+#                     (a device-side assert poisons every later test of its process: round 14), into
+#                     $R/gpu_tests_T.txt; waits for them and prints each file's last line
 T0=$SECONDS
 W=/tmp/moss-scale
 R=$W/results/${1:?source perf/device_call.sh NAME}
@@ -25,4 +28,14 @@ call_setup() {
   bash perf/h200_scaling.sh setup > "$R/setup.log" 2>&1
   tail -1 "$R/setup.log"
   call_mark "setup done"
+}
+call_gpu_tests() {
+  local t pids=()
+  for t in "$@"; do
+    PYTHONPATH=python_backends:tests:. timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      "tests/test_$t.py" > "$R/gpu_tests_$t.txt" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  for t in "$@"; do echo "gpu tests $t: $(tail -1 "$R/gpu_tests_$t.txt")"; done
 }

@@ -9,14 +9,8 @@ set -uo pipefail
 source perf/device_call.sh r15c3
 call_setup &
 SETUP=$!
-TESTS=()
-for t in gpu_engine vocoder_worker prefill_attention step_qkv; do
-  PYTHONPATH=python_backends:tests:. timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_$t.py > $R/gpu_tests_$t.txt 2>&1 &
-  TESTS+=($!)
-done
-wait "${TESTS[@]}" $SETUP
-for t in gpu_engine vocoder_worker prefill_attention step_qkv; do echo "gpu tests $t: $(tail -1 $R/gpu_tests_$t.txt)"; done
+call_gpu_tests gpu_engine vocoder_worker prefill_attention step_qkv
+wait $SETUP
 C1_REQUESTS=20 REPEAT=2 LEVELS=1,128,256 MODE=stream,offline RESPONSE_TIMEOUT=30 \
   timeout $(call_left 570) bash perf/h200_scaling.sh layout single 2>&1 | tail -4
 call_mark "levels done"

@@ -21,9 +21,9 @@ import torch
 
 from ..contract.errors import error_text
 from ..model.tts_model import MossTTSLocalModel
+from .chunk_deadlines import ChunkDeadlines
 from .config import EngineConfig
 from .events import EngineEvent, Finished, FinishReason
-from .chunk_deadlines import ChunkDeadlines
 from .first_audio_gate import FirstAudioGate, FirstAudioHold
 from .host_turn import HostTurn
 from .launch import Launch
