@@ -112,3 +112,28 @@ def test_the_rust_tokenizer_path_gives_transformers_ids(builder, tiny_tokenizer)
         fields = PromptFields(language=language)
         rows = builder.build(PromptSpec("Hi there.", fields=fields))
         assert rows[:, 0].tolist() == expected_text_ids(tiny_tokenizer, "Hi there.", fields)
+
+
+def test_tokenizing_gives_the_gil_up(builder):
+    """A prompt's text is tokenized with the GIL released (issue 34): at a wave of 256 requests a
+    tokenizer call that held it blocked the engine thread for its whole length, since a C call is
+    not preempted by the switch interval. GilCounter's thread counts only while it holds the GIL,
+    and nothing takes the GIL from this thread by force while it counts, so the count moves during
+    the call only if the tokenizer released it."""
+    import gc
+
+    from perf.gil_counter import GilCounter
+
+    text = "The quick brown fox jumps over the lazy dog, and then it runs far away. " * 100
+    ids = builder._encode(text)  # warm: the first call may allocate the binding's caches
+    gc.collect()
+    gc.disable()  # a collection could finalize another test's garbage with the GIL given up
+    try:
+        with GilCounter() as gil:
+            before = gil.count()
+            again = builder._encode(text)
+            released = gil.count() - before
+    finally:
+        gc.enable()
+    assert again == ids
+    assert released > 0, "tokenizing held the GIL for the whole call"
