@@ -560,3 +560,32 @@ def test_no_round_is_posted_while_the_gate_is_not_wanted(codec, streams):
         assert posted.snapshot() == []
     finally:
         worker.stop()
+
+
+def test_a_job_wakes_every_waiter_once_done_and_times_out_before():
+    """VocodeJob's done signal (a flag and a held lock, not a threading.Event): waiting times out
+    while the job runs; once it finishes every waiter, blocked or late, returns with its audio, an
+    error reaches each of them, and a second finish changes nothing."""
+    from moss_tts.vocoder.jobs import VocodeJob
+
+    job = VocodeJob("s", np.zeros((2, 12), np.int64), True, False, lambda: None, 0.0)
+    assert not job.done() and not job.wait(0.01) and not job.wait(0)
+    with pytest.raises(ChildError, match="did not answer"):
+        job.result(timeout=0.01)
+    got = SharedList()
+    waiters = [threading.Thread(target=lambda: got.append(job.result(TIMEOUT_S).shape)) for _ in range(4)]
+    for t in waiters:
+        t.start()
+    audio = np.ones((2, 8), np.float32)
+    job._finish([audio], None)
+    job._finish([np.zeros((2, 3), np.float32)], None)  # ignored: the first finish stands
+    for t in waiters:
+        t.join(TIMEOUT_S)
+    assert got.snapshot() == [(2, 8)] * 4
+    assert job.done() and job.wait() and job.wait(0) and job.result(0).shape == (2, 8)
+
+    failed = VocodeJob("t", np.zeros((2, 12), np.int64), True, False, lambda: None, 0.0)
+    failed._finish(None, ChildError("boom", ErrorKind.INTERNAL))
+    for _ in range(2):
+        with pytest.raises(ChildError, match="boom"):
+            failed.result(0)
