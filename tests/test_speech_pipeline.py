@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from moss_tts.contract.errors import ChildError, ErrorKind
-from moss_tts.pipeline.speech_stream import SpeechStream
+from moss_tts.pipeline.speech_stream import CANCEL_POLL_S, SpeechStream
 from moss_tts.pipeline.stream_ports import AUDIO_READY, CodesChunk, Ready
 
 EMPTY = np.zeros((0, 12), np.int32)
@@ -62,9 +64,10 @@ class FakeClient:
         return self.cancel_after is not None and self.checks > self.cancel_after
 
 
-def run(chunks, stream=True, wants_audio=True, client=None, **kwargs):
+def run(chunks, stream=True, wants_audio=True, client=None, cancel_poll_s=0.0, **kwargs):
+    """The fake's chunks come all at once: the client is asked at every one unless `cancel_poll_s`."""
     children, client = FakeChildren(chunks, **kwargs), client or FakeClient()
-    SpeechStream(children, client, stream=stream, wants_audio=wants_audio).run()
+    SpeechStream(children, client, stream=stream, wants_audio=wants_audio, cancel_poll_s=cancel_poll_s).run()
     return children, client
 
 
@@ -266,7 +269,7 @@ def test_a_failed_call_in_flight_ends_the_stream_with_its_error_and_drops_the_re
 def test_a_cancel_drops_the_chunks_in_flight_and_ends_the_sequence():
     children = AsyncChildren([CodesChunk(codes(n), EMPTY) for n in (2, 4, 8, 10)])
     client = FakeClient(cancel_after=2)
-    SpeechStream(children, client, stream=True).run()
+    SpeechStream(children, client, stream=True, cancel_poll_s=0).run()
     assert client.finals == 1 and client.errors[0][0] is ErrorKind.CANCELLED
     assert children.vocoder_calls[-1] == (0, False, True)
     assert len(client.sent) < 4
@@ -301,3 +304,40 @@ def test_once_its_codes_are_all_in_a_stream_hurries_the_calls_it_waits_for(strea
     # Streamed: the 8-frame chunk was still in flight at the end, the earlier ones answered; the
     # END (no frames) is never held. STREAM=false: its one call.
     assert hurried == ([False, False, True, False] if stream else [True])
+
+
+class SlowChildren(FakeChildren):
+    """Its chunks come `gap_s` apart, as an engine's do."""
+
+    def __init__(self, chunks, gap_s):
+        super().__init__(chunks)
+        self.gap_s = gap_s
+
+    def stream_codes(self):
+        for chunk in super().stream_codes():
+            time.sleep(self.gap_s)
+            yield chunk
+
+
+def test_the_client_is_asked_about_a_cancel_at_most_every_poll_interval():
+    """Each check is an IPC round trip (issue 34): chunks that come together ask once, an idle
+    tick always asks, a chunk after the interval asks again, and a shutdown is seen at once."""
+    chunks = [CodesChunk(codes(2, i), EMPTY) for i in range(10)]
+    _, client = run(chunks, cancel_poll_s=CANCEL_POLL_S)
+    assert client.checks == 1 and len(client.sent) == 10 and client.finals == 1  # the first chunk's
+    _, client = run([chunks[0], None, chunks[1], None, chunks[2]], cancel_poll_s=CANCEL_POLL_S)
+    assert client.checks == 3  # the first chunk, and each tick
+    children = SlowChildren(chunks[:4], gap_s=0.06)
+    client = FakeClient()
+    SpeechStream(children, client, stream=True, cancel_poll_s=0.05).run()
+    assert client.checks == 4
+    # a cancel is still found within the interval's reach
+    children = SlowChildren(chunks, gap_s=0.06)
+    client = FakeClient(cancel_after=2)
+    SpeechStream(children, client, stream=True, cancel_poll_s=0.05).run()
+    assert client.errors[0][0] is ErrorKind.CANCELLED and len(client.sent) == 2 and children.log == ["aborted", "closed"]
+    # the server stopping is a flag, read at every chunk
+    stopping = iter([False, False, True])
+    client = FakeClient()
+    SpeechStream(FakeChildren(chunks), client, stream=True, is_stopping=lambda: next(stopping, True)).run()
+    assert client.checks == 1 and len(client.sent) == 2 and client.errors[0][0] is ErrorKind.UNAVAILABLE

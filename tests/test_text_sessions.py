@@ -62,7 +62,8 @@ def speak(reg, session_id, frames, is_end=False, cancel_after=None, children_log
         chunks = [CodesChunk(codes(n, 10 * i), EMPTY) for i, n in enumerate(frames)]
         inner = SessionCodes(FakeCodes(chunks), session, is_new)
         children = FakeChildren(list(inner.chunks()))
-        stream = SpeechStream(SessionChildren(children, session, is_end, client), client, True, True)
+        # The fake's chunks come at once: the client is asked at each (served: every 0.25 s at most).
+        stream = SpeechStream(SessionChildren(children, session, is_end, client), client, True, True, cancel_poll_s=0)
     SessionRequest(reg, session, ticket, stream, client).run()
     return fake, [] if children is None else children.vocoder_calls, session
 

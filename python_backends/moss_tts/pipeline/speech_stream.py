@@ -11,8 +11,8 @@ adapter supplies the engine and the vocoder through `Children` and the client th
   slowed the engine's steps, perf/RESULTS.md, issue 34's fourth round);
 - continuation: the vocoder is first primed with the reference codes (their audio dropped),
   and the reference codes go out once as CONTEXT_CODES;
-- cancellation is checked once per chunk (and once a second while a request waits for the
-  engine or the vocoder) and stops the engine row, drops the chunks in flight and ends the
+- cancellation is checked at a chunk when `cancel_poll_s` has passed since the last check (and
+  once a second while a request waits for the engine or the vocoder) and stops the engine row, drops the chunks in flight and ends the
   vocoder sequence; a server shutting down ends its streams the same way, with UNAVAILABLE;
 - every stream ends with exactly one final response, and the vocoder sequence is always ended.
 """
@@ -35,12 +35,18 @@ from .stream_ports import AUDIO_READY, NO_CODES, Children, Client, Pending
 log = logging.getLogger(__name__)
 WAIT_S = 1.0  # how often a stream waiting for the vocoder checks for a cancel
 END_WAIT_S = 10.0  # the longest a stream waits for its END to be taken (then the idle timeout frees it)
+# A client's cancel is an IPC round trip to tritonserver (the GIL given up and won back) per check:
+# 4.1% of the GIL in the H200 soak when made at every chunk (issue 34). A stream's first chunks
+# come 2, 4 and 8 steps apart, 40-300 ms at the served pace, in the very steps that admit a wave,
+# so they are checked at most this often; later chunks are further apart than this anyway, so a
+# cancel is still seen within a chunk or this long.
+CANCEL_POLL_S = 0.25
 
 
 class SpeechStream:
     def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
                  is_stopping: Callable[[], bool] = lambda: False, trace: Optional[FirstAudioTrace] = None,
-                 playback: Optional[Playback] = None) -> None:
+                 playback: Optional[Playback] = None, cancel_poll_s: float = CANCEL_POLL_S) -> None:
         self.children = children
         self.client = client
         self.stream = stream
@@ -58,6 +64,8 @@ class SpeechStream:
         self.playback = playback if playback is not None else Playback()
         self._is_playback_begun = False
         self.trace = trace  # None unless the first-audio trace is on
+        self.cancel_poll_s = cancel_poll_s
+        self._cancel_checked_at = -float("inf")  # the first chunk is checked
 
     def run(self) -> None:
         if self.trace is not None:
@@ -79,14 +87,21 @@ class SpeechStream:
             self._close_vocoder()
 
     def _ended(self) -> Optional[str]:
+        self._cancel_checked_at = time.monotonic()
         return "stopping" if self.is_stopping() else "cancelled" if self.client.is_cancelled() else None
+
+    def _ended_at_chunk(self) -> Optional[str]:
+        """_ended for a chunk: the client is asked only when `cancel_poll_s` has passed since the last check."""
+        if time.monotonic() - self._cancel_checked_at < self.cancel_poll_s:
+            return "stopping" if self.is_stopping() else None
+        return self._ended()
 
     def _pump(self) -> Optional[str]:
         """Consume the engine's chunks: None when they are all in, else "cancelled" / "stopping"."""
         with closing(self.children.stream_codes()) as chunks:
             for chunk in chunks:
                 if chunk is not AUDIO_READY:
-                    ended = self._ended()
+                    ended = self._ended() if chunk is None else self._ended_at_chunk()
                     if ended is not None:
                         self.children.abort_codes()
                         return ended
