@@ -39,7 +39,7 @@ def spin(seconds: float) -> None:
 
 
 def run(turn_ms: float, streams: int, steps: int, launch_calls: int, apply_ms: float, device_ms: float,
-        events: int, stream_ms: float) -> dict:
+        events: int, stream_ms: float, deliver_us: int = 0) -> dict:
     feeds = [queue.SimpleQueue() for _ in range(streams)]
     latencies: list[float] = []
     lock = threading.Lock()
@@ -47,7 +47,7 @@ def run(turn_ms: float, streams: int, steps: int, launch_calls: int, apply_ms: f
     def deliver(event) -> None:
         feeds[event[0]].put(event)
 
-    turn = HostTurn(deliver, turn_ms / 1000)
+    turn = HostTurn(deliver, turn_ms / 1000, deliver_us / 1e6)
 
     def stream(feed: queue.SimpleQueue) -> None:
         while True:
@@ -63,7 +63,7 @@ def run(turn_ms: float, streams: int, steps: int, launch_calls: int, apply_ms: f
     threads = [threading.Thread(target=stream, args=(f,), daemon=True) for f in feeds]
     for t in threads:
         t.start()
-    host, apply = [], []
+    host, apply, gives = [], [], []
     next_stream = 0
     for _ in range(steps):
         turn.take()
@@ -80,6 +80,7 @@ def run(turn_ms: float, streams: int, steps: int, launch_calls: int, apply_ms: f
         host.append(end - start)
         apply.append(end - applied)
         turn.give()
+        gives.append(time.perf_counter() - end)
         time.sleep(device_ms / 1000)
     turn.give()
     for f in feeds:
@@ -88,7 +89,8 @@ def run(turn_ms: float, streams: int, steps: int, launch_calls: int, apply_ms: f
         t.join(10)
     with lock:
         lat = sorted(latencies)
-    return {"turn_ms": turn_ms, "host_ms_per_step": 1e3 * statistics.mean(host),
+    return {"turn_ms": turn_ms, "deliver_us": deliver_us, "host_ms_per_step": 1e3 * statistics.mean(host),
+            "give_ms_per_step": 1e3 * statistics.mean(gives), "give_ms_p50": 1e3 * statistics.median(gives),
             "apply_ms_per_step": 1e3 * statistics.mean(apply),
             "event_latency_ms_p50": 1e3 * lat[len(lat) // 2], "event_latency_ms_p95": 1e3 * lat[int(len(lat) * 0.95)],
             "events_done": len(lat)}
@@ -104,15 +106,21 @@ def main() -> None:
     p.add_argument("--events", type=int, default=16, help="stream events per step")
     p.add_argument("--stream-ms", type=float, default=0.3)
     p.add_argument("--turns", default="0,4,20", help="max waits of the turn in ms, 0 = off")
+    p.add_argument("--deliver-us", default="0", help="HostTurn's widened switch interval while it delivers, µs, "
+                   "each tried with every turn > 0 (0 = not widened)")
     p.add_argument("--out")
     args = p.parse_args()
     sys.setswitchinterval(SERVED_SWITCH_INTERVAL_S)
-    results = [run(float(t), args.streams, args.steps, args.launch_calls, args.apply_ms, args.device_ms,
-                   args.events, args.stream_ms) for t in args.turns.split(",")]
-    print("| turn max wait ms | host ms / step | apply ms / step | event latency p50 / p95 ms |")
-    print("|---|---|---|---|")
+    runs = [(float(t), int(d)) for t in args.turns.split(",")
+            for d in (args.deliver_us.split(",") if float(t) > 0 else ["0"])]
+    results = [run(t, args.streams, args.steps, args.launch_calls, args.apply_ms, args.device_ms,
+                   args.events, args.stream_ms, d) for t, d in runs]
+    print("| turn max wait ms | delivery widened to µs | host ms / step | apply ms / step | give ms / step (p50) "
+          "| event latency p50 / p95 ms |")
+    print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['turn_ms']:g} | {r['host_ms_per_step']:.2f} | {r['apply_ms_per_step']:.2f} | "
+        print(f"| {r['turn_ms']:g} | {r['deliver_us']} | {r['host_ms_per_step']:.2f} | {r['apply_ms_per_step']:.2f} | "
+              f"{r['give_ms_per_step']:.2f} ({r['give_ms_p50']:.2f}) | "
               f"{r['event_latency_ms_p50']:.2f} / {r['event_latency_ms_p95']:.2f} |")
     if args.out:
         with open(args.out, "w") as f:

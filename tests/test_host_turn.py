@@ -64,6 +64,48 @@ def test_on_holds_events_until_given_then_delivers_them_in_order():
     assert sink.snapshot() == ["a", "b", "c"]
 
 
+def test_delivery_runs_under_a_widened_switch_interval_then_restores_it():
+    """The held events are delivered with the process's GIL switch interval widened to the turn's
+    (the stream threads they wake do not preempt the delivery, issue 34's round 16), and the
+    interval is restored after, when a consumer raises too; never narrowed, never touched with
+    nothing held or with the widening off."""
+    import sys
+
+    seen = []
+    sink = Sink(fail_on=("b",))
+    turn = HostTurn(lambda e: (seen.append((e, sys.getswitchinterval())), sink(e)), 1.0, deliver_interval_s=1e-3)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(5e-5)  # the stub's
+    served = sys.getswitchinterval()  # kept in whole µs (set(get()) can lose one)
+    try:
+        turn.take()
+        for event in "abc":
+            turn.post(event)
+        turn.give()
+        assert seen == [("a", 1e-3), ("b", 1e-3), ("c", 1e-3)] and sink.snapshot()[:3] == ["a", "b", "c"]
+        assert sys.getswitchinterval() == served
+        for _ in range(100):  # restored exactly every time (CPython cuts it to whole µs)
+            turn.take()
+            turn.post("x")
+            turn.give()
+        assert sys.getswitchinterval() == served
+        sys.setswitchinterval(0.01)  # already wider: left as it is
+        turn.take()
+        turn.post("d")
+        turn.give()
+        assert seen[-1] == ("d", pytest.approx(0.01)) and sys.getswitchinterval() == pytest.approx(0.01)
+        sys.setswitchinterval(5e-5)
+        plain = HostTurn(lambda e: seen.append((e, sys.getswitchinterval())), 1.0)  # off: 0
+        plain.take()
+        plain.post("e")
+        plain.give()
+        assert seen[-1] == ("e", served)
+    finally:
+        sys.setswitchinterval(before)
+    with pytest.raises(EngineConfigError, match="host_turn_deliver_us"):
+        EngineConfig(host_turn_deliver_us=-1)
+
+
 def test_give_way_waits_for_the_give():
     turn = HostTurn(Sink(), 5.0)
     turn.take()
@@ -149,8 +191,9 @@ def test_the_host_turn_model_runs_and_answers_every_event():
     every posted event reaches a stream and is answered, with the turn off and on."""
     from perf.bench_host_turn import run
 
-    for turn_ms in (0, 4):
+    for turn_ms, deliver_us in ((0, 0), (4, 0), (4, 1000)):
         result = run(turn_ms, streams=8, steps=10, launch_calls=3, apply_ms=0.2, device_ms=1.0, events=4,
-                     stream_ms=0.05)
+                     stream_ms=0.05, deliver_us=deliver_us)
         assert result["events_done"] == 40, result
         assert result["host_ms_per_step"] >= result["apply_ms_per_step"] > 0, result
+        assert result["give_ms_per_step"] >= 0 and result["deliver_us"] == deliver_us, result

@@ -89,6 +89,9 @@ class EngineConfig:
     # delivered when it waits for the device, and a stream thread about to work waits while the
     # engine holds its turn, at most this many ms (host_turn.py). 0 = events at once, no waits.
     host_turn_ms: int = 0
+    # While the turn delivers its held events, the process's GIL switch interval is widened to this
+    # many µs, so the stream threads it wakes do not preempt the delivery (host_turn.py). 0 = never.
+    host_turn_deliver_us: int = 0
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
     cuda_graph_prefill_tokens: int = CUDA_GRAPH_PREFILL_TOKENS  # 0 = no prefill graphs
     min_kv_bucket: int = MIN_KV_BUCKET
@@ -110,6 +113,7 @@ class EngineConfig:
         _require_non_negative("cuda_graph_prefill_tokens", self.cuda_graph_prefill_tokens)
         _require_non_negative("first_audio_hold_rows", self.first_audio_hold_rows, "never")
         _require_non_negative("host_turn_ms", self.host_turn_ms, "off")
+        _require_non_negative("host_turn_deliver_us", self.host_turn_deliver_us, "never")
         _require_non_negative("chunk_deadline_ms", self.chunk_deadline_ms, "off")
         _require_non_negative("prefix_cache_rows", self.prefix_cache_rows, "no prefix reuse")
         _require_positive("prefix_block_rows", self.prefix_block_rows)

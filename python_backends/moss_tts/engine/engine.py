@@ -54,7 +54,7 @@ class Engine:
         self._hold = (FirstAudioHold(first_audio_gate, config.first_audio_hold_rows, self._runner.device)
                       if first_audio_gate is not None and config.first_audio_hold_rows else None)
         self._counters = StatsCounters(hold=self._hold)
-        self.host_turn: HostTurn[EngineEvent] = HostTurn(on_event, config.host_turn_ms / 1000)  # host_turn.py
+        self.host_turn: HostTurn[EngineEvent] = HostTurn(on_event, config.host_turn_ms / 1e3, config.host_turn_deliver_us / 1e6)
         self._emit = self.host_turn.post  # engine thread only (and _cancel_all when it never started)
         self.thread: Optional[threading.Thread] = None  # the loop's (the adapter sets its OS priority)
         self._is_stopping = False

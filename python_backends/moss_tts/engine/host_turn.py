@@ -13,6 +13,13 @@ py-spy record: stream threads held the GIL 48% of the time, the engine 28%). So,
   waits while the engine holds its turn (`give_way`), at most `max_wait_s`, so that a host phase
   that never ends (a CPU-bound engine) delays the streams by at most that, never starves them.
 With 0 every event is delivered at once and `give_way` returns at once (the behaviour before).
+While it delivers, the process's GIL switch interval is widened to `deliver_interval_s` (when that
+is longer): the delivery is pure Python (a queue put per event, the turn's Event set), and the
+stream threads it wakes would otherwise preempt it every switch interval (the stub's 0.05 ms), the
+engine then waiting to win the GIL back before its next event. In perf/bench_host_turn.py's model
+(256 streams, 32 events a step) a give took 2.6-3.1 ms so and 0.3 ms widened to 1 ms (issue 34,
+round 16). It makes no call that gives the GIL up unless a lock it takes is held (the feeds' map,
+the Event's condition), so others wait at most one widened interval behind it.
 The vocoder thread and Triton's own threads never wait here. Measured (round 10, one H200): the
 soak's engine host time fell from 10.3 to 4.1 ms a step (apply 4.8 -> 1.75), the GPU then the
 bound; on two slower hosts it stayed at 17-27 ms with the turn (perf/bench_host_turn.py models why).
@@ -21,6 +28,7 @@ bound; on two slower hosts it stayed at 17-27 ms with the turn (perf/bench_host_
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import Callable, Generic, TypeVar
 
@@ -29,9 +37,10 @@ E = TypeVar("E")
 
 
 class HostTurn(Generic[E]):
-    def __init__(self, on_event: Callable[[E], None], max_wait_s: float) -> None:
+    def __init__(self, on_event: Callable[[E], None], max_wait_s: float, deliver_interval_s: float = 0.0) -> None:
         self.max_wait_s = max_wait_s
         self.is_on = max_wait_s > 0
+        self.deliver_interval_s = deliver_interval_s  # 0: the process's interval throughout
         self._on_event = on_event
         self._held: list[E] = []  # engine thread only
         self._given = threading.Event()  # set while the engine is not in its host phase
@@ -56,11 +65,19 @@ class HostTurn(Generic[E]):
         held, in order, and let the stream threads run."""
         if not self.is_on:
             return
-        # Open first: a stream thread woken by its event then finds the turn free at once.
-        self._given.set()
         held, self._held = self._held, []
-        for event in held:
-            self._deliver(event)
+        interval = sys.getswitchinterval()
+        widen = held and self.deliver_interval_s > interval
+        if widen:
+            sys.setswitchinterval(self.deliver_interval_s)
+        try:
+            # Open first: a stream thread woken by its event then finds the turn free at once.
+            self._given.set()
+            for event in held:
+                self._deliver(event)
+        finally:
+            if widen:  # CPython keeps whole µs, cut down: without the half µs each restore loses one
+                sys.setswitchinterval(interval + 5e-7)
 
     def given(self) -> "HostTurn[E]":
         """`with turn.given():` around one of the engine's waits: given before it, taken back
