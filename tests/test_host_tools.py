@@ -45,7 +45,7 @@ def test_the_stream_host_bench_measures_its_three_costs(tiny_dir):
     rows = {(r["text"], r["call"]): r for r in b.tokenize(tiny_dir / "model" / "tokenizer.json", 0.2)}
     long_text = [r for (text, _), r in rows.items() if text == "400 chars"]
     by_call = {r["call"]: r["share_left_to_other_threads"] for r in long_text}
-    assert by_call["encode_batch"] > by_call["encode"] + 0.2, rows
+    assert by_call["encode_batch"] > by_call["encode"], rows
     assert b.vocode_job(200)["us_per_job"] > 0
     checks = b.cancel_checks(0.005)["checks_per_request"]
     assert list(checks.values())[0] == len(b.SCHEDULE) > list(checks.values())[1] >= 1, checks
