@@ -105,7 +105,7 @@ class TritonPythonModel:
             self.streams, builder,
             lambda codes: TritonChildren(codes, self.key, self.watch, self.worker, self.pool.is_stopping),
             lambda audio: encode_reference(audio, self.watch), lambda record: self.metrics.observe(record),
-            self.pool.is_stopping, TraceLog.from_env())
+            self.pool.is_stopping, TraceLog.from_env(), forward_chunks=placement.vocoder_forward_chunks)
         self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
         # Session requests that reached another instance of this server come here to be spoken
         # (several instances: sessions/relay.py).

@@ -41,6 +41,10 @@ class EngineCodes:
         self._is_aborted = False
         self._feed = None
         self._is_woken = False  # a wake before the feed exists is delivered when it does
+        # A ChunkForwarder the stream set before iterating chunks(): the engine's thread hands each
+        # chunk to the vocoder through it. Not for a continuation: its context primes the vocoder
+        # sequence on the stream's thread before the first chunk.
+        self.forward = None
 
     def wake(self) -> None:
         """Any thread: the stream has audio to send; its wait for the next chunk ends now."""
@@ -86,8 +90,9 @@ class EngineCodes:
         try:
             rows = self.builder.build(s.prompt_spec(ref))
             params = s.params_for(rows.shape[0], self.streams.max_seq_len)
+            forward = None if s.mode == "continuation" and reference is not None else self.forward
             return self.streams.submit(EngineRequest(s.request_id, rows, params, s.first_chunk_frames,
-                                                     s.chunk_frames))
+                                                     s.chunk_frames), forward)
         except QueueFull as exc:
             raise ChildError(f"server busy: {exc}", ErrorKind.UNAVAILABLE) from None
         except EngineClosed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from ..engine.engine import Engine
 from ..engine.events import CodesChunk, EngineEvent, Finished
@@ -33,10 +33,16 @@ class CodesFeed:
         # queue, and when the engine put its first codes here (the engine thread's moment).
         self.queued_at = time.monotonic()
         self.first_codes_at = 0.0
+        # A ChunkForwarder (chunk_forwarder.py) or None: called with each chunk on the delivering
+        # (engine) thread; a chunk it takes never reaches the queue.
+        self.forward: Optional[Callable[[CodesChunk], bool]] = None
 
     def put(self, event: EngineEvent) -> None:
-        if not self.first_codes_at and isinstance(event, CodesChunk):
-            self.first_codes_at = time.monotonic()
+        if isinstance(event, CodesChunk):
+            if not self.first_codes_at:
+                self.first_codes_at = time.monotonic()
+            if self.forward is not None and self.forward(event):
+                return
         self._events.put(event)
 
     def next(self, timeout: float) -> Optional[Union[CodesChunk, Finished]]:
@@ -60,10 +66,11 @@ class EngineStreams:
     def start(self) -> None:
         self.engine.start()
 
-    def submit(self, request: EngineRequest) -> CodesFeed:
+    def submit(self, request: EngineRequest, forward: Optional[Callable[[CodesChunk], bool]] = None) -> CodesFeed:
         """Raises what Engine.submit raises (ValueError, QueueFull, EngineClosed); nothing is
-        registered then."""
+        registered then. `forward`: the feed's (CodesFeed.forward), set before any event can come."""
         feed = CodesFeed(request.request_id)
+        feed.forward = forward
         with self._lock:
             if request.request_id in self._feeds:
                 raise ValueError(f"request id {request.request_id!r} is already in flight; use a unique REQUEST_ID")

@@ -38,7 +38,8 @@ def requested_outputs(names) -> set:
 class SpeechRequests:
     def __init__(self, streams: EngineStreams, builder, children: Callable[[object], Children],
                  encode_reference: Callable[[bytes], np.ndarray], observe: Callable[[RequestRecord], None],
-                 is_stopping: Callable[[], bool], trace_log: Optional[TraceLog] = None) -> None:
+                 is_stopping: Callable[[], bool], trace_log: Optional[TraceLog] = None,
+                 forward_chunks: bool = False) -> None:
         self.streams = streams
         self.builder = builder  # model.processor.PromptBuilder
         self.children = children
@@ -46,6 +47,7 @@ class SpeechRequests:
         self.observe = observe
         self.is_stopping = is_stopping
         self.trace_log = trace_log  # first_audio_trace.TraceLog, or None (the trace is off)
+        self.forward_chunks = forward_chunks  # the engine hands chunks to the vocoder (chunk_forwarder.py)
 
     def stream(self, get: Getter, request_id: str, requested: set, client: Client,
                started: float) -> tuple[SpeechStream, str]:
@@ -58,7 +60,7 @@ class SpeechRequests:
                 else "stream" if synthesis.stream else "offline")
         recording = self.record(client, started)
         stream = SpeechStream(self.children(codes), recording, synthesis.stream, "AUDIO" in requested,
-                              self.is_stopping, recording.trace)
+                              self.is_stopping, recording.trace, forward_chunks=self.forward_chunks)
         return stream, path
 
     @staticmethod

@@ -14,7 +14,10 @@ adapter supplies the engine and the vocoder through `Children` and the client th
 - cancellation is checked at a chunk when `cancel_poll_s` has passed since the last check (and
   once a second while a request waits for the engine or the vocoder) and stops the engine row, drops the chunks in flight and ends the
   vocoder sequence; a server shutting down ends its streams the same way, with UNAVAILABLE;
-- every stream ends with exactly one final response, and the vocoder sequence is always ended.
+- every stream ends with exactly one final response, and the vocoder sequence is always ended;
+- with `forward_chunks` (a plain streamed request with the in-process vocoder), the engine's
+  thread hands each chunk to the vocoder as it delivers it (chunk_forwarder.py): the stream
+  thread wakes to send audio only, and checks for a cancel then.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..contract.errors import SHUTTING_DOWN, ChildError, ErrorKind, error_text
+from .chunk_forwarder import ChunkForwarder
 from .first_audio_trace import FirstAudioTrace
 from .playback import Playback
 from .stream_ports import AUDIO_READY, NO_CODES, Children, Client, Pending
@@ -46,7 +50,8 @@ CANCEL_POLL_S = 0.25
 class SpeechStream:
     def __init__(self, children: Children, client: Client, stream: bool, wants_audio: bool = True,
                  is_stopping: Callable[[], bool] = lambda: False, trace: Optional[FirstAudioTrace] = None,
-                 playback: Optional[Playback] = None, cancel_poll_s: float = CANCEL_POLL_S) -> None:
+                 playback: Optional[Playback] = None, cancel_poll_s: float = CANCEL_POLL_S,
+                 forward_chunks: bool = False) -> None:
         self.children = children
         self.client = client
         self.stream = stream
@@ -66,6 +71,12 @@ class SpeechStream:
         self.trace = trace  # None unless the first-audio trace is on
         self.cancel_poll_s = cancel_poll_s
         self._cancel_checked_at = -float("inf")  # the first chunk is checked
+        # Not with the first-audio trace: it marks each chunk's moments on the stream's thread.
+        self._forwarder: Optional[ChunkForwarder] = None
+        if forward_chunks and stream and wants_audio and trace is None:
+            forwarder = ChunkForwarder(self._vocode_chunk)
+            install = getattr(children, "forward_chunks", None)
+            self._forwarder = forwarder if install is not None and install(forwarder) else None
 
     def run(self) -> None:
         if self.trace is not None:
@@ -100,12 +111,15 @@ class SpeechStream:
         """Consume the engine's chunks: None when they are all in, else "cancelled" / "stopping"."""
         with closing(self.children.stream_codes()) as chunks:
             for chunk in chunks:
-                if chunk is not AUDIO_READY:
+                # With a forwarder the chunks reach the vocoder unseen here: a cancel is looked
+                # for when their audio is ready.
+                if chunk is not AUDIO_READY or self._forwarder is not None:
                     ended = self._ended() if chunk is None else self._ended_at_chunk()
                     if ended is not None:
+                        self._close_forwarder()
                         self.children.abort_codes()
                         return ended
-                    if chunk is not None:
+                    if chunk is not None and chunk is not AUDIO_READY:
                         self._take(chunk)
                 self._send_ready(block=False)
         return None
@@ -186,7 +200,13 @@ class SpeechStream:
                 self.playback.sent(time.monotonic())
         return None
 
+    def _close_forwarder(self) -> None:
+        """Before the stream ends its sequence or drops its calls: no chunk is handed over after this."""
+        if self._forwarder is not None:
+            self._forwarder.close()
+
     def _finish(self) -> Optional[str]:
+        self._close_forwarder()  # the engine has delivered every chunk already (Finished came last)
         if self.stream:
             # END goes in behind the last chunk, so the vocoder frees the sequence as soon as that
             # chunk is decoded, and before the final response: by the time the client has it, the
@@ -240,6 +260,7 @@ class SpeechStream:
 
     def _close_vocoder(self) -> None:
         """On every way out: drop the calls still in flight, end the sequence if still open."""
+        self._close_forwarder()
         for pending, _ in self._in_flight:
             pending.cancel()
         self._in_flight.clear()

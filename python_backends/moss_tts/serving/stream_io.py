@@ -94,6 +94,14 @@ class TritonChildren:
     def abort_codes(self):
         self.codes.abort()
 
+    def forward_chunks(self, forward) -> bool:
+        """Let the engine's thread hand this stream's chunks to the in-process vocoder (chunk_forwarder.py):
+        one engine request's chunks only (not a long text's segments), and never over BLS."""
+        if self.worker is None or not isinstance(self.codes, EngineCodes):
+            return False
+        self.codes.forward = forward
+        return True
+
     def vocode(self, codes, start, end, deadline=None):
         # The job's completion wakes this stream's wait for its next engine chunk.
         return vocode_call(self.worker, self.parameters, self.watch, self.sequence_id, codes, start, end,

@@ -112,6 +112,9 @@ class VocoderPlacement:
     # small rounds' ~1,100 kernels then never interleave with a step's (issue 34, round 11). Two
     # streams did more of both than one at every round size on the H200 (round 12).
     vocoder_stream: str = "own"
+    # in_process: the engine's thread hands a plain streamed request's chunks to the vocoder as it
+    # delivers them (pipeline/chunk_forwarder.py); the stream thread wakes only to send audio.
+    vocoder_forward_chunks: bool = False
 
     def __post_init__(self):
         _checked_fusion("parameter vocoder_fusion", self.vocoder_fusion)

@@ -1,0 +1,195 @@
+"""ChunkForwarder (pipeline/chunk_forwarder.py, the moss_tts parameter `vocoder_forward_chunks`): the
+engine's thread hands a plain streamed request's chunks to its vocoder sequence as it delivers
+them. With the real engine (tiny checkpoint, CPU) behind EngineStreams and a recording vocoder:
+every chunk is handed over on the engine's thread, in order, START on the first, END last from
+the stream's thread, the client gets all the audio and one final; off, continuation and failure
+paths stay on the stream's thread; after a cancel nothing is handed over behind the END."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from moss_tts.contract.errors import ChildError, ErrorKind
+from moss_tts.engine import Engine, EngineConfig
+from moss_tts.engine.events import CodesChunk, Finished
+from moss_tts.pipeline.chunk_forwarder import ChunkForwarder
+from moss_tts.pipeline.engine_codes import EngineCodes
+from moss_tts.pipeline.engine_streams import CodesFeed, EngineStreams
+from moss_tts.pipeline.speech_stream import SpeechStream
+from moss_tts.pipeline.stream_ports import AUDIO_READY, Ready
+from moss_tts.pipeline.synthesis_request import parse_synthesis_request
+from shared_state import SharedList
+
+ENGINE_THREAD = "moss-tts-engine"
+
+
+def synthesis(request_id, **values):
+    values.setdefault("TEXT", "Hello there.")
+    values.setdefault("SEED", 1)
+    arrays = {k: np.array([v.encode() if isinstance(v, str) else v]) for k, v in values.items()}
+    return parse_synthesis_request(lambda name: arrays.get(name), request_id)
+
+
+@pytest.fixture
+def streams(tiny_model):
+    made = []
+
+    def make(**config):
+        s = EngineStreams(lambda on_event: Engine(tiny_model, EngineConfig(max_seq_len=512, **config), on_event))
+        s.start()
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.shutdown(30)
+
+
+class Children:
+    """The in-process children (TritonChildren's shape) with a vocoder that answers at once and
+    records each call: (thread name, frames, start, end)."""
+
+    def __init__(self, codes: EngineCodes, fail_first_forward=False, supports=True):
+        self.codes, self.calls = codes, SharedList()
+        self.fail_first_forward, self.supports = fail_first_forward, supports
+
+    def stream_codes(self):
+        return self.codes.chunks()
+
+    def abort_codes(self):
+        self.codes.abort()
+
+    def forward_chunks(self, forward) -> bool:
+        if self.supports:
+            self.codes.forward = forward
+        return self.supports
+
+    def vocode(self, codes, start, end, deadline=None):
+        thread = threading.current_thread().name
+        if self.fail_first_forward and thread == ENGINE_THREAD:
+            self.fail_first_forward = False  # the stream's own call of the same chunk fails as well
+            self.failing = True
+            raise ChildError("[UNAVAILABLE] vocoder refused", ErrorKind.UNAVAILABLE)
+        if getattr(self, "failing", False):
+            raise ChildError("[UNAVAILABLE] vocoder refused", ErrorKind.UNAVAILABLE)
+        self.calls.append((thread, codes.shape[0], start, end))
+        self.codes.wake()  # answered: the stream sends it when it next looks
+        return Ready(np.full((2, codes.shape[0] * 4), 1.0, np.float32))
+
+
+class Client:
+    def __init__(self, cancel_after_sends=None):
+        self.sent, self.finals, self.errors = SharedList(), 0, []
+        self.cancel_after_sends = cancel_after_sends
+
+    def send(self, audio, codes, context, final):
+        self.sent.append(codes.shape[0])
+        self.finals += final
+
+    def send_error(self, message, kind):
+        self.errors.append(kind)
+        self.finals += 1
+
+    def send_final(self):
+        self.finals += 1
+
+    def is_cancelled(self):
+        return self.cancel_after_sends is not None and len(self.sent.snapshot()) >= self.cancel_after_sends
+
+
+def run(s, builder, forward=True, client=None, reference=None, children_kwargs=None, **values):
+    values = {"MAX_FRAMES": 9, "IGNORE_STOP": True, "FIRST_CHUNK_FRAMES": 2, "CHUNK_FRAMES": 3, **values}
+    codes = EngineCodes(s, builder, synthesis("f", **values), lambda: reference)
+    children, client = Children(codes, **(children_kwargs or {})), client or Client()
+    stream = SpeechStream(children, client, stream=True, wants_audio=True, forward_chunks=forward, cancel_poll_s=0)
+    stream.run()
+    return children, client, stream
+
+
+@pytest.mark.parametrize("host_turn_ms", [0, 4])
+def test_the_engine_thread_hands_every_chunk_over_in_order(streams, builder, host_turn_ms):
+    s = streams(host_turn_ms=host_turn_ms)
+    children, client, stream = run(s, builder)
+    calls = children.calls.snapshot()
+    chunks, end = calls[:-1], calls[-1]
+    assert [c[1] for c in chunks] == [2, 3, 3, 1]  # 9 frames at the first-chunk / chunk rule 2, 3
+    assert all(c[0] == ENGINE_THREAD for c in chunks), calls
+    assert [c[2] for c in chunks] == [True, False, False, False] and not any(c[3] for c in chunks)
+    assert end[1:] == (0, False, True) and end[0] != ENGINE_THREAD  # END from the stream, after them all
+    assert client.sent.snapshot() == [2, 3, 3, 1] and client.finals == 1 and not client.errors
+    assert stream._forwarder.forwarded == 4 and not stream._forwarder.is_open
+    assert s.num_in_flight == 0
+
+
+def test_off_or_unsupported_the_stream_thread_hands_them_over(streams, builder):
+    s = streams(host_turn_ms=4)
+    for kwargs in (dict(forward=False), dict(children_kwargs=dict(supports=False))):
+        children, client, stream = run(s, builder, **kwargs)
+        assert stream._forwarder is None
+        assert [c[1] for c in children.calls.snapshot()] == [2, 3, 3, 1, 0]
+        assert all(c[0] != ENGINE_THREAD for c in children.calls.snapshot())
+        assert client.sent.snapshot() == [2, 3, 3, 1] and client.finals == 1
+
+
+def test_a_continuation_primes_on_its_own_thread(streams, builder):
+    ref = np.random.default_rng(0).integers(0, 1024, (1, 5, 12)).astype(np.int32)
+    children, client, _ = run(streams(), builder, reference=ref, MODE="continuation", REFERENCE_TEXT="It starts ")
+    calls = children.calls.snapshot()
+    assert calls[0][1:] == (5, True, False)  # the context opens the sequence, then the chunks follow it
+    assert all(c[0] != ENGINE_THREAD for c in calls)
+    assert client.finals == 1 and not client.errors
+
+
+def test_a_failed_hand_over_falls_to_the_stream_which_ends_with_the_error(streams, builder):
+    children, client, stream = run(streams(), builder, children_kwargs=dict(fail_first_forward=True))
+    assert client.errors == [ErrorKind.UNAVAILABLE] and client.finals == 1
+    assert stream._forwarder.forwarded == 0 and not stream._forwarder.is_open
+    assert children.calls.snapshot() == []  # nothing reached the vocoder; the END was refused too
+
+
+def test_after_a_cancel_nothing_is_handed_over_behind_the_end(streams, builder):
+    s = streams(host_turn_ms=4)
+    children, client, stream = run(s, builder, client=Client(cancel_after_sends=1), MAX_FRAMES=400,
+                                   FIRST_CHUNK_FRAMES=1, CHUNK_FRAMES=1)
+    assert client.errors == [ErrorKind.CANCELLED] and client.finals == 1
+    time.sleep(0.3)  # the engine delivers whatever it still had before the abort lands
+    calls = children.calls.snapshot()
+    assert calls[-1][1:] == (0, False, True), calls  # the END is the sequence's last call
+    deadline = time.monotonic() + 10
+    while s.engine.stats().running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.engine.stats().running == 0 and s.num_in_flight == 0
+
+
+def test_the_feed_queues_what_is_not_forwarded():
+    taken = []
+    feed = CodesFeed("r")
+    chunk = CodesChunk("r", np.zeros((2, 12), np.int32), 0)
+    feed.forward = lambda c: taken.append(c) or len(taken) == 1  # takes the first, declines the second
+    feed.put(chunk)
+    feed.put(chunk)
+    feed.put(AUDIO_READY)  # never offered to the forwarder
+    feed.put(Finished("r", "max_frames", None, 4))
+    assert taken == [chunk, chunk]
+    assert [feed.next(0) for _ in range(3)] == [chunk, AUDIO_READY, Finished("r", "max_frames", None, 4)]
+    assert feed.first_codes_at > 0
+
+
+def test_the_forwarder_declines_once_closed_or_failed_and_never_raises():
+    took = []
+    forward = ChunkForwarder(lambda codes: took.append(codes.shape[0]))
+    chunk = CodesChunk("r", np.zeros((3, 12), np.int32), 0)
+    assert forward(chunk) and took == [3] and forward.forwarded == 1
+    forward.close()
+    assert not forward(chunk) and took == [3]
+
+    def broken(codes):
+        raise RuntimeError("bug")
+
+    failing = ChunkForwarder(broken)
+    assert not failing(chunk) and not failing.is_open
+    assert not failing(chunk)  # declines every later one, so the stream takes them in order
