@@ -20,7 +20,8 @@ Reported per run: the engine thread's host time a step (launch + apply, what the
 delay) over the wave's first `--wave-steps` steps and over the rest, the delivery's time a step,
 first audio p50 / p95 (from the wave's start), and the streams whose audio ran dry (a chunk sent
 after the audio before it, counted from the first chunk's send at 80 ms a frame, had played out),
-by chunk. Run it from two trees (PYTHONPATH) to compare them: the model stays the same.
+by chunk. Run it from two trees (PYTHONPATH) to compare them: the model stays the same;
+`--forward-chunks` runs the streams with vocoder_forward_chunks on.
 """
 
 from __future__ import annotations
@@ -204,6 +205,10 @@ class Children:
     def abort_codes(self):
         self.codes.abort()
 
+    def forward_chunks(self, forward) -> bool:  # as TritonChildren's (chunk_forwarder.py), where the tree has it
+        self.codes.forward = forward
+        return True
+
     def vocode(self, codes, start, end, deadline=None):
         return self.worker.submit(self.seq, codes, start, end, on_done=self.codes.wake, deadline=deadline)
 
@@ -265,7 +270,8 @@ def run_once(args, builder: PromptBuilder) -> dict:
         gate.wait()
         client.t0 = t0[0]
         codes = EngineCodes(streams, builder, synthesis, lambda: None)
-        SpeechStream(Children(codes, worker, i + 1), client, stream=True, wants_audio=True).run()
+        forward = {"forward_chunks": True} if args.forward_chunks else {}
+        SpeechStream(Children(codes, worker, i + 1), client, stream=True, wants_audio=True, **forward).run()
 
     t0 = [0.0]
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(args.streams)]
@@ -307,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--round-us-per-frame", type=float, default=40.0)
     p.add_argument("--deliver-us", type=int, default=1000, help="HostTurn's widened delivery, where the tree has it")
     p.add_argument("--wave-steps", type=int, default=20)
+    p.add_argument("--forward-chunks", action="store_true", help="the engine hands chunks to the vocoder (chunk_forwarder.py)")
     p.add_argument("--checkpoint", type=Path, default=Path("checkpoints/tiny/model"))
     p.add_argument("--out")
     args = p.parse_args(argv)
