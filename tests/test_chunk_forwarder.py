@@ -123,6 +123,7 @@ def test_the_engine_thread_hands_every_chunk_over_in_order(streams, builder, hos
     assert client.sent.snapshot() == [2, 3, 3, 1] and client.finals == 1 and not client.errors
     assert stream._forwarder.forwarded == 4 and not stream._forwarder.is_open
     assert s.num_in_flight == 0
+    assert stream._forwarder._take is None  # closed, it lets go of the stream: no reference cycle
 
 
 def test_off_or_unsupported_the_stream_thread_hands_them_over(streams, builder):

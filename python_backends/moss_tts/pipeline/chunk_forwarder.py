@@ -46,6 +46,7 @@ class ChunkForwarder:
                 self._take(chunk.codes)
             except Exception as exc:  # the stream meets it again with this chunk, on its own thread
                 self._is_open = False
+                self._take = None
                 log.debug("forwarding a chunk of %s failed, the stream takes it: %s",
                           getattr(chunk, "request_id", "?"), exc)
                 return False
@@ -53,9 +54,13 @@ class ChunkForwarder:
             return True
 
     def close(self) -> None:
-        """The stream thread: no chunk is handed over here once this returns."""
+        """The stream thread: no chunk is handed over here once this returns. It also lets go of the
+        stream: stream -> children -> codes -> this -> stream would be a reference cycle, freed only
+        by a collection, with the stream's Triton response sender in it (its destructor talks to
+        tritonserver, on whichever thread the collection runs)."""
         with self._lock:
             self._is_open = False
+            self._take = None
 
     @property
     def is_open(self) -> bool:
