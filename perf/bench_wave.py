@@ -205,9 +205,9 @@ class Children:
     def abort_codes(self):
         self.codes.abort()
 
-    def forward_chunks(self, forward) -> bool:  # as TritonChildren's (chunk_forwarder.py), where the tree has it
+    def forward_chunks(self, forward):  # as TritonChildren's (chunk_forwarder.py), where the tree has it
         self.codes.forward = forward
-        return True
+        return self.codes.wake
 
     def vocode(self, codes, start, end, deadline=None):
         return self.worker.submit(self.seq, codes, start, end, on_done=self.codes.wake, deadline=deadline)

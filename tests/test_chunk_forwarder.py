@@ -51,11 +51,17 @@ def streams(tiny_model):
 
 class Children:
     """The in-process children (TritonChildren's shape) with a vocoder that answers at once and
-    records each call: (thread name, frames, start, end)."""
+    records each call: (thread name, frames, start, end). fail_first_forward: the engine thread's
+    first call raises (and, with retry_fails, every call after it); wake_early_s: a call wakes the
+    stream, then returns that much later (its audio ready before it is in flight); fail_call: the
+    audio of that call (0-based) fails."""
 
-    def __init__(self, codes: EngineCodes, fail_first_forward=False, supports=True):
+    def __init__(self, codes: EngineCodes, fail_first_forward=False, retry_fails=True, supports=True,
+                 wake_early_s=0.0, fail_call=None):
         self.codes, self.calls = codes, SharedList()
-        self.fail_first_forward, self.supports = fail_first_forward, supports
+        self.fail_first_forward, self.retry_fails, self.supports = fail_first_forward, retry_fails, supports
+        self.wake_early_s, self.fail_call = wake_early_s, fail_call
+        self.first_call_at = None
 
     def stream_codes(self):
         return self.codes.chunks()
@@ -63,30 +69,52 @@ class Children:
     def abort_codes(self):
         self.codes.abort()
 
-    def forward_chunks(self, forward) -> bool:
-        if self.supports:
-            self.codes.forward = forward
-        return self.supports
+    def forward_chunks(self, forward):
+        if not self.supports:
+            return None
+        self.codes.forward = forward
+        self.forward_wakes = SharedList()
+        return lambda: (self.forward_wakes.append(1), self.codes.wake())
 
     def vocode(self, codes, start, end, deadline=None):
         thread = threading.current_thread().name
         if self.fail_first_forward and thread == ENGINE_THREAD:
-            self.fail_first_forward = False  # the stream's own call of the same chunk fails as well
-            self.failing = True
+            self.fail_first_forward = False
+            self.failing = self.retry_fails  # the stream's own call of the same chunk fails as well, or not
             raise ChildError("[UNAVAILABLE] vocoder refused", ErrorKind.UNAVAILABLE)
         if getattr(self, "failing", False):
             raise ChildError("[UNAVAILABLE] vocoder refused", ErrorKind.UNAVAILABLE)
+        if self.first_call_at is None:
+            self.first_call_at = time.monotonic()
+        index = len(self.calls.snapshot())
         self.calls.append((thread, codes.shape[0], start, end))
+        audio = np.full((2, codes.shape[0] * 4), 1.0, np.float32)
+        if index == self.fail_call:
+            pending = Failed()
+        else:
+            pending = Ready(audio)
         self.codes.wake()  # answered: the stream sends it when it next looks
-        return Ready(np.full((2, codes.shape[0] * 4), 1.0, np.float32))
+        time.sleep(self.wake_early_s)  # ... before the caller has it in flight
+        return pending
+
+
+class Failed(Ready):
+    def __init__(self):
+        super().__init__(None)
+
+    def result(self, timeout=None):
+        raise ChildError("[INTERNAL] vocoder decode failed", ErrorKind.INTERNAL)
 
 
 class Client:
     def __init__(self, cancel_after_sends=None):
         self.sent, self.finals, self.errors = SharedList(), 0, []
         self.cancel_after_sends = cancel_after_sends
+        self.first_sent_at = None
 
     def send(self, audio, codes, context, final):
+        if self.first_sent_at is None:
+            self.first_sent_at = time.monotonic()
         self.sent.append(codes.shape[0])
         self.finals += final
 
@@ -194,3 +222,39 @@ def test_the_forwarder_declines_once_closed_or_failed_and_never_raises():
     failing = ChunkForwarder(broken)
     assert not failing(chunk) and not failing.is_open
     assert not failing(chunk)  # declines every later one, so the stream takes them in order
+
+
+def test_audio_ready_before_its_call_is_in_flight_still_wakes_the_stream(streams, builder):
+    """The engine thread's call completes (its wake comes) before the call is in the stream's
+    in-flight list: the forwarder wakes the stream again once it is (each call here is answered
+    at once, so every forwarded chunk wakes it twice), and the first audio does not wait for the
+    next event."""
+    children, client, stream = run(streams(), builder, children_kwargs=dict(wake_early_s=0.05))
+    assert client.finals == 1 and not client.errors and client.sent.snapshot() == [2, 3, 3, 1]
+    assert len(children.forward_wakes.snapshot()) == stream._forwarder.forwarded == 4
+    assert client.first_sent_at - children.first_call_at < 0.5, client.first_sent_at - children.first_call_at
+
+
+def test_a_failed_hand_over_whose_retry_succeeds_still_opens_the_sequence(streams, builder):
+    children, client, stream = run(streams(), builder, children_kwargs=dict(fail_first_forward=True, retry_fails=False))
+    calls = children.calls.snapshot()
+    assert calls[0][1:] == (2, True, False) and calls[0][0] != ENGINE_THREAD  # the stream's own call, with START
+    assert client.sent.snapshot() == [2, 3, 3, 1] and client.finals == 1 and not client.errors
+    assert stream._forwarder.forwarded == 0
+
+
+def test_a_stream_that_ends_with_an_error_closes_its_forwarder_before_its_end(streams, builder):
+    s = streams(host_turn_ms=4)
+    children, client, stream = run(s, builder, children_kwargs=dict(fail_call=1), MAX_FRAMES=400,
+                                   FIRST_CHUNK_FRAMES=1, CHUNK_FRAMES=1)
+    assert client.errors == [ErrorKind.INTERNAL] and client.finals == 1
+    assert not stream._forwarder.is_open and stream._forwarder._take is None
+    time.sleep(0.3)
+    assert children.calls.snapshot()[-1][1:] == (0, False, True)
+
+
+def test_a_stream_never_run_installs_nothing(streams, builder):
+    """A stream the pool refuses never runs: nothing of it is handed to the engine's feed."""
+    codes = EngineCodes(streams(), builder, synthesis("never"), lambda: None)
+    SpeechStream(Children(codes), Client(), stream=True, wants_audio=True, forward_chunks=True)
+    assert codes.forward is None

@@ -5,6 +5,7 @@ stream, shutdown. Tiny codec, fp32 on CPU; audio checked against offline decode.
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -573,14 +574,17 @@ def test_a_job_wakes_every_waiter_once_done_and_times_out_before():
     with pytest.raises(ChildError, match="did not answer"):
         job.result(timeout=0.01)
     got = SharedList()
-    waiters = [threading.Thread(target=lambda: got.append(job.result(TIMEOUT_S).shape)) for _ in range(4)]
+    # result() without a timeout: a waiter not let through blocks, and the join below says so
+    waiters = [threading.Thread(target=lambda: got.append(job.result().shape), daemon=True) for _ in range(4)]
     for t in waiters:
         t.start()
+    time.sleep(0.05)  # most are blocked on the latch by now
     audio = np.ones((2, 8), np.float32)
     job._finish([audio], None)
     job._finish([np.zeros((2, 3), np.float32)], None)  # ignored: the first finish stands
     for t in waiters:
-        t.join(TIMEOUT_S)
+        t.join(5)
+    assert not any(t.is_alive() for t in waiters), "a waiter was never let through"
     assert got.snapshot() == [(2, 8)] * 4
     assert job.done() and job.wait() and job.wait(0) and job.result(0).shape == (2, 8)
 

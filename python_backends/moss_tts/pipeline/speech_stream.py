@@ -72,16 +72,18 @@ class SpeechStream:
         self.cancel_poll_s = cancel_poll_s
         self._cancel_checked_at = -float("inf")  # the first chunk is checked
         # Not with the first-audio trace: it marks each chunk's moments on the stream's thread.
+        self._forward_chunks = forward_chunks and stream and wants_audio and trace is None
         self._forwarder: Optional[ChunkForwarder] = None
-        if forward_chunks and stream and wants_audio and trace is None:
-            forwarder = ChunkForwarder(self._vocode_chunk)
-            install = getattr(children, "forward_chunks", None)
-            self._forwarder = forwarder if install is not None and install(forwarder) else None
+        self._wake: Callable[[], None] = lambda: None
+        self._calls = 0  # vocoder calls made through _vocode (the forwarder's failure check reads it)
 
     def run(self) -> None:
         if self.trace is not None:
             self.trace.mark("thread")
         try:
+            # Installed here, not when the stream is made: a stream the pool refuses never runs,
+            # and would keep its forwarder's reference back to it (a cycle around its sender).
+            self._install_forwarder()
             ended = self._pump()
             if ended is None:
                 ended = self._finish()
@@ -151,6 +153,7 @@ class SpeechStream:
             self._is_playback_begun = True
             self.playback.begin(now)
         pending = self.children.vocode(codes, start=start, end=end, deadline=self.playback.due(now))
+        self._calls += 1
         self._in_flight.append((pending, send))
         if send is not None:
             self.playback.submitted(send.shape[0])
@@ -168,12 +171,33 @@ class SpeechStream:
             return self._vocode(codes, start=False, end=end, send=send)
         return self._vocode(codes, start=True, end=end, send=send)
 
-    def _vocode_chunk(self, codes: np.ndarray) -> None:
+    def _vocode_chunk(self, codes: np.ndarray) -> Pending:
         """A streamed chunk: the sequence's next call (the first opens it)."""
         if not self._is_vocoder_open:
-            self._open_vocoder(codes, send=codes)
+            return self._open_vocoder(codes, send=codes)
+        return self._vocode(codes, start=False, end=False, send=codes)
+
+    def _install_forwarder(self) -> None:
+        install = getattr(self.children, "forward_chunks", None) if self._forward_chunks else None
+        forwarder = ChunkForwarder(self._forward_chunk)
+        wake = install(forwarder) if install is not None else None
+        if wake is not None:
+            self._forwarder, self._wake = forwarder, wake
         else:
-            self._vocode(codes, start=False, end=False, send=codes)
+            forwarder.close()
+
+    def _forward_chunk(self, codes: np.ndarray) -> None:
+        """The engine's thread, under the forwarder's lock: one chunk to the vocoder."""
+        was_open, calls = self._is_vocoder_open, self._calls
+        try:
+            pending = self._vocode_chunk(codes)
+        except BaseException:
+            if self._calls == calls:  # nothing queued: the stream's own call of this chunk opens the sequence
+                self._is_vocoder_open = was_open
+            raise
+        # Its audio may have been ready before it was in flight: that wake found nothing to send.
+        if pending.done():
+            self._wake()
 
     def _send_ready(self, block: bool) -> Optional[str]:
         """Send the audio of the calls answered so far, in order; with `block`, of all of them.

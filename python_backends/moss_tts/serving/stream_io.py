@@ -94,13 +94,14 @@ class TritonChildren:
     def abort_codes(self):
         self.codes.abort()
 
-    def forward_chunks(self, forward) -> bool:
+    def forward_chunks(self, forward):
         """Let the engine's thread hand this stream's chunks to the in-process vocoder (chunk_forwarder.py):
-        one engine request's chunks only (not a long text's segments), and never over BLS."""
+        one engine request's chunks only (not a long text's segments), and never over BLS. Returns the
+        stream's wake (its audio is ready), or None when its chunks cannot be forwarded."""
         if self.worker is None or not isinstance(self.codes, EngineCodes):
-            return False
+            return None
         self.codes.forward = forward
-        return True
+        return self.codes.wake
 
     def vocode(self, codes, start, end, deadline=None):
         # The job's completion wakes this stream's wait for its next engine chunk.

@@ -66,7 +66,10 @@ class VocodeJob:
         if self._is_done:
             return True
         if self._latch.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-            self._latch.release()  # the next waiter's turn
+            try:
+                self._latch.release()  # the next waiter's turn
+            except RuntimeError:  # released twice by a double finish (stop() beside the worker): done anyway
+                pass
             return True
         return self._is_done
 
