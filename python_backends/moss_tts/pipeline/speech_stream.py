@@ -179,12 +179,14 @@ class SpeechStream:
 
     def _install_forwarder(self) -> None:
         install = getattr(self.children, "forward_chunks", None) if self._forward_chunks else None
+        if install is None:
+            return
         forwarder = ChunkForwarder(self._forward_chunk)
-        wake = install(forwarder) if install is not None else None
+        wake = install(forwarder)
         if wake is not None:
             self._forwarder, self._wake = forwarder, wake
         else:
-            forwarder.close()
+            forwarder.close()  # lets go of this stream
 
     def _forward_chunk(self, codes: np.ndarray) -> None:
         """The engine's thread, under the forwarder's lock: one chunk to the vocoder."""
