@@ -58,7 +58,7 @@ from moss_tts.vocoder.worker import VocoderWorker
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 10.0  # finalize: streams end at their next chunk or tick; Triton's exit timeout is 30 s
-STATS = (*stat_names(EngineStats), "streams")  # the moss_engine gauges: the engine's, and the streams held
+STATS = (*stat_names(EngineStats), "streams", "chunks_forwarded")  # the engine's, the streams held, vocoder_forward_chunks
 
 
 class TritonPythonModel:
@@ -223,7 +223,7 @@ class TritonPythonModel:
         self.pool.begin_stop()
 
     def _stats(self):
-        return {**vars(self.streams.engine.stats()), "streams": self.pool.num_active}
+        return {**vars(self.streams.engine.stats()), "streams": self.pool.num_active, "chunks_forwarded": self.streams.chunks_forwarded}
 
     def _flush_metrics(self):
         self.metrics.flush()

@@ -37,13 +37,15 @@ class CodesFeed:
         # (engine) thread; a chunk it takes never reaches the queue.
         self.forward: Optional[Callable[[CodesChunk], bool]] = None
 
-    def put(self, event: EngineEvent) -> None:
+    def put(self, event: EngineEvent) -> bool:
+        """Queue `event`, or hand a chunk to the forwarder: True if the forwarder took it."""
         if isinstance(event, CodesChunk):
             if not self.first_codes_at:
                 self.first_codes_at = time.monotonic()
             if self.forward is not None and self.forward(event):
-                return
+                return True
         self._events.put(event)
+        return False
 
     def next(self, timeout: float) -> Optional[Union[CodesChunk, Finished]]:
         """The next event, or None when nothing came within `timeout` seconds."""
@@ -62,6 +64,7 @@ class EngineStreams:
         self.engine: Engine = engine_factory(self._route)
         self._feeds: dict[str, CodesFeed] = {}
         self._lock = threading.Lock()  # guards _feeds (stream threads vs the engine thread)
+        self.chunks_forwarded = 0  # chunks the engine's thread handed to a vocoder (its thread alone writes it)
 
     def start(self) -> None:
         self.engine.start()
@@ -113,5 +116,5 @@ class EngineStreams:
             feed = self._feeds.get(event.request_id)
             if isinstance(event, Finished):
                 self._feeds.pop(event.request_id, None)
-        if feed is not None:
-            feed.put(event)
+        if feed is not None and feed.put(event):
+            self.chunks_forwarded += 1
