@@ -12,8 +12,9 @@ adapter supplies the engine and the vocoder through `Children` and the client th
 - continuation: the vocoder is first primed with the reference codes (their audio dropped),
   and the reference codes go out once as CONTEXT_CODES;
 - cancellation is checked at a chunk when `cancel_poll_s` has passed since the last check (and
-  once a second while a request waits for the engine or the vocoder) and stops the engine row, drops the chunks in flight and ends the
-  vocoder sequence; a server shutting down ends its streams the same way, with UNAVAILABLE;
+  once a second while a request waits for the engine or the vocoder) and stops the engine row,
+  drops the chunks in flight and ends the vocoder sequence; a server shutting down ends its
+  streams the same way, with UNAVAILABLE;
 - every stream ends with exactly one final response, and the vocoder sequence is always ended;
 - with `forward_chunks` (a plain streamed request with the in-process vocoder), the engine's
   thread hands each chunk to the vocoder as it delivers it (chunk_forwarder.py): the stream
