@@ -57,11 +57,13 @@ class Children:
     audio of that call (0-based) fails."""
 
     def __init__(self, codes: EngineCodes, fail_first_forward=False, retry_fails=True, supports=True,
-                 wake_early_s=0.0, fail_call=None):
+                 wake_early_s=0.0, fail_call=None, hold_from_call=None):
         self.codes, self.calls = codes, SharedList()
         self.fail_first_forward, self.retry_fails, self.supports = fail_first_forward, retry_fails, supports
         self.wake_early_s, self.fail_call = wake_early_s, fail_call
         self.first_call_at = None
+        # hold_from_call: the engine thread's calls from that one on wait (at most 1 s) for an END first
+        self.hold_from_call, self.end_called = hold_from_call, threading.Event()
 
     def stream_codes(self):
         return self.codes.chunks()
@@ -84,6 +86,11 @@ class Children:
             raise ChildError("[UNAVAILABLE] vocoder refused", ErrorKind.UNAVAILABLE)
         if getattr(self, "failing", False):
             raise ChildError("[UNAVAILABLE] vocoder refused", ErrorKind.UNAVAILABLE)
+        if end:
+            self.end_called.set()
+        index = len(self.calls.snapshot())
+        if self.hold_from_call is not None and index >= self.hold_from_call and thread == ENGINE_THREAD:
+            self.end_called.wait(1.0)
         if self.first_call_at is None:
             self.first_call_at = time.monotonic()
         index = len(self.calls.snapshot())
@@ -103,6 +110,7 @@ class Failed(Ready):
         super().__init__(None)
 
     def result(self, timeout=None):
+        time.sleep(0.2)  # the engine's next hand-over is under way before the stream closes
         raise ChildError("[INTERNAL] vocoder decode failed", ErrorKind.INTERNAL)
 
 
@@ -258,3 +266,59 @@ def test_a_stream_never_run_installs_nothing(streams, builder):
     codes = EngineCodes(streams(), builder, synthesis("never"), lambda: None)
     SpeechStream(Children(codes), Client(), stream=True, wants_audio=True, forward_chunks=True)
     assert codes.forward is None
+
+
+def test_the_stream_closes_its_forwarder_before_it_ends_the_sequence(streams, builder):
+    """A stream that fails while the engine's thread is inside a hand-over: closing waits for that
+    hand-over, and only then does the END go in. Here every hand-over from the third call on waits
+    (at most 1 s) for an END: closed first, the END comes after it; with the END first, the waiting
+    hand-over's call would land behind it."""
+    s = streams(host_turn_ms=4)
+    children, client, stream = run(s, builder, children_kwargs=dict(fail_call=1, hold_from_call=2), MAX_FRAMES=400,
+                                   FIRST_CHUNK_FRAMES=1, CHUNK_FRAMES=1)
+    assert client.errors == [ErrorKind.INTERNAL] and client.finals == 1
+    time.sleep(0.3)
+    calls = children.calls.snapshot()
+    assert calls[-1][1:] == (0, False, True) and [c[3] for c in calls].count(True) == 1, calls
+
+
+def test_closing_waits_for_a_hand_over_in_progress():
+    entered, release, closed = threading.Event(), threading.Event(), threading.Event()
+
+    def take(codes):
+        entered.set()
+        release.wait(5)
+
+    forward = ChunkForwarder(take)
+    chunk = CodesChunk("r", np.zeros((1, 12), np.int32), 0)
+    handing = threading.Thread(target=forward, args=(chunk,))
+    handing.start()
+    assert entered.wait(5)
+    closer = threading.Thread(target=lambda: (forward.close(), closed.set()))
+    closer.start()
+    assert not closed.wait(0.2)  # the hand-over holds it
+    release.set()
+    assert closed.wait(5) and not forward.is_open and forward.forwarded == 1
+    handing.join(5)
+    closer.join(5)
+
+
+def test_the_streams_count_only_what_was_forwarded():
+    class Quiet:
+        def submit(self, request):
+            pass
+
+    s = EngineStreams(lambda on_event: Quiet())
+    import torch
+
+    from moss_tts.contract.sampling_params import SamplingParams
+    from moss_tts.engine.request import EngineRequest
+
+    rows = torch.zeros((3, 13), dtype=torch.long)
+    takes = iter([True, False, True])
+    s.submit(EngineRequest("a", rows, SamplingParams()), forward=lambda c: next(takes))
+    s.submit(EngineRequest("b", rows, SamplingParams()))
+    chunk = lambda rid: CodesChunk(rid, np.zeros((2, 12), np.int32), 0)
+    for event in (chunk("a"), chunk("a"), chunk("b"), chunk("a"), Finished("a", "max_frames", None, 6)):
+        s._route(event)
+    assert s.chunks_forwarded == 2

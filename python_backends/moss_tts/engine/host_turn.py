@@ -19,7 +19,9 @@ stream threads it wakes would otherwise preempt it every switch interval (the st
 engine then waiting to win the GIL back before its next event. In perf/bench_host_turn.py's model
 (256 streams, 32 events a step) a give took 2.6-3.1 ms so and 0.3 ms widened to 1 ms (issue 34,
 round 16). It makes no call that gives the GIL up unless a lock it takes is held (the feeds' map,
-the Event's condition), so others wait at most one widened interval behind it.
+the Event's condition; with `vocoder_forward_chunks` also a stream's forwarder, held by a stream
+closing it, and the vocoder worker's condition, held while it plans a round), and then waits for
+that holder, which may keep the GIL up to one widened interval.
 The vocoder thread and Triton's own threads never wait here. Measured (round 10, one H200): the
 soak's engine host time fell from 10.3 to 4.1 ms a step (apply 4.8 -> 1.75), the GPU then the
 bound; on two slower hosts it stayed at 17-27 ms with the turn (perf/bench_host_turn.py models why).

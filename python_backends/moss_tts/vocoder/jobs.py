@@ -109,17 +109,16 @@ class VocodeJob:
         return self.launched > self.position
 
     def _finish(self, parts: Optional[list[np.ndarray]], error: Optional[ChildError]) -> None:
-        """Done: with the audio's pieces in order (result() joins them), or with `error`."""
-        if self._is_done:
-            return
-        self._parts, self._error = parts or [], error
-        self.parts = []
-        self.finished_at = time.monotonic()
-        self._is_done = True  # before the release: a waiter let through reads the audio
-        try:
-            self._latch.release()
-        except RuntimeError:  # finished twice at once (stop() beside a worker that outlived its join)
-            return
+        """Done: with the audio's pieces in order (result() joins them), or with `error`. Once: a
+        second finish (stop() beside a worker that outlived its join) changes nothing."""
+        with self._join_lock:
+            if self._is_done:
+                return
+            self._parts, self._error = parts or [], error
+            self.parts = []
+            self.finished_at = time.monotonic()
+            self._is_done = True  # before the release: a waiter let through reads the audio
+        self._latch.release()
         try:
             self.on_done()
         except Exception:  # a waker must never stop the worker
