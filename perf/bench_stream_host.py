@@ -32,10 +32,11 @@ import numpy as np
 from moss_tts.pipeline.speech_stream import CANCEL_POLL_S, SpeechStream
 from moss_tts.pipeline.stream_ports import NO_CODES, CodesChunk, Ready
 from moss_tts.vocoder.jobs import VocodeJob
+from perf.bench_host_turn import SERVED_SWITCH_INTERVAL_S
+from perf.bench_wave import TEXT as BENCH_TEXT, chunk_ends
 
-BENCH_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest."  # bench_triton's
 LONG_TEXT = ("The quick brown fox jumps over the lazy dog while the weather report says rain. " * 5)[:400]
-SCHEDULE = (2, 4, 8, 16, 25, 25, 25, 7)  # 112 frames at the served chunk schedule
+SCHEDULE = tuple(np.diff([0, *chunk_ends(112)]).tolist())  # 2, 4, 8, 16, 25, 25, 25, 7: the served chunks
 
 
 def _counts_per_s(work, seconds: float) -> tuple[float, float]:
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--out")
     args = p.parse_args(argv)
-    sys.setswitchinterval(5e-5)  # the stub's (gil_switch_interval_ms 0.05)
+    sys.setswitchinterval(SERVED_SWITCH_INTERVAL_S)
     result = {"tokenize": tokenize(args.tokenizer, args.seconds), "vocode_job": vocode_job(args.reps),
               "cancel_checks": cancel_checks(args.step_ms / 1e3)}
     print(json.dumps(result, indent=1))

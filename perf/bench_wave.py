@@ -43,36 +43,28 @@ import torch
 from moss_tts.engine.config import EngineConfig
 from moss_tts.engine.events import CodesChunk, Finished
 from moss_tts.engine.host_turn import HostTurn
-from moss_tts.engine.request import RequestState
+from moss_tts.engine.request import RequestState, chunk_target
 from moss_tts.model.config import MossTTSConfig
 from moss_tts.model.loading import load_tokenizer
 from moss_tts.model.processor import PromptBuilder
 from moss_tts.pipeline.engine_codes import EngineCodes
 from moss_tts.pipeline.engine_streams import EngineStreams
+from moss_tts.pipeline.playback import FRAME_S
 from moss_tts.pipeline.speech_stream import SpeechStream
 from moss_tts.pipeline.synthesis_request import parse_synthesis_request
 from moss_tts.vocoder.worker import VocoderWorker
+from perf.bench_host_turn import SERVED_SWITCH_INTERVAL_S, spin
 
-SERVED_SWITCH_INTERVAL_S = 5e-5  # moss_tts's gil_switch_interval_ms
-SCHEDULE = (2, 4, 8, 16, 25)  # the served chunk sizes, then 25 each
-FRAME_S = 0.08
+SERVED_FIRST_CHUNK_FRAMES, SERVED_CHUNK_FRAMES = 2, 25  # model_repository/moss_tts/config.pbtxt
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest."  # bench_triton's
 
 
-def spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def chunk_ends(frames: int) -> list[int]:
-    """The frame counts at which a request's chunks leave (the served schedule)."""
-    ends, total, k = [], 0, 0
-    while total < frames:
-        total = min(frames, total + SCHEDULE[min(k, len(SCHEDULE) - 1)])
-        ends.append(total)
-        k += 1
-    return ends
+    """The frame counts at which a request's chunks leave, by the engine's rule (request.chunk_target)."""
+    ends = [0]
+    while ends[-1] < frames:
+        ends.append(min(frames, ends[-1] + chunk_target(ends[-1], SERVED_FIRST_CHUNK_FRAMES, SERVED_CHUNK_FRAMES)))
+    return ends[1:]
 
 
 class ModelEngine:

@@ -12,41 +12,21 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from moss_tts.contract.errors import ChildError, ErrorKind
-from moss_tts.engine import Engine, EngineConfig
+from moss_tts.contract.sampling_params import SamplingParams
 from moss_tts.engine.events import CodesChunk, Finished
+from moss_tts.engine.request import EngineRequest
 from moss_tts.pipeline.chunk_forwarder import ChunkForwarder
 from moss_tts.pipeline.engine_codes import EngineCodes
 from moss_tts.pipeline.engine_streams import CodesFeed, EngineStreams
 from moss_tts.pipeline.speech_stream import SpeechStream
 from moss_tts.pipeline.stream_ports import AUDIO_READY, Ready
-from moss_tts.pipeline.synthesis_request import parse_synthesis_request
 from shared_state import SharedList
+from test_engine_codes import streams, synthesis  # noqa: F401 (streams: the fixture, shared)
 
 ENGINE_THREAD = "moss-tts-engine"
-
-
-def synthesis(request_id, **values):
-    values.setdefault("TEXT", "Hello there.")
-    values.setdefault("SEED", 1)
-    arrays = {k: np.array([v.encode() if isinstance(v, str) else v]) for k, v in values.items()}
-    return parse_synthesis_request(lambda name: arrays.get(name), request_id)
-
-
-@pytest.fixture
-def streams(tiny_model):
-    made = []
-
-    def make(**config):
-        s = EngineStreams(lambda on_event: Engine(tiny_model, EngineConfig(max_seq_len=512, **config), on_event))
-        s.start()
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.shutdown(30)
 
 
 class Children:
@@ -309,11 +289,6 @@ def test_the_streams_count_only_what_was_forwarded():
             pass
 
     s = EngineStreams(lambda on_event: Quiet())
-    import torch
-
-    from moss_tts.contract.sampling_params import SamplingParams
-    from moss_tts.engine.request import EngineRequest
-
     rows = torch.zeros((3, 13), dtype=torch.long)
     takes = iter([True, False, True])
     s.submit(EngineRequest("a", rows, SamplingParams()), forward=lambda c: next(takes))
