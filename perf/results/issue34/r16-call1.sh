@@ -3,7 +3,7 @@
 # the GIL's work happens at a 256-stream wave, built and measured on the CPU only:
 # - vocoder_forward_chunks (pipeline/chunk_forwarder.py, served false): the engine's delivery hands a
 #   plain stream's chunks to the in-process vocoder, so its stream thread wakes only to send. In
-#   perf/bench_wave.py's CPU model (final code): first audio p50 158-262 -> 120-125 ms;
+#   perf/bench_wave.py's CPU model (final code, three runs each): first audio p50 147-189 -> 115-153 ms;
 # - host_turn_deliver_us (served 1000): the delivery under a widened GIL switch interval (4-9x shorter
 #   deliveries in the CPU models); hd0 puts it back to 0, the behaviour before.
 # The A/B, one server each (h200_scaling.sh ab_soak: the stream level 256 twice, then a 40 s mixed soak):
