@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..kernels.graph_capture import capture_graph
 from .buckets import Buckets
 from .step import PrefillInputs
 
@@ -79,10 +80,7 @@ class GraphRunner:
     def _capture(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
         fn()  # warm-up: compiles the fused kernels for this shape, sets up cuBLAS workspaces
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            fn()
-        return graph
+        return capture_graph(fn, self._pool)
 
     def can_replay_decode(self, num_slots: int, kv_len: int) -> bool:
         return (num_slots, kv_len) in self._decode

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..codec.streaming import CodecDecodeState
+from ..kernels.graph_capture import capture_graph
 from .step_buffers import StepInputs
 
 log = logging.getLogger(__name__)
@@ -221,9 +222,6 @@ class VocoderGraphs:
         inputs.packing.starts.zero_()
         self._forward(inputs)
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
         # torch.cuda.graph empties the allocator's cache on entry, so the warm-up's activations
         # are not held beside the pool's own.
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-            self._forward(inputs)
-        return graph
+        return capture_graph(lambda: self._forward(inputs), self._pool, self._stream)
