@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -134,12 +135,17 @@ def cancel_checks(step_s: float) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokenizer", type=Path, default=Path("checkpoints/tiny/model/tokenizer.json"))
+    # The tiny checkpoint's (make setup) here; a device call has only what its setup made (round 17's
+    # call 1 ran this beside the setup, before any tokenizer existed there).
+    p.add_argument("--tokenizer", type=Path, default=Path(os.environ.get("MOSS_TTS_MODEL_DIR", "checkpoints/tiny/model"))
+                   / "tokenizer.json", help="tokenizer.json (default: $MOSS_TTS_MODEL_DIR's, else the tiny checkpoint's)")
     p.add_argument("--seconds", type=float, default=1.0, help="per tokenization measurement")
     p.add_argument("--reps", type=int, default=20000, help="VocodeJobs")
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--out")
     args = p.parse_args(argv)
+    if not args.tokenizer.is_file():
+        p.error(f"no tokenizer at {args.tokenizer}: make setup, or pass --tokenizer (a device call: after its setup)")
     sys.setswitchinterval(SERVED_SWITCH_INTERVAL_S)
     result = {"tokenize": tokenize(args.tokenizer, args.seconds), "vocode_job": vocode_job(args.reps),
               "cancel_checks": cancel_checks(args.step_ms / 1e3)}
