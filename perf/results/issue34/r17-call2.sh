@@ -18,7 +18,7 @@ wait
 for k in 2 3; do echo "gpu tests gpu_engine ($k): $(tail -1 "$R/gpu_tests_gpu_engine_$k.txt")"; done
 grep -h "function reset\|StreamCaptureInvalidated" $R/gpu_tests_*.txt | sort | uniq -c | head -3
 C1_REQUESTS=20 REPEAT=2 LEVELS=1,128,256 MODE=stream,offline RESPONSE_TIMEOUT=30 \
-  timeout $(call_left 570) bash perf/h200_scaling.sh layout single 2>&1 | tail -4
+  timeout $(call_left 320) bash perf/h200_scaling.sh layout single 2>&1 | tail -4
 call_mark "levels done"
 for f in $W/results/bench_single_*.json; do python3 -c "import json,sys; [print(sys.argv[1].split('/')[-1], l['mode'], \
 l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p50'), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), \
