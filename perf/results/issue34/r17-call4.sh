@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Round 17, call 2 (carry .device; ~3 min after the start). After kernels/graph_capture.py (every CUDA
-# graph captured with Python's cyclic collector held off: call r15-call3's GPU run failed
+# Round 17, call 4 (carry .device; ~3 min after the start). After kernels/graph_capture.py (every CUDA
+# graph captured with Python's cyclic collector held off: call 2's GPU run (r15-call3.sh) failed
 # test_a_step_makes_few_torch_calls when an earlier test's engine, a dead reference cycle, was
 # collected mid-capture and its graphs reset): the GPU tests, test_gpu_engine three times at once
 # (each in a process of its own), beside the setup; then the served config's levels on this code
 # (stream 1, 128, 256 and offline 1, 128, 256, twice; 20 c=1 requests in a row).
 set -uo pipefail
-source perf/device_call.sh r17c2
+source perf/device_call.sh r17c4
 call_setup &
 SETUP=$!
 for k in 2 3; do
