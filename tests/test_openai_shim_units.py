@@ -414,3 +414,39 @@ def test_client_leaving_mid_stream_closes_the_triton_stream(stream_format):
             next(chunks)
             assert not triton.stream.closed.is_set()
         assert triton.stream.closed.wait(10)
+
+
+def test_the_start_up_freeze_does_not_keep_dead_cycles():
+    """The shim freezes what exists at start-up out of the collector's sight; garbage waiting for
+    a collection then (a dead reference cycle) must be collected first, not frozen for the life of
+    the process (an earlier shim's hung response kept a soxr resampler past the interpreter)."""
+    import gc
+    import weakref
+
+    from client.openai_shim.app import create_app
+
+    class Node:
+        pass
+
+    def dead_cycle():
+        node = Node()
+        node.me = node
+        return weakref.ref(node)
+
+    app = create_app(ShimConfig(metrics_url=""), FakeTriton(FakeStream([])))
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection may free the cycle before the start-up's
+    try:
+        ref = dead_cycle()
+
+        async def start_and_stop():
+            async with app.router.lifespan_context(app):
+                pass
+
+        asyncio.run(start_and_stop())
+        gc.unfreeze()  # what this test froze goes back to the collector's sight
+        assert ref() is None
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()

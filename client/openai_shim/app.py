@@ -82,7 +82,10 @@ def create_app(config: ShimConfig, triton: Optional[TritonSpeech] = None) -> Fas
         app.state.heartbeat_problem = None
         # What exists now (modules, routes, pydantic models: ~80,000 objects) lives as long as the
         # process: out of the collector's sight, a full collection under load takes ~1 ms instead
-        # of 20-90 ms of a stalled event loop (issue 31).
+        # of 20-90 ms of a stalled event loop (issue 31). Collected first: a dead cycle frozen with
+        # them would never be freed (in the tests' process, an earlier shim's hung response and its
+        # soxr resampler outlived the interpreter: nanobind's "leaked instances" at exit).
+        gc.collect()
         gc.freeze()
         warming = asyncio.create_task(warm_up(app.state.triton))
         watcher = asyncio.create_task(watch_heartbeats(app, config)) if config.heartbeat_url else None
