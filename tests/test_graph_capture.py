@@ -1,4 +1,4 @@
-"""kernels/graph_capture.py: no cyclic collection runs while a CUDA graph is being captured (a
+"""kernels/graph_capture.py: no cyclic collection starts while a CUDA graph is being captured (a
 graph freed by one invalidates the capture: round 17's H200 GPU test failure), and the collector
 comes back as it was once the last capture, in any thread, has ended. CPU only: torch's graph
 classes are replaced by stand-ins that record the collector's state at capture."""
@@ -22,7 +22,9 @@ class _Capturing:
         self.graph, self.pool, self.stream = graph, pool, stream
 
     def __enter__(self):
+        # torch.cuda.graph begins the capture here: the collector must already be off.
         self.graph.pool, self.graph.stream = self.pool, self.stream
+        self.graph.collector_on_at_begin = gc.isenabled()
 
     def __exit__(self, *exc):
         return False
@@ -44,6 +46,7 @@ def test_the_collector_is_off_during_a_capture_and_back_after(fake_cuda_graphs):
     assert seen == [False]
     assert gc.isenabled()
     assert (graph.pool, graph.stream) == ("pool", "stream")
+    assert graph.collector_on_at_begin is False
 
 
 def test_a_failed_capture_turns_the_collector_back_on(fake_cuda_graphs):

@@ -10,9 +10,13 @@ force_cudagraph_gc is off by default), so such a cycle can die mid-capture: on t
 2026-12-05) a GPU test's capture failed this way while an earlier test's engine was collected
 ("function reset" warnings, then a cuBLAS failure in the capture).
 
-While any thread captures, the collector is off; the last capture to end turns it back on if it
-was on before the first began. Acyclic garbage is still freed by its refcount at once: only
-cycles wait, for the seconds the captures take.
+While any thread captures, the collector is off (from before the capture begins to after it
+ends): no collection starts then; the last capture to end turns it back on if it was on before
+the first began. Acyclic garbage is still freed by its refcount at once: only cycles wait, for the
+seconds the captures take. Not covered: a collection another thread had already started, whose
+finalizers give up the GIL, or an explicit gc.collect() on another thread; in the stubs both
+gc.collect() calls run on the loading thread, and nothing defines a finalizer (a helper's review,
+round 17).
 """
 
 from __future__ import annotations
