@@ -44,6 +44,7 @@ from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest, Fin
 from moss_tts.engine.slot_state import param_rows
 from moss_tts.kernels import fused
 from moss_tts.kernels.fused import Fusions
+from moss_tts.kernels.graph_capture import capture_graph
 from moss_tts.model.config import MossTTSConfig, real_model_config_dict
 from moss_tts.model.generation import generate
 from moss_tts.model.loading import build_random_model
@@ -436,10 +437,7 @@ def _graph_of(fn, pool) -> torch.cuda.CUDAGraph:
     with torch.inference_mode():
         fn()
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            fn()
-    return graph
+        return capture_graph(fn, pool)
 
 
 def _sync(model) -> None:

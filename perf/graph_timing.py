@@ -8,18 +8,17 @@ from typing import Callable
 
 import torch
 
+from moss_tts.kernels.graph_capture import capture_graph
+
 
 def graph_ms(call: Callable[[int], object], reps: int, iters: int) -> float:
     """Median over `iters` replays of a graph of call(0) .. call(reps - 1), in ms per call. call(0)
     runs once first, on the capture's stream, so compilation and lazy set-up stay outside it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         call(0)
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(reps):
-                call(i)
+        graph = capture_graph(lambda: [call(i) for i in range(reps)], None, stream)
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()  # warm-up
     times = []
