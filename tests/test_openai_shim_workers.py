@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import httpx
 import pytest
@@ -158,9 +159,18 @@ def test_connections_opened_at_once_spread_over_every_worker(triton, tmp_path):
                       workers=4)
     try:
         port = urlsplit(shim.url).port
-        workers = {int(pid) for pid in os.popen(f"ps -o pid= --ppid {shim.process.pid}").read().split()}
-        listeners = listening_pids(port)
-        assert sorted(listeners) == sorted(set(listeners)) and set(listeners) <= workers and len(listeners) == 4
+        # start_shim returns at the first worker's /health, when the last may not have been started
+        # yet (CI: 3 of 4 listening); a socket is handed from the parent to its worker at the worker's
+        # start. So wait for the state that must last: each of 4 workers holds one socket, the parent none.
+        deadline = time.monotonic() + 30
+        while True:
+            workers = {int(pid) for pid in os.popen(f"ps -o pid= --ppid {shim.process.pid}").read().split()}
+            listeners = listening_pids(port)
+            settled = sorted(listeners) == sorted(set(listeners)) and set(listeners) <= workers and len(listeners) == 4
+            if settled or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert settled, (listeners, workers, shim.process.pid)
         connections = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]  # all, then ask
         served_by = Counter()
         for connection in connections:
