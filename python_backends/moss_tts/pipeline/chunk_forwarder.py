@@ -34,7 +34,8 @@ class ChunkForwarder:
         self._take = take  # SpeechStream's hand-over of one chunk's codes to its vocoder sequence
         self._lock = threading.Lock()
         self._is_open = True
-        self.forwarded = 0  # chunks handed over here (the stream's tests and counters read it)
+        # Chunks handed over here: tests read it (the server's counter is EngineStreams.chunks_forwarded).
+        self.forwarded = 0
 
     def __call__(self, chunk) -> bool:
         """The delivering thread: True if `chunk` was handed to the vocoder here, False if the

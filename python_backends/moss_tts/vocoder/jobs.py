@@ -66,10 +66,7 @@ class VocodeJob:
         if self._is_done:
             return True
         if self._latch.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-            try:
-                self._latch.release()  # the next waiter's turn
-            except RuntimeError:  # released twice by a double finish (stop() beside the worker): done anyway
-                pass
+            self._latch.release()  # the next waiter's turn (_finish releases once: a second finish returns early)
             return True
         return self._is_done
 
