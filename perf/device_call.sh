@@ -13,6 +13,8 @@
 #   call_gpu_tests T...  tests/test_T.py -m gpu, each file in a process of its own and all at once
 #                     (a device-side assert poisons every later test of its process: round 14), into
 #                     $R/gpu_tests_T.txt; waits for them and prints each file's last line
+#   call_levels       a line per level of each bench_single_*.json (file, mode, concurrency, audio-s/s,
+#                     first audio p50 / p95, RTF p95, streams with an underrun, failures)
 T0=$SECONDS
 W=/tmp/moss-scale
 R=$W/results/${1:?source perf/device_call.sh NAME}
@@ -38,4 +40,10 @@ call_gpu_tests() {
   done
   wait "${pids[@]}"
   for t in "$@"; do echo "gpu tests $t: $(tail -1 "$R/gpu_tests_$t.txt")"; done
+}
+call_levels() {
+  local f
+  for f in $W/results/bench_single_*.json; do python3 -c "import json,sys; [print(sys.argv[1].split('/')[-1], l['mode'], \
+l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p50'), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), \
+l['streams_with_underruns'], l['failures']) for l in json.load(open(sys.argv[1]))]" $f; done
 }

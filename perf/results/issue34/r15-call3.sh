@@ -14,6 +14,4 @@ wait $SETUP
 C1_REQUESTS=20 REPEAT=2 LEVELS=1,128,256 MODE=stream,offline RESPONSE_TIMEOUT=30 \
   timeout $(call_left 570) bash perf/h200_scaling.sh layout single 2>&1 | tail -4
 call_mark "levels done"
-for f in $W/results/bench_single_*.json; do python3 -c "import json,sys; [print(sys.argv[1].split('/')[-1], l['mode'], \
-l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p50'), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), \
-l['streams_with_underruns'], l['failures']) for l in json.load(open(sys.argv[1]))]" $f; done
+call_levels
