@@ -1,13 +1,18 @@
 """Health of a moss-tts-triton server, for probes and operators.
 
-  python -m client.healthcheck [--url localhost:8001] [--metrics-url URL] [--probe] [--timeout 30]
+  python -m client.healthcheck [--url localhost:8001] [--metrics-url URL] [--live] [--probe] [--timeout 30]
 
 Exit 0 when healthy, 1 otherwise (the reason is printed). Checks, in order:
-1. tritonserver answers and says ready;
+1. tritonserver's gRPC frontend answers and says ready (with --live: says live);
 2. every model instance's heartbeat moves (client/server_health.py): Triton 24.10 keeps saying
    ready when a Python stub has died, so this is what tells a dead or wedged stub;
 3. with --probe, one frame of speech comes back through the public entry (end to end).
-Readiness probe: without --probe (cheap, every few seconds). Liveness probe: with --probe.
+Readiness probe: without --probe (cheap, every few seconds). Liveness probe: --live, failing only
+after a long run of failures (deploy/k8s/triton.yaml): a server whose gRPC frontend stopped
+answering, or whose stub stays wedged, is restarted. An HTTP /v2/health/live probe would not see
+either: the HTTP frontend is not the one that wedged (perf/RESULTS.md, issue 34 round 18: no gRPC
+stream served for 5 minutes while the metrics port answered), and Triton 24.10 says live with a
+dead stub.
 """
 
 from __future__ import annotations
@@ -47,6 +52,16 @@ def probe(url: str, timeout: float) -> str | None:
     return _bounded(work, timeout)
 
 
+def live(url: str, timeout: float) -> str | None:
+    """The gRPC frontend answers ServerLive (an RPC served by the frontend that carries the
+    streams, unlike the HTTP port's /v2/health/live)."""
+    def work():
+        import tritonclient.grpc as grpcclient
+        client = grpcclient.InferenceServerClient(url)
+        return None if client.is_server_live(client_timeout=timeout) else "tritonserver is not live"
+    return _bounded(work, timeout)
+
+
 def ready(url: str, timeout: float) -> str | None:
     def work():
         import tritonclient.grpc as grpcclient
@@ -55,8 +70,8 @@ def ready(url: str, timeout: float) -> str | None:
     return _bounded(work, timeout)
 
 
-def diagnose(url: str, metrics_url: str, with_probe: bool, timeout: float) -> str | None:
-    return (ready(url, timeout) or _bounded(lambda: check(metrics_url), timeout)
+def diagnose(url: str, metrics_url: str, with_probe: bool, timeout: float, liveness: bool = False) -> str | None:
+    return ((live if liveness else ready)(url, timeout) or _bounded(lambda: check(metrics_url), timeout)
             or (probe(url, timeout) if with_probe else None))
 
 
@@ -64,10 +79,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m client.healthcheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="localhost:8001", help="tritonserver gRPC address")
     p.add_argument("--metrics-url", default=None, help="default: http://<host of --url>:8002/metrics")
+    p.add_argument("--live", action="store_true", help="liveness: gRPC ServerLive instead of ServerReady")
     p.add_argument("--probe", action="store_true", help="also synthesize one frame end to end")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per check")
     args = p.parse_args(argv)
-    problem = diagnose(args.url, args.metrics_url or metrics_url_for(args.url), args.probe, args.timeout)
+    problem = diagnose(args.url, args.metrics_url or metrics_url_for(args.url), args.probe, args.timeout, args.live)
     print("healthy" if problem is None else f"unhealthy: {problem}")
     return 0 if problem is None else 1
 

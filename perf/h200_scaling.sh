@@ -216,7 +216,7 @@ gpu_trace() {
 # the load's own numbers stand while they run.
 record_stub() {
   [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl
-  local pid last=0 flags; pid=$(pgrep -f "repo/moss_tts/1/model.py" | head -1)
+  local pid last=0 flags; pid=$(pgrep -f "/moss_tts/1/model\.py" | head -1)
   for spec in ${RECORD//,/ }; do
     IFS=: read -r at dur mode <<< "$spec"
     sleep $((at - last)); last=$((at + dur))
@@ -337,12 +337,41 @@ sample_host() {
   done > "$R/host_series_$1.txt" 2>&1
 }
 
-# Once, when no request has reached moss_tts for 15 s while the soak runs (the 2026-12-02 stall:
-# admissions stopped at once on all 8 client processes): where every soak process and every model's
-# stub stand (py-spy dump, carry .whl; round 10's cold-start stops pointed at ref_encoder, whose stub
-# the dumps did not cover), the gRPC connections to tritonserver, and the kernel wait
-# channel of each tritonserver thread, into stall_NAME.txt. Idle clients waiting on their sockets
-# and established connections point at tritonserver's gRPC frontend; busy or gone clients at them.
+# Once, when no request has reached moss_tts for 15 s while the soak runs (the 2026-12-02 stall,
+# seen again in round 18 on a slow-host machine: admissions stopped at once on all 8 client
+# processes, one stream stayed inside moss_tts with its send or BLS call never returning, the
+# heartbeat stopped 30 s later, and 15 s in no TCP connection to :8001 was established): where
+# every soak process and every model's stub stand, into stall_NAME.txt, twice (at once and 45 s
+# later, to tell a wedge from a pause):
+# - the gRPC connections to tritonserver in every TCP state (and the listening socket's accept
+#   queue), and whether its gRPC and HTTP frontends answer a health call;
+# - the kernel wait channel of each tritonserver thread;
+# - py-spy dumps (carry .whl): moss_tts's whole, with its native frames (where a send waits in the
+#   stub), the others' first 200 lines (round 18's dump cut moss_tts at 80, before its streams);
+# and, after the second snapshot, tritonserver's native thread backtraces (cuda-gdb, the device's
+# only debugger; attaching pauses the server, so only here) into stall_gdb_NAME.txt.gz.
+stall_snapshot() {
+  local p
+  echo "--- TCP connections with :8001 by state (server side sport, client side dport)"
+  ss -tanH '( sport = :8001 or dport = :8001 )' 2>/dev/null | awk '{print $1}' | sort | uniq -c
+  ss -ltnH '( sport = :8001 )' 2>/dev/null | sed 's/^/listening (Recv-Q = accept queue): /'
+  echo "--- gRPC frontend: $(timeout 15 python3 -m client.healthcheck --url 127.0.0.1:8001 --timeout 5 2>&1 | tail -1)"
+  echo "--- HTTP frontend: $(python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=5).status)" 2>&1 | tail -1)"
+  for p in $(pgrep -x tritonserver); do
+    echo "--- tritonserver $p threads (state, wait channel)"
+    for t in /proc/"$p"/task/*; do echo "$(basename "$t") $(awk '{print $3}' "$t/stat") $(cat "$t/wchan" 2>/dev/null)"; done | sort -k2 | uniq -c -f1 | sort -rn | head -20
+  done
+  for p in $(pgrep -f "/moss_tts/1/model\.py"); do
+    echo "--- py-spy dump --native $p: moss_tts"
+    timeout 60 /tmp/pyspy/bin/py-spy dump --native --pid "$p" 2>&1 \
+      || timeout 30 /tmp/pyspy/bin/py-spy dump --pid "$p" 2>&1
+  done
+  for p in $(soak_pids "$1") $(pgrep -f "/(vocoder|ref_encoder)/1/model\.py"); do
+    echo "--- py-spy dump $p: $(tr '\0' ' ' < /proc/"$p"/cmdline 2>/dev/null | grep -o 'repo/[a-z_]*/1' | head -1)"
+    timeout 20 /tmp/pyspy/bin/py-spy dump --pid "$p" 2>&1 | head -200
+  done
+}
+
 watch_stall() {
   local last="" same=0 now p
   while :; do
@@ -353,16 +382,14 @@ watch_stall() {
     [ "$same" -ge 3 ] || continue
     [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl 2>/dev/null
     { echo "=== $(date +%H:%M:%S): no request admitted for 15 s (admitted $now)"
-      echo "--- established connections to :8001: $(ss -tn state established '( sport = :8001 )' 2>/dev/null | tail -n +2 | wc -l)"
-      for p in $(pgrep -x tritonserver); do
-        echo "--- tritonserver $p threads (state, wait channel)"
-        for t in /proc/"$p"/task/*; do echo "$(basename "$t") $(awk '{print $3}' "$t/stat") $(cat "$t/wchan" 2>/dev/null)"; done | sort -k2 | uniq -c -f1 | sort -rn | head -20
-      done
-      for p in $(soak_pids "$1") $(pgrep -f "repo/[a-z_]*/1/model.py"); do
-        echo "--- py-spy dump $p: $(tr '\0' ' ' < /proc/"$p"/cmdline 2>/dev/null | grep -o 'repo/[a-z_]*/1' | head -1)"
-        timeout 20 /tmp/pyspy/bin/py-spy dump --pid "$p" 2>&1 | head -80
-      done
+      stall_snapshot "$1"
+      sleep 45
+      echo "=== $(date +%H:%M:%S): 45 s later (admitted $(python3 -c "import urllib.request; t = urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=2).read().decode(); print(sum(float(l.split()[-1]) for l in t.splitlines() if l.startswith('moss_engine{') and 'requests_admitted' in l))" 2>&1 | tail -1))"
+      stall_snapshot "$1"
     } > "$R/stall_$1.txt" 2>&1
+    for p in $(pgrep -x tritonserver); do
+      timeout 150 cuda-gdb -p "$p" -batch -ex "set pagination off" -ex "thread apply all bt 16" 2>&1 | gzip > "$R/stall_gdb_$1.txt.gz"
+    done
     return
   done
 }

@@ -102,6 +102,11 @@ def readiness_argv() -> list[str]:
                        "client.healthcheck")
 
 
+def liveness_argv() -> list[str]:
+    return module_argv(container("moss-tts-triton", "tritonserver")["livenessProbe"]["exec"]["command"],
+                       "client.healthcheck")
+
+
 def drain_argv() -> list[str]:
     return module_argv(container("moss-tts-triton", "tritonserver")["lifecycle"]["preStop"]["exec"]["command"],
                        "client.drain")
@@ -180,17 +185,24 @@ def test_probes_name_real_paths_modules_and_flags(monkeypatch):
     from client.openai_shim.__main__ import parse_args
 
     tritonserver = container("moss-tts-triton", "tritonserver")
-    assert tritonserver["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     assert tritonserver["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    # The readiness command parses with the healthcheck's own argparse (diagnose is not run here).
+    # The readiness and liveness commands parse with the healthcheck's own argparse (diagnose is
+    # not run here).
     seen = []
     monkeypatch.setattr(client.healthcheck, "diagnose", lambda *args: seen.append(args))  # -> None: healthy
     assert client.healthcheck.main(readiness_argv()) == 0
-    (url, metrics_url, with_probe, timeout), = seen
+    assert client.healthcheck.main(liveness_argv()) == 0
     ports = container_ports("moss-tts-triton", "tritonserver")
-    assert (url, metrics_url) == (f"127.0.0.1:{ports['grpc']}", f"http://127.0.0.1:{ports['metrics']}/metrics")
-    assert not with_probe, "readiness must not synthesize audio every few seconds"
-    assert timeout * 2 < tritonserver["readinessProbe"]["timeoutSeconds"]  # ready() + heartbeat check
+    for (url, metrics_url, with_probe, timeout, liveness), probe, is_liveness in zip(
+            seen, ("readinessProbe", "livenessProbe"), (False, True)):
+        assert (url, metrics_url) == (f"127.0.0.1:{ports['grpc']}", f"http://127.0.0.1:{ports['metrics']}/metrics")
+        assert not with_probe, f"{probe} must not synthesize audio every few seconds"
+        assert liveness is is_liveness, probe
+        assert timeout * 2 < tritonserver[probe]["timeoutSeconds"]  # live()/ready() + heartbeat check
+    # A heartbeat stops after 30-60 s of one stuck unit; liveness restarts only after 60 s more
+    # of failures on end, so no slow step under load restarts a pod.
+    liveness = tritonserver["livenessProbe"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
     drain = client.drain.parse_args(drain_argv())
     assert drain.metrics_url == f"http://127.0.0.1:{ports['metrics']}/metrics"
     shim = parse_args(container("moss-tts-shim", "shim")["args"])
@@ -407,23 +419,42 @@ def localize(arg: str, triton) -> str:
 
 
 @pytest.mark.triton
-def test_liveness_and_startup_paths_answer_on_the_http_port(triton):
-    tritonserver = container("moss-tts-triton", "tritonserver")
-    for probe in ("livenessProbe", "startupProbe"):
-        path = tritonserver[probe]["httpGet"]["path"]
-        assert urllib.request.urlopen(f"http://{triton.http_url}{path}", timeout=5).status == 200, probe
+def test_the_startup_path_answers_on_the_http_port(triton):
+    path = container("moss-tts-triton", "tritonserver")["startupProbe"]["httpGet"]["path"]
+    assert urllib.request.urlopen(f"http://{triton.http_url}{path}", timeout=5).status == 200
 
 
 @pytest.mark.triton
-def test_the_readiness_command_passes_on_the_real_server_in_time(triton):
-    probe = container("moss-tts-triton", "tritonserver")["readinessProbe"]
-    argv = [localize(arg, triton) for arg in readiness_argv()]
+@pytest.mark.parametrize("name", ["readinessProbe", "livenessProbe"])
+def test_the_probe_commands_pass_on_the_real_server_in_time(triton, name):
+    probe = container("moss-tts-triton", "tritonserver")[name]
+    argv = [localize(arg, triton) for arg in (readiness_argv() if name == "readinessProbe" else liveness_argv())]
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "client.healthcheck", *argv], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     took = time.monotonic() - started
     assert run.returncode == 0, run.stdout + run.stderr
-    assert took < probe["timeoutSeconds"], f"readiness took {took:.1f} s, over the probe's timeout"
+    assert took < probe["timeoutSeconds"], f"{name} took {took:.1f} s, over the probe's timeout"
+
+
+def test_liveness_fails_when_the_grpc_frontend_does_not_answer(monkeypatch):
+    """A listening port that never answers gRPC (the wedge's shape: connections taken, nothing
+    served) fails --live's gRPC check within its timeout; --live asks ServerLive, not ServerReady."""
+    import socket
+    import client.healthcheck
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        problem = client.healthcheck.live(url, 2.0)
+        took = time.monotonic() - started
+    assert problem is not None and took < 8.0, (problem, took)
+    asked = []
+    monkeypatch.setattr(client.healthcheck, "live", lambda url, timeout: asked.append("live") or "down")
+    monkeypatch.setattr(client.healthcheck, "ready", lambda url, timeout: asked.append("ready") or "down")
+    assert client.healthcheck.diagnose(url, "unused", False, 2.0, True) == "down" and asked == ["live"]
 
 
 @pytest.mark.triton

@@ -82,6 +82,23 @@ def test_stall_watch_reports_the_oldest_running_unit():
     assert watch.stalled_seconds() == 0.0  # idle is never stalled
 
 
+def test_stall_watch_names_the_oldest_running_unit():
+    """The heartbeat's log says what stalled: the oldest unit's name, not the newest's."""
+    now = [100.0]
+    watch = StallWatch(clock=lambda: now[0])
+    assert watch.oldest() == (0.0, "")
+    with watch.working("a final response send"):
+        now[0] = 104.0
+        with watch.working("a BLS call to ref_encoder"):
+            now[0] = 131.0
+            assert watch.oldest() == (31.0, "a final response send")
+        with watch.working():  # unnamed
+            assert watch.oldest() == (31.0, "a final response send")
+    with watch.working():
+        assert watch.oldest() == (0.0, "work")
+    assert watch.oldest() == (0.0, "")
+
+
 def test_stall_watch_forgets_a_unit_that_raised():
     watch = StallWatch()
     with pytest.raises(KeyError):

@@ -110,8 +110,7 @@ class TritonPythonModel:
         # Session requests that reached another instance of this server come here to be spoken
         # (several instances: sessions/relay.py).
         self.relay_server = RelayServer(socket_path(server_directory(), instance), self.admission.accept_relayed)
-        self.heartbeat = io.Heartbeat(args, lambda: max(self.streams.stalled_seconds(), self.watch.stalled_seconds(),
-                                                        self.worker.stalled_seconds() if self.worker else 0.0))
+        self.heartbeat = io.Heartbeat(args, lambda: self._oldest_work()[0], stalled_what=lambda: self._oldest_work()[1])
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
         self.metrics = metrics.RequestMetrics()
         # Requests in, final flags out: the model's view of what is in flight, beside Triton's.
@@ -216,6 +215,14 @@ class TritonPythonModel:
 
     def _end_sequence(self, sequence_id):
         end_sequence(self.worker, self.key, self.watch, sequence_id, self.pool.is_stopping)
+
+    def _oldest_work(self):
+        """(seconds, name) of the oldest unit of work still running here: an engine step, a vocoder
+        round, or a stream's send or BLS call (the heartbeat stops past its limit and logs the name)."""
+        parts = [(self.streams.stalled_seconds(), "an engine step"), self.watch.oldest()]
+        if self.worker:
+            parts.append((self.worker.stalled_seconds(), "a vocoder round"))
+        return max(parts, key=lambda part: part[0])
 
     def _server_stopping(self):
         log.info("tritonserver is shutting down: %d streams end with UNAVAILABLE, new ones are refused",

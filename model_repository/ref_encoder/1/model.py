@@ -38,10 +38,11 @@ class TritonPythonModel:
         self.counters = metrics.Counters("moss_ref_cache_total", "reference cache events", COUNTERS, label="event")
         self.watch = StallWatch()
         # Encoding a 100 s reference can take a while on a CPU; a minute is not normal anywhere.
-        self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds, stall_limit_s=60.0)
+        self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds, stall_limit_s=60.0,
+                                      stalled_what=lambda: self.watch.oldest()[1])
 
     def execute(self, requests):
-        with self.watch.working():
+        with self.watch.working("an encode (execute)"):
             return self._execute(requests)
 
     def _execute(self, requests):

@@ -50,7 +50,7 @@ class TritonPythonModel:
         self.idle_seconds = idle_us / 1e6
         self.key = internal_key.internal_key()
         self.watch = StallWatch()
-        self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds)
+        self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds, stalled_what=lambda: self.watch.oldest()[1])
         instance = args["model_instance_name"]
         self.slots = metrics.Gauges("moss_vocoder_sessions", "vocoder codec state slots", ("active", "free"),
                                self._slots, label="state", instance=instance)
@@ -75,7 +75,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         start = time.perf_counter()
-        with self.watch.working(), self._lock:
+        with self.watch.working("a decode (execute)"), self._lock:
             responses = self._execute(requests)
             self.batch_sizes.observe(len(requests))
             self.execute_ms += (time.perf_counter() - start) * 1e3

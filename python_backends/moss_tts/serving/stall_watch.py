@@ -18,14 +18,15 @@ class _Unit:
     and no lock, because every response send of every stream runs inside one (~1,000 a second
     at 256 streams, each on the stub's one GIL)."""
 
-    __slots__ = ("_watch", "_token")
+    __slots__ = ("_watch", "_token", "_what")
 
-    def __init__(self, watch: "StallWatch") -> None:
+    def __init__(self, watch: "StallWatch", what: str) -> None:
         self._watch = watch
         self._token = next(watch._ids)
+        self._what = what
 
     def __enter__(self) -> None:
-        self._watch._started[self._token] = self._watch._clock()
+        self._watch._started[self._token] = (self._watch._clock(), self._what)
 
     def __exit__(self, *exc) -> None:
         self._watch._started.pop(self._token, None)
@@ -37,12 +38,18 @@ class StallWatch:
         # Written and read without a lock: next() of a count, a dict's item set and pop, and the
         # list of its values are each one step under CPython's GIL (no Python code runs inside
         # them), so concurrent units never see a half-made entry.
-        self._started: dict[int, float] = {}
+        self._started: dict[int, tuple[float, str]] = {}
         self._ids = itertools.count()
 
-    def working(self) -> _Unit:
-        return _Unit(self)
+    def working(self, what: str = "work") -> _Unit:
+        """A unit of work named `what` (a response send, a BLS call to ...): the name is what the
+        heartbeat's log says stalled, so a wedge found in a long run says where it waits."""
+        return _Unit(self, what)
 
     def stalled_seconds(self) -> float:
+        return self.oldest()[0]
+
+    def oldest(self) -> tuple[float, str]:
+        """(age in seconds, name) of the oldest unit still running; (0.0, "") when idle."""
         oldest = min(list(self._started.values()), default=None)
-        return 0.0 if oldest is None else max(0.0, self._clock() - oldest)
+        return (0.0, "") if oldest is None else (max(0.0, self._clock() - oldest[0]), oldest[1])

@@ -29,9 +29,9 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 
 
-def _call(request, output: str, watch: StallWatch) -> np.ndarray:
-    """One non-decoupled BLS call, watched for stalls: its `output`, or ChildError."""
-    with watch.working():
+def _call(request, output: str, watch: StallWatch, model: str) -> np.ndarray:
+    """One non-decoupled BLS call to `model`, watched for stalls: its `output`, or ChildError."""
+    with watch.working(f"a BLS call to {model}"):
         response = request.exec()
     if response.has_error():
         raise ChildError.from_message(response.error().message())
@@ -43,7 +43,7 @@ def encode_reference(audio: bytes, watch: StallWatch) -> np.ndarray:
     request = pb_utils.InferenceRequest(
         model_name="ref_encoder", inputs=[io.bytes_tensor("REFERENCE_AUDIO", [audio], [1, 1])],
         requested_output_names=["REFERENCE_CODES"])
-    return _call(request, "REFERENCE_CODES", watch).copy()
+    return _call(request, "REFERENCE_CODES", watch, "ref_encoder").copy()
 
 
 def vocode_call(worker, parameters, watch: StallWatch, sequence_id: int, codes, start: bool, end: bool,
@@ -62,7 +62,7 @@ def vocode_call(worker, parameters, watch: StallWatch, sequence_id: int, codes, 
         model_name="vocoder", correlation_id=sequence_id, flags=flags, parameters=parameters,
         inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes, dtype=np.int32)[None])],
         requested_output_names=["AUDIO"])
-    return Ready(_call(request, "AUDIO", watch)[0])
+    return Ready(_call(request, "AUDIO", watch, "vocoder")[0])
 
 
 def end_sequence(worker, key: str, watch: StallWatch, sequence_id: int, is_stopping) -> None:
@@ -131,7 +131,7 @@ class TritonClient:
         self._send(None, FINAL)
 
     def _send(self, response, flags):
-        with self.watch.working():
+        with self.watch.working("a final response send" if flags & FINAL else "a response send"):
             if response is None:
                 self.sender.send(flags=flags)
             else:

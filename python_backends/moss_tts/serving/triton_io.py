@@ -86,9 +86,12 @@ class Heartbeat(MetricHolder):
     INTERVAL_S = 0.5
 
     def __init__(self, args: dict, stalled_seconds: Callable[[], float] = lambda: 0.0,
-                 stall_limit_s: float = 30.0) -> None:
+                 stall_limit_s: float = 30.0, stalled_what: Callable[[], str] = lambda: "work") -> None:
         super().__init__()
         self.stalled_seconds = stalled_seconds
+        # Names the stuck unit in the log (a response send, a BLS call to ..., an engine step):
+        # a wedge seen once in a long soak must say where it waited.
+        self.stalled_what = stalled_what
         self.stall_limit_s = stall_limit_s
         # The family must outlive its metric, so both are kept here.
         self.family = self._family(HEARTBEAT_FAMILY, "moss-tts model liveness: +1 every 0.5 s while not stalled",
@@ -106,9 +109,10 @@ class Heartbeat(MetricHolder):
             stalled = self.stalled_seconds()
             is_stalled = stalled >= self.stall_limit_s
             if is_stalled != self._was_stalled:
-                (log.error if is_stalled else log.warning)(
-                    "work %s (%.0f s); heartbeat %s", "stalled" if is_stalled else "moves again", stalled,
-                    "stopped" if is_stalled else "resumed")
+                if is_stalled:
+                    log.error("work stalled (%.0f s: %s); heartbeat stopped", stalled, self.stalled_what())
+                else:
+                    log.warning("work moves again (%.0f s); heartbeat resumed", stalled)
                 self._was_stalled = is_stalled
             if not is_stalled:
                 self.metric.increment(1)
