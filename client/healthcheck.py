@@ -8,11 +8,11 @@ Exit 0 when healthy, 1 otherwise (the reason is printed). Checks, in order:
    ready when a Python stub has died, so this is what tells a dead or wedged stub;
 3. with --probe, one frame of speech comes back through the public entry (end to end).
 Readiness probe: without --probe (cheap, every few seconds). Liveness probe: --live, failing only
-after a long run of failures (deploy/k8s/triton.yaml): a server whose gRPC frontend stopped
-answering, or whose stub stays wedged, is restarted. An HTTP /v2/health/live probe would not see
-either: the HTTP frontend is not the one that wedged (perf/RESULTS.md, issue 34 round 18: no gRPC
-stream served for 5 minutes while the metrics port answered), and Triton 24.10 says live with a
-dead stub.
+after a long run of failures (deploy/k8s/triton.yaml), so a server is restarted when a stub stays
+dead or wedged (its heartbeat stands still; 2.51's gRPC stream-handler deadlock shows this way, a
+send that never returns, docs/structure.md) or its gRPC frontend does not answer at all. An HTTP
+/v2/health/live probe sees neither: Triton 24.10 says live with a dead stub, and the wedge left
+the HTTP side answering (perf/RESULTS.md, issue 34 round 18).
 """
 
 from __future__ import annotations

@@ -190,14 +190,22 @@ class TritonPythonModel:
                 stream = self._prepare(request, sender)
             except ServingError as exc:  # InvalidRequest, or UNAVAILABLE (max_sessions)
                 self.ledger.classify(sender, "refused")
-                sender.send(io.error_response(str(exc), exc.kind), flags=FINAL)
+                self._refuse(sender, str(exc), exc.kind)
                 self.metrics.count("invalid" if exc.kind is ErrorKind.INVALID_ARGUMENT else "busy")
                 continue
             if not self.admission.start(stream):
                 self.ledger.classify(sender, "refused")
                 self.metrics.count("busy" if not self.pool.is_stopping() else "unavailable")
-                sender.send(io.error_response(self.pool.refusal(), ErrorKind.UNAVAILABLE), flags=FINAL)
+                self._refuse(sender, self.pool.refusal(), ErrorKind.UNAVAILABLE)
         return None
+
+    def _refuse(self, sender, message, kind):
+        # Watched like every stream's send: a send that never returns here (2.51's gRPC stream
+        # handler can deadlock a response callback against a client's cancel, docs/structure.md)
+        # would hold execute(), so no request reached this model again, and without the watch
+        # the heartbeat would keep beating through it.
+        with self.watch.working("a refusal send (execute)"):
+            sender.send(io.error_response(message, kind), flags=FINAL)
 
     def _prepare(self, request, sender):
         """The request's stream (a text session's request, or a SpeechStream): InvalidRequest at once."""
