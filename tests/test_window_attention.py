@@ -152,7 +152,8 @@ def make_packed_case(case, device="cpu", dtype=torch.float32, seed=0):
                 keys[row, :, p % window] = torch.randn(heads, head_dim, generator=gen)
                 values[row, :, p % window] = torch.randn(heads, head_dim, generator=gen)
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
-    positions = [offset + j for offset, n in zip(offsets, lengths) for j in range(n)] + [0] * pad
+    # padding at positions other than 0 (an identity rotation), so a kernel that rotated one shows
+    positions = [offset + j for offset, n in zip(offsets, lengths) for j in range(n)] + list(range(1, pad + 1))
     rope = rope_on(rope_table(torch.tensor([positions]), head_dim, 10000.0), device)
     ring = Ring(keys.to(device, dtype), values.to(device, dtype), torch.tensor(rows, device=device),
                 torch.tensor(offsets, device=device), torch.tensor(starts, device=device),
