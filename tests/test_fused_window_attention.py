@@ -12,17 +12,21 @@ the ring before the attention (the order the barriers keep) does.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+from moss_tts.codec import load_codec, tiny_codec_config_dict, write_codec_checkpoint
 from moss_tts.kernels import fused_window_attention as fwa
 from moss_tts.kernels.fused_window_attention import MAX_FUSED_QUERY_BLOCKS, RING_KERNELS, runs_fused
 from moss_tts.kernels.window_attention import AttentionConfig, Ring, rope_table, window_attention
 from test_window_attention import (BF16_TOLERANCE, GARBAGE, GPU_CASES, GPU_PACKED_CASES, INTERPRETER_CASES,
                                    OTHER_CONFIGS, PACKED_CASES, TOLERANCE, attend, case_errors, make_case,
                                    make_packed_case, packed_case_errors, repeated_row_errors)
+from test_codec import SPF, ring_kernel_audio
 from triton_interpreter import interpreter_json
 
 INTERPRETER_TIMEOUT_S = 300
@@ -100,7 +104,20 @@ def interpreter_main() -> None:
     qkv, rope, _ = make_case(*INTERPRETER_CASES["offline_t_above_window"])
     results["offline"] = same_bits(fwa.fused_window_attention(qkv.clone(), rope, 2, 8),
                                    window_attention(qkv.clone(), rope, 2, 8))
+    results["codec"] = codec_audio_equal()
     print(json.dumps(results))
+
+
+def codec_audio_equal() -> bool:
+    """The tiny codec (six stages, windows 4..64, head_dim 16) served with each ring kernel:
+    batched and packed streaming steps give the same audio bit for bit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_codec_checkpoint(Path(tmp), tiny_codec_config_dict(), seed=0)
+        split, fused = (load_codec(ckpt).serving_form_(ring_kernel=kernel) for kernel in RING_KERNELS)
+    torch.manual_seed(1)
+    codes = split.encode(0.3 * torch.randn(2, 2, 50 * SPF), n_quantizers=12)[0]
+    audio = [ring_kernel_audio(codec, codes) for codec in (split, fused)]
+    return same_bits(*audio) and bool(torch.isfinite(audio[0]).all())
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +172,10 @@ def test_interpreter_fused_repeated_rows_touch_only_their_ring_row(interpreter_r
 
 def test_interpreter_offline_runs_window_attention(interpreter_results):
     assert interpreter_results["offline"]
+
+
+def test_interpreter_codec_streams_alike_with_either_ring_kernel(interpreter_results):
+    assert interpreter_results["codec"]
 
 
 def test_runs_fused_up_to_max_query_blocks():
