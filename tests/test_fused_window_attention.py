@@ -114,6 +114,7 @@ def codec_audio_equal() -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_codec_checkpoint(Path(tmp), tiny_codec_config_dict(), seed=0)
         split, fused = (load_codec(ckpt).serving_form_(ring_kernel=kernel) for kernel in RING_KERNELS)
+    assert {m.ring_kernel for m in fused.modules() if hasattr(m, "ring_kernel")} == {"fused"}  # the interpreter runs it
     torch.manual_seed(1)
     codes = split.encode(0.3 * torch.randn(2, 2, 50 * SPF), n_quantizers=12)[0]
     audio = [ring_kernel_audio(codec, codes) for codec in (split, fused)]

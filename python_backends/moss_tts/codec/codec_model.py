@@ -79,20 +79,21 @@ class MossAudioCodec(nn.Module):
           TransformerLayer.fuse_), so call this once the codec is on its device. Where those
           kernels cannot run (CPU) the layers stay as loaded; the fusion that runs is logged;
         - every attention layer runs its streaming steps with `ring_kernel` (codec.transformer
-          RING_KERNELS: the split kernels or the fused one; Attention.use_ring_kernel_).
+          RING_KERNELS: the split kernels or the fused one; Attention.use_ring_kernel_); where
+          no Triton kernel runs (CPU) the torch reference runs either way; logged as well.
         Rounding differs from the loaded form, and the quantizer's on-disk names (original0/1)
         are gone from state_dict. Idempotent; returns self."""
         if ring_kernel not in RING_KERNELS:  # before any layer changes
             raise ValueError(f"ring_kernel must be one of {RING_KERNELS}, got {ring_kernel!r}")
-        running = set()
+        running, ring_running = set(), set()
         for module in self.modules():
             if isinstance(module, TransformerLayer):
                 module.fold_layer_scale_()
                 running.add(module.fuse_(fusion))
-                module.self_attn.use_ring_kernel_(ring_kernel)
+                ring_running.add(module.self_attn.use_ring_kernel_(ring_kernel))
         self.quantizer.freeze_weight_norm_()
-        log.info("codec serving form: fusion %s asked, %s runs; ring kernel %s", fusion,
-                 ", ".join(sorted(running)) or "none", ring_kernel)
+        log.info("codec serving form: fusion %s asked, %s runs; ring kernel %s asked, %s runs", fusion,
+                 ", ".join(sorted(running)) or "none", ring_kernel, ", ".join(sorted(ring_running)) or "none")
         return self
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:

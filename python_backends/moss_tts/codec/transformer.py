@@ -37,7 +37,7 @@ from torch import nn
 
 from ..kernels import fused_linear, layer_norm
 from ..kernels.fused_window_attention import RING_KERNELS, fused_window_attention
-from ..kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, window_attention
+from ..kernels.window_attention import Ring, Rope, can_run_triton, rope_frequencies, rope_table, window_attention
 from .config import TransformerStage
 from .streaming import Packing
 
@@ -65,13 +65,15 @@ class Attention(nn.Module):
         self.ring_kernel = DEFAULT_RING_KERNEL  # use_ring_kernel_: how a streaming step runs (RING_KERNELS)
 
     def use_ring_kernel_(self, ring_kernel: str) -> str:
-        """Serving form: run streaming steps with `ring_kernel` (RING_KERNELS; offline steps and
-        CPUs run what they ran). Set before the codec's graphs are captured: they keep the
-        kernels they captured. Returns it."""
+        """Serving form: run streaming steps with `ring_kernel` (RING_KERNELS; offline steps run
+        what they ran). Where the Triton kernels cannot run (CPU) nothing changes: the torch
+        reference runs either way. Set before the codec's graphs are captured: they keep the
+        kernels they captured. Returns the ring kernel that runs."""
         if ring_kernel not in RING_KERNELS:
             raise ValueError(f"ring_kernel must be one of {RING_KERNELS}, got {ring_kernel!r}")
-        self.ring_kernel = ring_kernel
-        return ring_kernel
+        if can_run_triton(self.in_proj.weight):
+            self.ring_kernel = ring_kernel
+        return self.ring_kernel
 
     def attend(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
         """Everything before out_proj: [B, T, d] -> [B, T, d]."""

@@ -119,10 +119,16 @@ def window_attention(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int,
     return reference_window_attention(qkv, rope, num_heads, window, ring, scale)
 
 
+def can_run_triton(tensor: torch.Tensor) -> bool:
+    """True when Triton kernels can run on tensor's device: triton importable, and CUDA (or
+    TRITON_INTERPRET=1, for CPU tests)."""
+    return triton is not None and (INTERPRET or tensor.is_cuda)
+
+
 def is_supported(qkv: torch.Tensor, num_heads: int, ring: Ring | None = None) -> bool:
-    """True when the Triton kernels can run here: triton importable, tensors on CUDA (or
-    TRITON_INTERPRET=1, for CPU tests), head_dim a power of two >= 16 (tl.dot), dense rows."""
-    if triton is None or not (INTERPRET or qkv.is_cuda):
+    """True when the Triton kernels can run here (can_run_triton), head_dim a power of two >= 16
+    (tl.dot), dense rows."""
+    if not can_run_triton(qkv):
         return False
     head_dim = qkv.shape[-1] // (3 * num_heads)
     dense = qkv.stride(-1) == 1 and (ring is None or ring.keys.stride(-1) == ring.values.stride(-1) == 1)
