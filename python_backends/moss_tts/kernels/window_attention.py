@@ -39,7 +39,8 @@ from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 # Over 300 lines (a kernel file): its three Triton kernels, their launcher and the torch reference
 # that CPUs run and tests compare against share one layout (Rope, Ring, packed rows); apart, each
-# file would have to restate it.
+# file would have to restate it. Their jit helpers (_rotated, _ring_of, _query_block, _write_ring)
+# are fused_window_attention.py's too, so the one-kernel path computes exactly what these do.
 
 BLOCK_N = 64  # keys per inner-loop tile
 ROPE_BLOCK_T = 32  # tokens per RoPE / ring-write program
