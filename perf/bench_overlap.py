@@ -163,7 +163,8 @@ def gpu_work(args) -> tuple[Work, list[Work], Callable[[str], tuple[Lane, Lane]]
 
     engine = Work("engine", args.batch, lambda: runner.graphs.replay_decode(args.batch, window),
                   reset_engine, args.reset_every)
-    codec, device = build_codec(argparse.Namespace(device="cuda", tiny=False, fusion=args.fusion))
+    codec, device = build_codec(argparse.Namespace(device="cuda", tiny=False, fusion=args.fusion,
+                                                   ring_kernel=args.ring_kernel))
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.rounds.split(",")]
     steps = Steps(codec, device, max(r for r, _ in shapes), max(f for _, f in shapes))
     steps.capture()
@@ -218,6 +219,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--prompt-rows", type=int, default=150)
     ap.add_argument("--rounds", default="12x10,48x10,128x5", help="vocoder rounds, ROWSxFRAMES, comma-separated")
     ap.add_argument("--fusion", default=None, help="the codec's fusion (default: the served one)")
+    ap.add_argument("--ring-kernel", default=None,
+                    help="the codec's ring kernel, split or fused (default: the served one)")
     ap.add_argument("--seconds", type=float, default=4.0, help="per mode")
     ap.add_argument("--reset-every", type=int, default=100, help="engine steps between KV resets (untimed)")
     ap.add_argument("--out", type=Path, default=None)
@@ -225,6 +228,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.fusion is None:
         from moss_tts.vocoder.config import DEFAULT_FUSION
         args.fusion = DEFAULT_FUSION
+    if args.ring_kernel is None:
+        from moss_tts.vocoder.config import DEFAULT_RING_KERNEL
+        args.ring_kernel = DEFAULT_RING_KERNEL
     engine, rounds, lanes = gpu_work(args)
     result = {"args": vars(args) | {"out": str(args.out)}, **compare(engine, rounds, lanes, args.seconds)}
     print(table(result), flush=True)

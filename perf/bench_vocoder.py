@@ -26,6 +26,10 @@ device-to-host copy included, into pinned memory). Sections, each also in the JS
   fidelity     (--fidelity ROWSxFRAMES) the served form's offline decode against the fp32
                reference: the same seeded weights, loaded form, computed in fp32. Max |diff| /
                peak and SNR in dB (worst row): what bf16 and the --fusion cost the audio
+  attention_sweep  (--attention-sweep, CUDA) window attention alone per decoder stage shape and
+               tile config; streaming shapes time both ring kernels (split, fused) in one process
+Every section runs the codec's serving form with --fusion and --ring-kernel (both in the JSON's
+meta). A/B of the ring kernels: the same command with --ring-kernel split and fused.
 Exit status 1 when a section failed or graphed != padded.
 """
 
@@ -46,7 +50,9 @@ import torch
 
 from moss_tts.codec import CodecConfig, build_codec, build_real_size_codec, init_random_
 from moss_tts.codec.config import tiny_codec_config_dict
-from moss_tts.codec.transformer import DEFAULT_FUSION
+from moss_tts.codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, RING_KERNELS
+from moss_tts.kernels import fused_window_attention as fwa
+from moss_tts.kernels import window_attention as wa
 from moss_tts.vocoder.graphs import VocoderGraphs
 from moss_tts.vocoder.step_buffers import to_host
 from perf.graph_timing import graph_ms
@@ -67,7 +73,7 @@ def build(args) -> tuple[torch.nn.Module, torch.device]:
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
     # The form the vocoder serves (and what the offline section times): codec.serving_form_().
-    return loaded_codec(args, device).serving_form_(args.fusion), device
+    return loaded_codec(args, device).serving_form_(args.fusion, args.ring_kernel), device
 
 
 def loaded_codec(args, device: torch.device) -> torch.nn.Module:
@@ -100,7 +106,7 @@ def fidelity(codec, args, device: torch.device, shape: tuple[int, int]) -> dict:
     error = got - expected
     snr = [10 * math.log10(expected[i].square().sum().item() / max(error[i].square().sum().item(), 1e-30))
            for i in range(rows)]
-    return {"rows": rows, "frames": frames, "fusion": args.fusion,
+    return {"rows": rows, "frames": frames, "fusion": args.fusion, "ring_kernel": args.ring_kernel,
             "max_rel_diff": max(rel_diff_per_row(got, expected)), "snr_db_min": min(snr),
             "snr_db_mean": statistics.fmean(snr)}
 
@@ -223,39 +229,86 @@ def _graph_ms(call, reps: int = 10, iters: int = 10) -> float:
 def attention_sweep(device: torch.device, rows: int = 256, offline_rows: int = 32) -> list[dict]:
     """window_attention (RoPE + attention + ring write) per stage shape, per tile config: ms per
     call from graph replays, on random data with a ring of rows + 1 slots; the per-layer sum
-    over the real decoder at 10 frames a row is in `step_ms`."""
-    from moss_tts.kernels import window_attention as wa
-
+    over the real decoder at 10 frames a row is in `step_ms`. Streaming shapes time both ring
+    kernels (RING_KERNELS) in this one process: `ms` the split kernels, `fused_ms` the fused one
+    at every config where it runs (no split fallback), and `packed_round` both at the default
+    tiles on a packed round of `rows` rows of 1..10 frames (the graphs' served layout)."""
     out = []
     layers = (32, 12, 12, 12, 12, 12)
     shapes = [(h, w, t, rows, True, n) for (h, w, t), n in zip(STAGES, layers)] + [(12, 400, 3200, offline_rows, False, 12)]
     for heads, window, t, n, streaming, num_layers in shapes:
-        qkv = torch.randn(n, t, 3 * heads * 64, device=device, dtype=torch.bfloat16)
-        offsets = torch.randint(0, 10 * window, (n,), device=device)
-        rope = wa.rope_table((offsets if streaming else torch.zeros(1, device=device, dtype=torch.long))[:, None]
-                             + torch.arange(t, device=device), 64, 1e4)
-        ring = (wa.Ring(*(torch.randn(n + 1, heads, window, 64, device=device, dtype=torch.bfloat16) for _ in range(2)),
-                        torch.randperm(n, device=device), offsets) if streaming else None)
-        row = {"heads": heads, "window": window, "tokens": t, "rows": n, "streaming": streaming, "ms": {}}
-        for c in SWEEP:
-            config = wa.AttentionConfig(*c)
-            if config.block_m > max(16, 2 * t):
-                continue
-            name = "x".join(map(str, c))
-            try:
-                row["ms"][name] = _graph_ms(lambda: wa._triton_window_attention(qkv, rope, heads, window, ring, None,
-                                                                                 config))
-            except Exception as exc:  # a config that does not compile (shared memory) is skipped
-                row["ms"][name] = f"failed: {type(exc).__name__}"
-        timed = {k: v for k, v in row["ms"].items() if isinstance(v, float)}
-        d = wa.attention_config(t)
-        row["default"] = "x".join(map(str, (d.block_m, d.block_n, d.num_warps, d.num_stages)))
-        row["best"] = min(timed, key=timed.get)
-        row["step_ms"] = {"best": timed[row["best"]] * num_layers, "default": timed.get(row["default"], 0) * num_layers}
+        row = _sweep_shape(device, heads, window, t, n, streaming, num_layers)
+        if streaming:
+            row["packed_round"] = _packed_round(device, heads, window, t // 10, n, num_layers)
         out.append(row)
+        timed = {k: v for k, v in row["ms"].items() if isinstance(v, float)}
+        fused = row.get("fused_ms", {}).get(row["default"])
         print(f"attention sweep heads {heads} window {window} tokens {t} rows {n}: best {row['best']} "
-              f"{timed[row['best']]:.4f} ms, default {row['default']} {timed.get(row['default'], float('nan')):.4f} ms; "
-              + ", ".join(f"{k} {v:.4f}" for k, v in sorted(timed.items(), key=lambda kv: kv[1])[:8]), flush=True)
+              f"{timed[row['best']]:.4f} ms, default {row['default']} {timed.get(row['default'], float('nan')):.4f} ms"
+              + (f" (fused {fused:.4f} ms)" if isinstance(fused, float) else "") + "; "
+              + ", ".join(f"{k} {v:.4f}" for k, v in sorted(timed.items(), key=lambda kv: kv[1])[:8])
+              + (f"; packed round split {row['packed_round']['split_ms']:.4f} ms, fused "
+                 f"{row['packed_round']['fused_ms']:.4f} ms" if streaming else ""), flush=True)
+    return out
+
+
+def _sweep_shape(device: torch.device, heads: int, window: int, t: int, n: int, streaming: bool,
+                 num_layers: int) -> dict:
+    """One attention_sweep shape: every SWEEP config, split (and fused where it runs)."""
+    qkv = torch.randn(n, t, 3 * heads * 64, device=device, dtype=torch.bfloat16)
+    offsets = torch.randint(0, 10 * window, (n,), device=device)
+    rope = wa.rope_table((offsets if streaming else torch.zeros(1, device=device, dtype=torch.long))[:, None]
+                         + torch.arange(t, device=device), 64, 1e4)
+    ring = (wa.Ring(*(torch.randn(n + 1, heads, window, 64, device=device, dtype=torch.bfloat16) for _ in range(2)),
+                    torch.randperm(n, device=device), offsets) if streaming else None)
+    row = {"heads": heads, "window": window, "tokens": t, "rows": n, "streaming": streaming, "ms": {}}
+    if streaming:
+        row["fused_ms"] = {}
+    for c in SWEEP:
+        config = wa.AttentionConfig(*c)
+        if config.block_m > max(16, 2 * t):
+            continue
+        name = "x".join(map(str, c))
+        kernels = {"ms": wa._triton_window_attention}
+        if streaming and fwa.runs_fused(t, config):
+            kernels["fused_ms"] = fwa.fused_window_attention
+        for key, kernel in kernels.items():
+            try:
+                row[key][name] = _graph_ms(lambda: kernel(qkv, rope, heads, window, ring, None, config))
+            except Exception as exc:  # a config that does not compile (shared memory) is skipped
+                row[key][name] = f"failed: {type(exc).__name__}"
+    timed = {k: v for k, v in row["ms"].items() if isinstance(v, float)}
+    d = wa.attention_config(t)
+    row["default"] = "x".join(map(str, (d.block_m, d.block_n, d.num_warps, d.num_stages)))
+    row["best"] = min(timed, key=timed.get)
+    row["step_ms"] = {"best": timed[row["best"]] * num_layers, "default": timed.get(row["default"], 0) * num_layers}
+    fused = row.get("fused_ms", {}).get(row["default"])
+    if isinstance(fused, float):
+        row["step_ms"]["fused_default"] = fused * num_layers
+    return row
+
+
+def _packed_round(device: torch.device, heads: int, window: int, scale: int, rows: int, num_layers: int,
+                  max_frames: int = 10, seed: int = 0) -> dict:
+    """Both ring kernels at the default tiles on one packed round: `rows` rows of 1..max_frames
+    frames (`scale` tokens each, seeded) at random stream positions: ms per call and per step
+    (x num_layers)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_frames + 1, (rows,), generator=gen) * scale
+    offsets = torch.randint(0, 10 * window // scale, (rows,), generator=gen) * scale
+    starts = torch.cumsum(lengths, 0) - lengths
+    positions = torch.cat([torch.arange(o, o + n) for o, n in zip(offsets.tolist(), lengths.tolist())])
+    rope = wa.rope_table(positions[None].to(device), 64, 1e4)
+    qkv = torch.randn(1, positions.numel(), 3 * heads * 64, device=device, dtype=torch.bfloat16)
+    ring = wa.Ring(*(torch.randn(rows + 1, heads, window, 64, device=device, dtype=torch.bfloat16) for _ in range(2)),
+                   torch.randperm(rows, generator=gen).to(device), offsets.to(device), starts.to(device),
+                   lengths.to(device), max_frames * scale)
+    out = {"rows": rows, "tokens": positions.numel(), "max_len": ring.max_len,
+           "fused_runs": fwa.runs_fused(ring.max_len)}
+    for kernel in RING_KERNELS:
+        attend = fwa.fused_window_attention if kernel == "fused" else wa.window_attention
+        out[f"{kernel}_ms"] = _graph_ms(lambda: attend(qkv, rope, heads, window, ring))
+        out[f"{kernel}_step_ms"] = out[f"{kernel}_ms"] * num_layers
     return out
 
 
@@ -374,7 +427,9 @@ def profile_round(steps: Steps, rows: int, codebook_size: int, seed: int = 11) -
 
 
 def table(results: dict) -> str:
-    lines = [f"vocoder on {results['meta']['device_name']} ({results['meta']['codec']})"]
+    meta = results["meta"]
+    lines = [f"vocoder on {meta['device_name']} ({meta['codec']}, fusion {meta['fusion']}, ring kernel "
+             f"{meta['ring_kernel']})"]
     if results.get("capture"):
         c = results["capture"]
         lines.append(f"capture: {c['graphs']} graphs in {c['seconds']:.1f} s, pool {c['pool_gib']:.2f} GiB "
@@ -403,12 +458,24 @@ def table(results: dict) -> str:
         f = results["fidelity"]
         lines.append(f"fidelity {f['rows']} x {f['frames']} ({f['fusion']}) vs the fp32 reference: max |diff| / peak "
                      f"{f['max_rel_diff']:.3g}, SNR {f['snr_db_min']:.1f} dB worst row ({f['snr_db_mean']:.1f} mean)")
+    for r in results.get("attention_sweep", []):
+        if r["streaming"]:
+            p = r["packed_round"]
+            split, fused = (_ms_text(r[key].get(r["default"])) for key in ("ms", "fused_ms"))
+            lines.append(f"attention {r['heads']} heads, window {r['window']}, {r['tokens']} tokens x {r['rows']} rows "
+                         f"at {r['default']}: split {split}, fused {fused}; packed round of {p['rows']} rows: split "
+                         f"{p['split_ms']:.4f} ms, fused {p['fused_ms']:.4f} ms (fused runs: {p['fused_runs']})")
     for e in results.get("equivalence", []):
         lines.append(f"equivalence {e['rows']} x {e['frames']}: graphed == padded {e['graphed_equals_padded']}, "
                      f"graphed == eager {e['graphed_equals_eager']} (max diff {e['max_abs_diff_vs_eager']:.3g})")
     for name, err in results.get("errors", {}).items():
         lines.append(f"ERROR in {name}: {err.splitlines()[-1]}")
     return "\n".join(lines)
+
+
+def _ms_text(ms) -> str:
+    """A sweep's time (a float, or a config's failure text, or None where it did not run)."""
+    return f"{ms:.4f} ms" if isinstance(ms, float) else str(ms)
 
 
 def parse_args(argv):
@@ -429,6 +496,10 @@ def parse_args(argv):
                     "shape under several tile configs (CUDA only)")
     ap.add_argument("--fusion", default=DEFAULT_FUSION,
                     help="codec.serving_form_'s fusion (codec.transformer.FUSIONS; default: the one served)")
+    ap.add_argument("--ring-kernel", choices=RING_KERNELS, default=DEFAULT_RING_KERNEL,
+                    help="codec.serving_form_'s ring_kernel for every section: how streaming attention runs its "
+                         "RoPE, attention and ring write (split: three kernels, fused: one; default: the one "
+                         "served). The attention sweep times both either way")
     ap.add_argument("--fidelity", default="", help="ROWSxFRAMES: also decode that many random codes offline and "
                     "compare the audio with the fp32 reference of the same weights")
     ap.add_argument("--splitk", choices=("on", "off"), default="on",
@@ -458,6 +529,9 @@ def main(argv=None) -> int:
                         "moss_tts": sys.modules["moss_tts"].__file__,
                         "fusion": args.fusion, "splitk": args.splitk,
                         "fusion_running": sorted({m.fusion for m in codec.modules() if hasattr(m, "fusion")}),
+                        "ring_kernel": args.ring_kernel,
+                        "ring_kernel_running": sorted({m.ring_kernel for m in codec.modules()
+                                                       if hasattr(m, "ring_kernel")}),
                         "codec": "tiny fp32" if args.tiny else
                         "real-size bf16", "codec_build_s": time.perf_counter() - start,
                         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},

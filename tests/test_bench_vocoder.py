@@ -27,3 +27,14 @@ def test_a_tiny_cpu_run_reports_every_section(tmp_path):
     fidelity = results["fidelity"]
     assert (fidelity["rows"], fidelity["frames"]) == (2, 6) and fidelity["max_rel_diff"] < 1e-5
     assert fidelity["snr_db_min"] > 80 and results["meta"]["fusion_running"] == ["none"]
+    # The served ring kernel, and on the CPU the torch reference runs whichever is asked
+    assert (results["meta"]["ring_kernel"], results["meta"]["ring_kernel_running"]) == ("split", ["split"])
+
+
+def test_the_ring_kernel_flag_reaches_the_codec(tmp_path):
+    out = tmp_path / "vocoder.json"
+    code = main(["--device", "cpu", "--tiny", "--shapes", "1x2", "--skip", "capture,streaming,rounds,offline",
+                 "--iters", "1", "--warmup", "0", "--ring-kernel", "fused", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert code == 0 and results["errors"] == {}
+    assert (results["meta"]["ring_kernel"], results["meta"]["ring_kernel_running"]) == ("fused", ["split"])

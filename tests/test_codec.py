@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from moss_tts.codec import (CodecConfig, CodecConfigError, MossAudioCodec, build_real_size_codec, load_codec,
                             real_codec_config_dict, tiny_codec_config_dict, write_codec_checkpoint)
 from moss_tts.codec.patch import Patch, deinterleave, interleave
-from moss_tts.codec.transformer import FUSIONS, LT_GELU_FUSIONS
+from moss_tts.codec.transformer import DEFAULT_FUSION, FUSIONS, LT_GELU_FUSIONS, RING_KERNELS
 from moss_tts.kernels.window_attention import apply_rope, local_causal_attention
 from moss_tts.model.checkpoint import CheckpointError
 
@@ -332,14 +332,13 @@ def test_serving_form_computes_the_same_function(ckpt, codes50):
     assert_close_to_peak(streamed, expected, rel=1e-5)
 
 
-def _packing(lengths: list[int], max_frames: int, pad_frames: int = 0):
+def _packing(lengths: list[int], max_frames: int, pad_frames: int = 0, device: str = "cpu"):
     """Packing of rows with `lengths` frames, back to back, then `pad_frames` frames no row owns."""
     from moss_tts.codec.streaming import Packing
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     frame_rows = [i for i, n in enumerate(lengths) for _ in range(n)] + [0] * pad_frames
     frame_steps = [s for n in lengths for s in range(n)] + [0] * pad_frames
-    return Packing(torch.tensor(starts), torch.tensor(lengths), torch.tensor(frame_rows), torch.tensor(frame_steps),
-                   max_frames)
+    return Packing(*(torch.tensor(x, device=device) for x in (starts, lengths, frame_rows, frame_steps)), max_frames)
 
 
 @pytest.mark.parametrize("schedule", [
@@ -388,6 +387,42 @@ def test_fusion_is_checked_and_changes_nothing_where_its_kernel_cannot_run(ckpt,
         load_codec(ckpt).serving_form_(fusion="all")
     served = load_codec(ckpt).serving_form_(fusion)  # CPU: the kernels cannot run, the layers stay as they are
     assert {m.fusion for m in served.modules() if hasattr(m, "fusion")} == {"none"}
+
+
+def ring_kernel_audio(codec, codes50, device: str = "cpu") -> torch.Tensor:
+    """Two streams through batched steps (2, 10, 1 and 7 frames), then a packed step of both
+    plus a padding row and 3 padding frames (the graphs' step), then one more batched step:
+    every step's audio, concatenated."""
+    codes, state, out = codes50.to(device), codec.new_decode_state(3, device), []
+    rows = torch.tensor([2, 0], device=device)
+    start = 0
+    for size in (2, 10, 1, 7):
+        out.append(codec.decode_step(codes[:, start:start + size], state, rows).flatten())
+        start += size
+    packed = torch.cat([codes[0, start:start + 4], codes[1, start:start + 9], torch.zeros_like(codes[0, :3])])
+    audio = codec.decode_step_packed(packed, state, torch.tensor([2, 1, 0], device=device),
+                                     _packing([4, 0, 9], 10, 3, device))
+    out.append(audio[:, :13 * SPF].flatten())  # the padding frames' audio is whatever memory held
+    out.append(codec.decode_step(codes[:, 30:40], state, rows).flatten())  # rows at 24 and 29 frames
+    return torch.cat(out)
+
+
+def test_ring_kernel_is_checked_and_changes_nothing_where_no_kernel_runs(ckpt, codes50):
+    with pytest.raises(ValueError, match="ring_kernel must be one of"):
+        load_codec(ckpt).serving_form_(ring_kernel="both")
+    split, fused = (load_codec(ckpt).serving_form_(ring_kernel=kernel) for kernel in RING_KERNELS)
+    # CPU: the torch reference runs either way, so the layers keep the default
+    assert {m.ring_kernel for m in fused.modules() if hasattr(m, "ring_kernel")} == {"split"}
+    assert torch.equal(ring_kernel_audio(split, codes50), ring_kernel_audio(fused, codes50))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_ring_kernel_streams_bit_for_bit_like_the_split_kernels_on_a_gpu(ckpt, codes50, dtype):
+    split, fused = (load_codec(ckpt, "cuda", dtype).serving_form_(DEFAULT_FUSION, kernel) for kernel in RING_KERNELS)
+    assert {m.ring_kernel for m in fused.modules() if hasattr(m, "ring_kernel")} == {"fused"}
+    expected = ring_kernel_audio(split, codes50, "cuda")
+    assert torch.isfinite(expected).all() and torch.equal(ring_kernel_audio(fused, codes50, "cuda"), expected)
 
 
 @pytest.mark.gpu

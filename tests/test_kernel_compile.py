@@ -16,6 +16,7 @@ import pytest
 
 from moss_tts.kernels import block_copy as bc
 from moss_tts.kernels import fused_linear as fl
+from moss_tts.kernels import fused_window_attention as fwa
 from moss_tts.kernels import gated_silu as gs
 from moss_tts.kernels import layer_norm as ln
 from moss_tts.kernels import prefill_attention as pa
@@ -71,6 +72,27 @@ def test_attention_kernel_compiles_for_the_h200(layout, tokens, dtype):
                  "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
     assert compile_for_h200(wa._attention_kernel, attention_signature(dtype), constants, config.num_warps,
                             config.num_stages).asm["cubin"]
+
+
+def fused_ring_signature(dtype: str) -> dict:
+    tensor, index, table = f"*{dtype}", "*i64", "*fp32"
+    return {"qkv_ptr": tensor, "cos_ptr": table, "sin_ptr": table, "k_ring_ptr": tensor, "v_ring_ptr": tensor,
+            "rows_ptr": index, "offsets_ptr": index, "starts_ptr": index, "lengths_ptr": index, "out_ptr": tensor,
+            **{name: "i32" for name in ("T_max", "H", "W", "stride_n", "stride_t", "stride_rn", "stride_rt", "stride_rs",
+                                        "stride_rh", "stride_rw", "stride_on", "stride_ot")}, "qk_scale": "fp32"}
+
+
+@pytest.mark.parametrize("layout, tokens, dtype", [case for case in ATTENTION_CASES if case[0] != "offline"])
+def test_fused_ring_kernel_compiles_for_the_h200(layout, tokens, dtype):
+    """The fused streaming kernel at attention_config's tiles, with its two barriers (the RoPE's
+    stores before the attention's loads, the attention's loads before the ring write): the
+    split attention kernel's TTIR has none, so these are the kernel's own."""
+    config = wa.attention_config(tokens)
+    constants = {"PACKED": layout == "packed", "HEAD_DIM": 64, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+                 "BLOCK_T": wa.ROPE_BLOCK_T}
+    kernel = compile_for_h200(fwa._fused_ring_kernel, fused_ring_signature(dtype), constants, config.num_warps,
+                              config.num_stages)
+    assert kernel.asm["cubin"] and kernel.asm["ttir"].count("gpu.barrier") == 2
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -15,7 +15,7 @@ import torch
 
 from moss_tts.codec import load_codec
 from moss_tts.contract.errors import ChildError, ErrorKind
-from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement, codec_fusion
+from moss_tts.vocoder.config import VocoderConfig, VocoderPlacement, codec_fusion, codec_ring_kernel
 from moss_tts.vocoder.sessions import VocoderSessions
 from moss_tts.vocoder.worker import VocoderWorker
 from shared_state import SharedList
@@ -258,6 +258,10 @@ def test_placement_parameters():
     assert VocoderPlacement.from_parameters({"vocoder_stream": "engine"}).vocoder_stream == "engine"
     with pytest.raises(ValueError, match="vocoder_stream must be one of own, engine"):
         VocoderPlacement.from_parameters({"vocoder_stream": "shared"})
+    assert VocoderPlacement.from_parameters({}).vocoder_ring_kernel == "split"  # served until fused is measured
+    assert VocoderPlacement.from_parameters({"vocoder_ring_kernel": "fused"}).vocoder_ring_kernel == "fused"
+    with pytest.raises(ValueError, match="vocoder_ring_kernel must be one of split, fused"):
+        VocoderPlacement.from_parameters({"vocoder_ring_kernel": "one"})
     for bad in ({"vocoder": "gpu"}, {"vocoder_slots": "-1"}, {"vocoder_step_rows": "x"}, {"vocoder_fusion": "all"}):
         with pytest.raises(ValueError):
             VocoderPlacement.from_parameters(bad)
@@ -269,6 +273,14 @@ def test_the_vocoder_models_fusion_parameter():
     assert codec_fusion({"fusion": "none"}) == "none"
     with pytest.raises(ValueError, match="vocoder parameter fusion must be one of"):
         codec_fusion({"fusion": "fast"})
+
+
+def test_the_vocoder_models_ring_kernel_parameter():
+    """Like fusion: the in-process vocoder's default unless told, checked at load."""
+    assert codec_ring_kernel({}) == VocoderPlacement.from_parameters({}).vocoder_ring_kernel == "split"
+    assert codec_ring_kernel({"ring_kernel": "fused"}) == "fused"
+    with pytest.raises(ValueError, match="vocoder parameter ring_kernel must be one of split, fused"):
+        codec_ring_kernel({"ring_kernel": "both"})
 
 
 @pytest.mark.gpu

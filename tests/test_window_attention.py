@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from moss_tts.kernels import window_attention as wa
+from moss_tts.kernels.fused_window_attention import fused_window_attention
 from moss_tts.kernels.window_attention import (AttentionConfig, Ring, reference_window_attention, rope_table,
                                                window_attention)
 from triton_interpreter import interpreter_json
@@ -71,7 +72,18 @@ def clone_ring(ring):
     return Ring(ring.keys.clone(), ring.values.clone(), ring.rows, ring.offsets)
 
 
-def case_errors(case, device="cpu", dtype=torch.float32, seed=0, config: AttentionConfig | None = None) -> dict[str, float]:
+def attend(qkv, rope, heads, window, ring, config: AttentionConfig | None = None, ring_kernel: str = "split"):
+    """The kernels under test: window_attention (or, with `config`, the Triton path at other tiles
+    than attention_config picks), or with ring_kernel "fused" fused_window_attention."""
+    if ring_kernel == "fused":
+        return fused_window_attention(qkv, rope, heads, window, ring, None, config)
+    if config is None:
+        return window_attention(qkv, rope, heads, window, ring)
+    return wa._triton_window_attention(qkv, rope, heads, window, ring, None, config)
+
+
+def case_errors(case, device="cpu", dtype=torch.float32, seed=0, config: AttentionConfig | None = None,
+                ring_kernel: str = "split") -> dict[str, float]:
     """Max abs error of the kernels' output and of every ring slot after the step, against the
     reference computed in fp32 from the same (rounded) inputs."""
     heads, head_dim, window, t, offsets, num_slots, rows = case
@@ -80,10 +92,7 @@ def case_errors(case, device="cpu", dtype=torch.float32, seed=0, config: Attenti
     ref_ring = None if ring is None else Ring(ring.keys.float().clone(), ring.values.float().clone(), ring.rows,
                                               ring.offsets)
     expected = reference_window_attention(qkv.float(), rope, heads, window, ref_ring)
-    if config is None:
-        got = window_attention(qkv.clone(), rope, heads, window, ring)
-    else:  # the Triton path with other tiles than attention_config picks
-        got = wa._triton_window_attention(qkv.clone(), rope, heads, window, ring, None, config)
+    got = attend(qkv.clone(), rope, heads, window, ring, config, ring_kernel)
     assert got.shape == (qkv.shape[0], t, heads * head_dim) and got.dtype == dtype
     errors = {"out": (got.float() - expected).abs().max().item()}
     if ring is not None:
@@ -99,17 +108,14 @@ OTHER_CONFIGS = {"m16_n64": AttentionConfig(16, 64, 4, 2), "m32_n16": AttentionC
                  "m16_n16": AttentionConfig(16, 16, 4, 2)}
 
 
-def repeated_row_errors(config: AttentionConfig | None = None) -> dict[str, float]:
+def repeated_row_errors(config: AttentionConfig | None = None, ring_kernel: str = "split") -> dict[str, float]:
     """Two step rows on one ring row (CUDA-graph padding on the scratch row) beside a real row:
     the real row's output and ring are exact and no other ring row changes."""
     heads, window = 2, 24
     qkv, rope, ring = make_case(heads, 16, window, 6, [30, 2**31 + 3, 2**31 + 3], 4, [0, 2, 2])
     ref_ring = clone_ring(ring)
     expected = reference_window_attention(qkv, rope, heads, window, ref_ring)
-    if config is None:
-        got = window_attention(qkv.clone(), rope, heads, window, ring)
-    else:
-        got = wa._triton_window_attention(qkv.clone(), rope, heads, window, ring, None, config)
+    got = attend(qkv.clone(), rope, heads, window, ring, config, ring_kernel)
     others = [1, 3]  # never decoded: still all GARBAGE
     return {"out": (got[0] - expected[0]).abs().max().item(),
             "keys": (ring.keys[0] - ref_ring.keys[0]).abs().max().item(),
@@ -130,15 +136,14 @@ PACKED_CASES = {
 }
 
 
-def packed_case_errors(case, device="cpu", dtype=torch.float32, seed=0,
-                       config: AttentionConfig | None = None) -> dict[str, float]:
-    """Max abs error of a packed step against the batched reference run row by row (its own
-    oracle): every row's outputs and every ring slot. The padding tokens' outputs are reported for
-    the reference (which zeroes them); the kernel leaves them unwritten (any value)."""
+def make_packed_case(case, device="cpu", dtype=torch.float32, seed=0):
+    """qkv [1, N + pad, 3*H*Dh] of the rows' tokens back to back, then `pad` padding tokens of
+    NaN (a kernel that read one would spread it into a row's outputs), the Rope table of every
+    token's own position, and a packed Ring whose slots a row may read are random (GARBAGE
+    elsewhere)."""
     heads, head_dim, window, lengths, offsets, num_slots, rows, pad, max_len = case
     gen = torch.Generator().manual_seed(seed)
     width = 3 * heads * head_dim
-    # Padding tokens' q/k/v are NaN: a kernel that read one would spread it into a row's outputs.
     qkvs = [torch.randn(1, n, width, generator=gen) for n in lengths] + [torch.full((1, pad, width), float("nan"))]
     keys, values = (torch.full((num_slots, heads, window, head_dim), GARBAGE) for _ in range(2))
     for row, offset, n in zip(rows, offsets, lengths):
@@ -146,25 +151,34 @@ def packed_case_errors(case, device="cpu", dtype=torch.float32, seed=0,
             for p in range(offset - min(offset, window), offset):
                 keys[row, :, p % window] = torch.randn(heads, head_dim, generator=gen)
                 values[row, :, p % window] = torch.randn(heads, head_dim, generator=gen)
-    packed = torch.cat(qkvs, dim=1).to(device, dtype)
-    qkvs = [q.to(dtype).float() for q in qkvs]  # the oracle sees the same rounded inputs
-    ref = Ring(keys.to(dtype).float().clone(), values.to(dtype).float().clone(), None, None)
-    expected = []
-    for row, offset, n, qkv in zip(rows, offsets, lengths, qkvs):
-        if n:
-            rope = rope_table(torch.tensor([[offset + j for j in range(n)]]), head_dim, 10000.0)
-            ring = Ring(ref.keys, ref.values, torch.tensor([row]), torch.tensor([offset]))
-            expected.append(reference_window_attention(qkv, rope, heads, window, ring)[0])
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
-    positions = [offset + j for offset, n in zip(offsets, lengths) for j in range(n)] + [0] * pad
+    # padding at positions other than 0 (an identity rotation), so a kernel that rotated one shows
+    positions = [offset + j for offset, n in zip(offsets, lengths) for j in range(n)] + list(range(1, pad + 1))
     rope = rope_on(rope_table(torch.tensor([positions]), head_dim, 10000.0), device)
     ring = Ring(keys.to(device, dtype), values.to(device, dtype), torch.tensor(rows, device=device),
                 torch.tensor(offsets, device=device), torch.tensor(starts, device=device),
                 torch.tensor(lengths, device=device), max_len)
-    if config is None:
-        got = window_attention(packed.clone(), rope, heads, window, ring)
-    else:
-        got = wa._triton_window_attention(packed.clone(), rope, heads, window, ring, None, config)
+    return torch.cat(qkvs, dim=1).to(device, dtype), rope, ring
+
+
+def packed_case_errors(case, device="cpu", dtype=torch.float32, seed=0, config: AttentionConfig | None = None,
+                       ring_kernel: str = "split") -> dict[str, float]:
+    """Max abs error of a packed step against the batched reference run row by row (its own
+    oracle): every row's outputs and every ring slot. The padding tokens' outputs are reported for
+    the reference (which zeroes them); the kernel leaves them unwritten (any value)."""
+    heads, head_dim, window, lengths, offsets, num_slots, rows, pad, max_len = case
+    packed, rope, ring = make_packed_case(case, device, dtype, seed)
+    # the oracle sees the same rounded inputs
+    ref = Ring(ring.keys.float().cpu().clone(), ring.values.float().cpu().clone(), None, None)
+    starts = ring.starts.tolist()
+    expected = []
+    for row, offset, n, start in zip(rows, offsets, lengths, starts):
+        if n:
+            row_rope = rope_table(torch.tensor([[offset + j for j in range(n)]]), head_dim, 10000.0)
+            row_ring = Ring(ref.keys, ref.values, torch.tensor([row]), torch.tensor([offset]))
+            qkv = packed[:, start:start + n].float().cpu()
+            expected.append(reference_window_attention(qkv, row_rope, heads, window, row_ring)[0])
+    got = attend(packed.clone(), rope, heads, window, ring, config, ring_kernel)
     got = got[0].float().cpu()
     total = sum(lengths)
     assert got.shape == (total + pad, heads * head_dim)

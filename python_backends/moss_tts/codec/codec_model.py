@@ -18,7 +18,7 @@ from .config import CodecConfig, PatchStage, TransformerStage
 from .patch import Patch, deinterleave, interleave
 from .quantizer import ResidualLFQ
 from .streaming import CodecDecodeState, Packing
-from .transformer import ProjectedTransformer, TransformerLayer
+from .transformer import DEFAULT_RING_KERNEL, RING_KERNELS, ProjectedTransformer, TransformerLayer
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class MossAudioCodec(nn.Module):
     def codebook_size(self) -> int:
         return self.config.quantizer.codebook_size
 
-    def serving_form_(self, fusion: str = "none") -> "MossAudioCodec":
+    def serving_form_(self, fusion: str = "none", ring_kernel: str = DEFAULT_RING_KERNEL) -> "MossAudioCodec":
         """The form the vocoder serves: the same function in fewer passes and kernels per step.
         - every transformer layer folds its LayerScale into the weights that end its residual
           branches (TransformerLayer.fold_layer_scale_), so the adds run inside the GEMMs;
@@ -77,16 +77,23 @@ class MossAudioCodec(nn.Module):
         - on a GPU, every layer's LayerNorms and GELU run as `fusion` says (codec.transformer
           FUSIONS: the one-pass norm kernel, cuBLASLt's GELU epilogue, or the Triton GEMMs;
           TransformerLayer.fuse_), so call this once the codec is on its device. Where those
-          kernels cannot run (CPU) the layers stay as loaded; the fusion that runs is logged.
+          kernels cannot run (CPU) the layers stay as loaded; the fusion that runs is logged;
+        - every attention layer runs its streaming steps with `ring_kernel` (codec.transformer
+          RING_KERNELS: the split kernels or the fused one; Attention.use_ring_kernel_); where
+          no Triton kernel runs (CPU) the torch reference runs either way; logged as well.
         Rounding differs from the loaded form, and the quantizer's on-disk names (original0/1)
         are gone from state_dict. Idempotent; returns self."""
-        running = set()
+        if ring_kernel not in RING_KERNELS:  # before any layer changes
+            raise ValueError(f"ring_kernel must be one of {RING_KERNELS}, got {ring_kernel!r}")
+        running, ring_running = set(), set()
         for module in self.modules():
             if isinstance(module, TransformerLayer):
                 module.fold_layer_scale_()
                 running.add(module.fuse_(fusion))
+                ring_running.add(module.self_attn.use_ring_kernel_(ring_kernel))
         self.quantizer.freeze_weight_norm_()
-        log.info("codec serving form: fusion %s asked, %s runs", fusion, ", ".join(sorted(running)) or "none")
+        log.info("codec serving form: fusion %s asked, %s runs; ring kernel %s asked, %s runs", fusion,
+                 ", ".join(sorted(running)) or "none", ring_kernel, ", ".join(sorted(ring_running)) or "none")
         return self
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:

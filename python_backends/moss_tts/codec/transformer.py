@@ -25,6 +25,9 @@ On a GPU the serving form may run the norms and the GELU otherwise (`fuse_`, FUS
 - "gelu", "norm_gelu": kernels/fused_linear.py's Triton GEMM with the GELU in its epilogue and
   (norm_gelu) each LayerNorm in the GEMM after it. Exact GELU, but on the H200 that GEMM is
   still slower than cuBLAS plus torch's passes (perf/RESULTS.md, issue 34).
+A streaming layer's RoPE, attention and ring write run as `ring_kernel` says (RING_KERNELS,
+Attention.use_ring_kernel_): "split", window_attention's three kernels, or "fused", one kernel
+(kernels/fused_window_attention.py): ~184 graph nodes fewer per codec step. Same results, bit for bit.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import torch
 from torch import nn
 
 from ..kernels import fused_linear, layer_norm
-from ..kernels.window_attention import Ring, Rope, rope_frequencies, rope_table, window_attention
+from ..kernels.fused_window_attention import RING_KERNELS, fused_window_attention
+from ..kernels.window_attention import Ring, Rope, can_run_triton, rope_frequencies, rope_table, window_attention
 from .config import TransformerStage
 from .streaming import Packing
 
@@ -46,6 +50,10 @@ LT_GELU_FUSIONS = ("lt_gelu", "ln_lt_gelu")  # cuBLASLt's GELU epilogue
 # What the vocoder serves unless told otherwise (moss_tts's vocoder_fusion, the vocoder model's
 # fusion): on the H200 the fastest (perf/RESULTS.md, issue 34).
 DEFAULT_FUSION = "ln_lt_gelu"
+# How streaming attention layers run unless told otherwise (moss_tts's vocoder_ring_kernel, the
+# vocoder model's ring_kernel): the split kernels, served and measured, until "fused" is measured
+# against them on the H200 (perf/bench_vocoder.py --ring-kernel, its attention_sweep).
+DEFAULT_RING_KERNEL = "split"
 
 
 class Attention(nn.Module):
@@ -54,6 +62,18 @@ class Attention(nn.Module):
         self.num_heads, self.context = num_heads, context  # RoPE: the stage's table (ProjectedTransformer)
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.ring_kernel = DEFAULT_RING_KERNEL  # use_ring_kernel_: how a streaming step runs (RING_KERNELS)
+
+    def use_ring_kernel_(self, ring_kernel: str) -> str:
+        """Serving form: run streaming steps with `ring_kernel` (RING_KERNELS; offline steps run
+        what they ran). Where the Triton kernels cannot run (CPU) nothing changes: the torch
+        reference runs either way. Set before the codec's graphs are captured: they keep the
+        kernels they captured. Returns the ring kernel that runs."""
+        if ring_kernel not in RING_KERNELS:
+            raise ValueError(f"ring_kernel must be one of {RING_KERNELS}, got {ring_kernel!r}")
+        if can_run_triton(self.in_proj.weight):
+            self.ring_kernel = ring_kernel
+        return self.ring_kernel
 
     def attend(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
         """Everything before out_proj: [B, T, d] -> [B, T, d]."""
@@ -61,6 +81,8 @@ class Attention(nn.Module):
 
     def attend_qkv(self, qkv: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
         """attend() from in_proj's output qkv [B, T, 3d] (computed by the caller)."""
+        if self.ring_kernel == "fused":  # offline (ring None) it runs window_attention
+            return fused_window_attention(qkv, rope, self.num_heads, self.context, ring)
         return window_attention(qkv, rope, self.num_heads, self.context, ring)
 
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:

@@ -39,7 +39,8 @@ from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 # Over 300 lines (a kernel file): its three Triton kernels, their launcher and the torch reference
 # that CPUs run and tests compare against share one layout (Rope, Ring, packed rows); apart, each
-# file would have to restate it.
+# file would have to restate it. Their jit helpers (_rotated, _ring_of, _query_block, _write_ring)
+# are fused_window_attention.py's too, so the one-kernel path computes exactly what these do.
 
 BLOCK_N = 64  # keys per inner-loop tile
 ROPE_BLOCK_T = 32  # tokens per RoPE / ring-write program
@@ -119,10 +120,16 @@ def window_attention(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int,
     return reference_window_attention(qkv, rope, num_heads, window, ring, scale)
 
 
+def can_run_triton(tensor: torch.Tensor) -> bool:
+    """True when Triton kernels can run on tensor's device: triton importable, and CUDA (or
+    TRITON_INTERPRET=1, for CPU tests)."""
+    return triton is not None and (INTERPRET or tensor.is_cuda)
+
+
 def is_supported(qkv: torch.Tensor, num_heads: int, ring: Ring | None = None) -> bool:
-    """True when the Triton kernels can run here: triton importable, tensors on CUDA (or
-    TRITON_INTERPRET=1, for CPU tests), head_dim a power of two >= 16 (tl.dot), dense rows."""
-    if triton is None or not (INTERPRET or qkv.is_cuda):
+    """True when the Triton kernels can run here (can_run_triton), head_dim a power of two >= 16
+    (tl.dot), dense rows."""
+    if not can_run_triton(qkv):
         return False
     head_dim = qkv.shape[-1] // (3 * num_heads)
     dense = qkv.stride(-1) == 1 and (ring is None or ring.keys.stride(-1) == ring.values.stride(-1) == 1)
@@ -311,7 +318,7 @@ def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, stride_n, stride_t, stride_rn, st
     place (heads 0..H-1 of a token are q, H..2H-1 are k: a group is contiguous). One
     [BLOCK_T, HEADS, HEAD_DIM] load and store, so a program has all its heads' loads in flight
     instead of one head's at a time: a packed 256-row round's RoPE took 2.04 ms against 2.79 for
-    the per-head kernel on one H200 (issue 34, seventh round). Pairs are split apart in registers."""
+    the per-head kernel on one H200 (issue 34, seventh round)."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     n = tl.program_id(1).to(tl.int64)
     first_head = tl.program_id(2) * HEADS
@@ -325,10 +332,18 @@ def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, T, stride_n, stride_t, stride_rn, st
     sin = tl.load(sin_ptr + table, mask=valid, other=0.0)
     tile = (qkv_ptr + n * stride_n + tok64[:, None, None] * stride_t
             + (first_head + offs_h)[None, :, None] * HEAD_DIM + offs_d[None, None, :])
-    x = tl.load(tile, mask=valid, other=0.0).to(tl.float32)
-    real, imag = tl.split(tl.reshape(x, [BLOCK_T, HEADS, HEAD_DIM // 2, 2]))
+    x = tl.load(tile, mask=valid, other=0.0)
+    tl.store(tile, _rotated(x, cos, sin, BLOCK_T, HEADS, HEAD_DIM).to(qkv_ptr.dtype.element_ty), mask=valid)
+
+
+@jit
+def _rotated(x, cos, sin, BLOCK_T: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """x [BLOCK_T, HEADS, HEAD_DIM] rotated in fp32 by cos/sin [BLOCK_T, 1, HEAD_DIM/2]: the one
+    RoPE arithmetic of the split and the fused kernels (fused_window_attention.py), so both round
+    alike. Pairs are split apart in registers."""
+    real, imag = tl.split(tl.reshape(x.to(tl.float32), [BLOCK_T, HEADS, HEAD_DIM // 2, 2]))
     out = tl.join(real * cos - imag * sin, real * sin + imag * cos)
-    tl.store(tile, tl.reshape(out, [BLOCK_T, HEADS, HEAD_DIM]).to(qkv_ptr.dtype.element_ty), mask=valid)
+    return tl.reshape(out, [BLOCK_T, HEADS, HEAD_DIM])
 
 
 @jit
@@ -348,9 +363,6 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, st
     n = tl.program_id(1) // H
     h = tl.program_id(1) % H
     n64 = n.to(tl.int64)
-    offs_m = first_q + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     if PACKED:
         start = tl.load(starts_ptr + n).to(tl.int64)
         T = tl.load(lengths_ptr + n).to(tl.int32)
@@ -360,23 +372,41 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, st
         T = T_max
         token = qkv_ptr + n64 * stride_n
         out_row = out_ptr + n64 * stride_on
+    if HAS_RING:
+        first_slot, history, ring_k, ring_v = _ring_of(k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, n, h, W,
+                                                       stride_rs, stride_rh)
+    else:
+        first_slot, history, ring_k, ring_v = 0, 0, token, token  # no ring: never read
+    _query_block(token, out_row, first_q, T, h, H, W, stride_t, stride_ot, ring_k, ring_v, first_slot, history,
+                 stride_rw, qk_scale, HAS_RING, HEAD_DIM, BLOCK_M, BLOCK_N)
+
+
+@jit
+def _ring_of(k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, n, h, W, stride_rs, stride_rh):
+    """Row n's ring at head h: the slot of the chunk's first token, how many earlier positions
+    exist (at most W) and the head's key and value rings. The stream position itself is int64
+    (it grows for as long as a stream lives); the kernels need only those two, both small."""
+    offset = tl.load(offsets_ptr + n).to(tl.int64)
+    slot_row = tl.load(rows_ptr + n).to(tl.int64)
+    ring = slot_row * stride_rs + h * stride_rh
+    return ((offset % W).to(tl.int32), tl.minimum(offset, W).to(tl.int32), k_ring_ptr + ring, v_ring_ptr + ring)
+
+
+@jit
+def _query_block(token, out_row, first_q, T, h, H, W, stride_t, stride_ot, ring_k, ring_v, first_slot, history,
+                 stride_rw, qk_scale, HAS_RING: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Queries first_q .. first_q + BLOCK_M - 1 of one (row, head) whose tokens start at `token`
+    (qkv, q/k already rotated): their outputs into out_row. The one attention of the split and
+    the fused kernels (fused_window_attention.py): the same tiles in the same order, bit for bit."""
+    offs_m = first_q + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
     # token x stride in int64: it passes 2**31 past ~0.9 M tokens in one row (39 min of audio)
     q = tl.load(token + offs_m.to(tl.int64)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :],
                 mask=(offs_m < T)[:, None], other=0.0)
     k_base = token + (H + h) * HEAD_DIM
     v_base = token + (2 * H + h) * HEAD_DIM
-    if HAS_RING:
-        # The stream position itself is int64 (it grows for as long as a stream lives); the
-        # kernel needs only the ring slot of the chunk's first token and how many earlier
-        # positions exist (at most W), both small.
-        offset = tl.load(offsets_ptr + n).to(tl.int64)
-        first_slot = (offset % W).to(tl.int32)
-        history = tl.minimum(offset, W).to(tl.int32)
-        slot_row = tl.load(rows_ptr + n).to(tl.int64)
-        ring_k = k_ring_ptr + slot_row * stride_rs + h * stride_rh
-        ring_v = v_ring_ptr + slot_row * stride_rs + h * stride_rh
-    else:
-        first_slot, history, ring_k, ring_v = 0, 0, k_base, v_base  # no ring: never read
     # Keys lo .. hi-1: the oldest any query of the block sees (never before the stream's start)
     # to the newest query. A block past its row's last token (packed rows shorter than T_max)
     # has no tiles and stores nothing.
@@ -407,7 +437,7 @@ def _attention_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, st
     # every real query sees at least itself, so row_sum > 0; padding queries are not stored
     out = acc / tl.maximum(row_sum, 1e-30)[:, None]
     tl.store(out_row + offs_m.to(tl.int64)[:, None] * stride_ot + h * HEAD_DIM + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
+             out.to(out_row.dtype.element_ty), mask=(offs_m < T)[:, None])
 
 
 @jit
@@ -464,13 +494,21 @@ def _ring_write_kernel(qkv_ptr, k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, s
         kept = kept_max
         row_base = qkv_ptr + n.to(tl.int64) * stride_n
     j = T - kept + tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    first_slot, _, ring_k, ring_v = _ring_of(k_ring_ptr, v_ring_ptr, rows_ptr, offsets_ptr, n, h, W, stride_rs,
+                                             stride_rh)
+    _write_ring(row_base, ring_k, ring_v, j, T, first_slot, H, h, W, stride_t, stride_rw, HEAD_DIM)
+
+
+@jit
+def _write_ring(row_base, ring_k, ring_v, j, T, first_slot, H, h, W, stride_t, stride_rw, HEAD_DIM: tl.constexpr):
+    """Keys (rotated) and values of the row's tokens j (a block, those < T kept) of head h into
+    their ring slots: position offset + j lives in slot (first_slot + j) % W."""
     offs_d = tl.arange(0, HEAD_DIM)
     valid = (j < T)[:, None]
     token = row_base + j.to(tl.int64)[:, None] * stride_t + offs_d[None, :]
     k = tl.load(token + (H + h) * HEAD_DIM, mask=valid, other=0.0)
     v = tl.load(token + (2 * H + h) * HEAD_DIM, mask=valid, other=0.0)
-    first_slot = (tl.load(offsets_ptr + n).to(tl.int64) % W).to(tl.int32)  # the position is int64
     slot = (first_slot + j) % W  # j >= 0
-    ring = tl.load(rows_ptr + n).to(tl.int64) * stride_rs + h * stride_rh + slot[:, None] * stride_rw + offs_d[None, :]
-    tl.store(k_ring_ptr + ring, k.to(k_ring_ptr.dtype.element_ty), mask=valid)
-    tl.store(v_ring_ptr + ring, v.to(v_ring_ptr.dtype.element_ty), mask=valid)
+    ring = slot[:, None] * stride_rw + offs_d[None, :]
+    tl.store(ring_k + ring, k.to(ring_k.dtype.element_ty), mask=valid)
+    tl.store(ring_v + ring, v.to(ring_v.dtype.element_ty), mask=valid)

@@ -9,7 +9,7 @@ from typing import Mapping
 
 import torch
 
-from ..codec.transformer import DEFAULT_FUSION, FUSIONS
+from ..codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, FUSIONS, RING_KERNELS
 from ..contract.parameters import config_fields
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -82,6 +82,18 @@ def _checked_fusion(parameter: str, fusion: str) -> str:
     return fusion
 
 
+def codec_ring_kernel(parameters: Mapping[str, str]) -> str:
+    """The vocoder model's `ring_kernel` parameter (codec.transformer.RING_KERNELS; absent: the
+    default moss_tts's in-process vocoder serves too), checked."""
+    return _checked_ring_kernel("vocoder parameter ring_kernel", parameters.get("ring_kernel") or DEFAULT_RING_KERNEL)
+
+
+def _checked_ring_kernel(parameter: str, ring_kernel: str) -> str:
+    if ring_kernel not in RING_KERNELS:
+        raise ValueError(f"{parameter} must be one of {', '.join(RING_KERNELS)}, got {ring_kernel!r}")
+    return ring_kernel
+
+
 @dataclass(frozen=True)
 class VocoderPlacement:
     """Where `moss_tts` decodes its audio (its pbtxt parameters of these names)."""
@@ -107,6 +119,9 @@ class VocoderPlacement:
     # "none" torch's kernels; "ln" the one-pass norm kernel; "lt_gelu" the GELU (tanh) in
     # cuBLASLt's epilogue; "ln_lt_gelu" both; "gelu", "norm_gelu" the Triton GEMM's fusions.
     vocoder_fusion: str = DEFAULT_FUSION
+    # in_process: how the codec's streaming attention runs its RoPE, attention and ring write
+    # (codec.transformer.RING_KERNELS): "split" three kernels a layer, "fused" one.
+    vocoder_ring_kernel: str = DEFAULT_RING_KERNEL
     # in_process on a GPU: "own" = the vocoder's rounds on a CUDA stream of their own, beside the
     # engine's steps (concurrent); "engine" = on the engine's stream, between its steps (serial):
     # small rounds' ~1,100 kernels then never interleave with a step's (issue 34, round 11). Two
@@ -118,6 +133,7 @@ class VocoderPlacement:
 
     def __post_init__(self):
         _checked_fusion("parameter vocoder_fusion", self.vocoder_fusion)
+        _checked_ring_kernel("parameter vocoder_ring_kernel", self.vocoder_ring_kernel)
         if self.vocoder_stream not in VOCODER_STREAMS:
             raise ValueError(f"parameter vocoder_stream must be one of {', '.join(VOCODER_STREAMS)}, "
                              f"got {self.vocoder_stream!r}")
@@ -136,8 +152,8 @@ class VocoderPlacement:
 
     @classmethod
     def from_parameters(cls, parameters) -> "VocoderPlacement":
-        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device", "vocoder_fusion", "vocoder_stream")
-                   if k in parameters}
+        strings = {k: parameters[k] for k in ("vocoder", "vocoder_device", "vocoder_fusion", "vocoder_ring_kernel",
+                                              "vocoder_stream") if k in parameters}
         return cls(**{**config_fields(cls, parameters, skip=tuple(strings)), **strings})
 
     @property
