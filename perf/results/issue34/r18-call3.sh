@@ -15,14 +15,11 @@ SETUP=$!
 call_gpu_tests fused_window_attention window_attention codec
 wait $SETUP
 BENCH="--shapes 1x2,256x10 --rounds 128,256 --iters 10 --skip offline,streaming"
-PYTHONPATH=.device/ab/pre/python_backends:.device/ab/pre PYTHONUNBUFFERED=1 timeout 100 \
-  python3 .device/ab/pre/perf/bench_vocoder.py $BENCH --out $R/vocoder_pre.json > $R/vocoder_pre.log 2>&1
-call_mark "pre done"
-PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 130 python3 perf/bench_vocoder.py $BENCH --ring-kernel split \
+PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 200) python3 perf/bench_vocoder.py $BENCH --ring-kernel split \
   --attention-sweep --out $R/vocoder_split.json > $R/vocoder_split.log 2>&1
 call_mark "split done"
-PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 100 python3 perf/bench_vocoder.py $BENCH --ring-kernel fused \
+PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 275) python3 perf/bench_vocoder.py $BENCH --ring-kernel fused \
   --out $R/vocoder_fused.json > $R/vocoder_fused.log 2>&1
 call_mark "fused done"
-for k in pre split fused; do echo "== $k"; grep -E "^ +[0-9]+ x|round of|equival|fused|ring" $R/vocoder_$k.log | cut -c1-220 | head -14; done
+for k in split fused; do echo "== $k"; grep -E "^ +[0-9]+ x|round of|equival|fused|ring" $R/vocoder_$k.log | cut -c1-220 | head -14; done
 cp $R/vocoder_*.json $OUT/ 2>/dev/null

@@ -51,8 +51,8 @@ LT_GELU_FUSIONS = ("lt_gelu", "ln_lt_gelu")  # cuBLASLt's GELU epilogue
 # fusion): on the H200 the fastest (perf/RESULTS.md, issue 34).
 DEFAULT_FUSION = "ln_lt_gelu"
 # How streaming attention layers run unless told otherwise (moss_tts's vocoder_ring_kernel, the
-# vocoder model's ring_kernel): the split kernels, served and measured, until "fused" is measured
-# against them on the H200 (perf/bench_vocoder.py --ring-kernel, its attention_sweep).
+# vocoder model's ring_kernel): the split kernels. "fused" gave the same results bit for bit on
+# the H200 and measured no faster there (perf/RESULTS.md, issue 34 round 18).
 DEFAULT_RING_KERNEL = "split"
 
 
