@@ -99,6 +99,13 @@ def test_stall_watch_names_the_oldest_running_unit():
     assert watch.oldest() == (0.0, "")
 
 
+def test_oldest_of_names_the_longest_running_part():
+    from moss_tts.serving.stall_watch import oldest_of
+    assert oldest_of((3.0, "an engine step"), (31.0, "a response send"), (0.0, "a vocoder round")) == \
+        (31.0, "a response send")
+    assert oldest_of((0.0, "an engine step"), (0.0, ""))[0] == 0.0
+
+
 def test_stall_watch_forgets_a_unit_that_raised():
     watch = StallWatch()
     with pytest.raises(KeyError):

@@ -40,9 +40,9 @@ from moss_tts.serving.gc_watch import GcStats, GcWatch
 from moss_tts.serving.gpu_trace import GpuTrace
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_ledger import LedgerStats, RequestLedger
-from moss_tts.serving.stall_watch import StallWatch
+from moss_tts.serving.stall_watch import StallWatch, oldest_of
 from moss_tts.serving.stop_watch import ServerStopWatch
-from moss_tts.serving.stream_io import FINAL, TritonChildren, TritonClient, encode_reference, end_sequence
+from moss_tts.serving.stream_io import FINAL, TritonChildren, TritonClient, encode_reference, end_sequence, refuse
 from moss_tts.serving.stream_pool import StreamPool
 from moss_tts.serving.thread_priority import give_threads_priority, rt_priorities
 from moss_tts.sessions.admission import SessionAdmission
@@ -110,7 +110,8 @@ class TritonPythonModel:
         # Session requests that reached another instance of this server come here to be spoken
         # (several instances: sessions/relay.py).
         self.relay_server = RelayServer(socket_path(server_directory(), instance), self.admission.accept_relayed)
-        self.heartbeat = io.Heartbeat(args, lambda: self._oldest_work()[0], stalled_what=lambda: self._oldest_work()[1])
+        self.heartbeat = io.Heartbeat(args, lambda: oldest_of((self.streams.stalled_seconds(), "an engine step"),
+            self.watch.oldest(), (self.worker.stalled_seconds() if self.worker else 0.0, "a vocoder round")))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
         self.metrics = metrics.RequestMetrics()
         # Requests in, final flags out: the model's view of what is in flight, beside Triton's.
@@ -190,22 +191,14 @@ class TritonPythonModel:
                 stream = self._prepare(request, sender)
             except ServingError as exc:  # InvalidRequest, or UNAVAILABLE (max_sessions)
                 self.ledger.classify(sender, "refused")
-                self._refuse(sender, str(exc), exc.kind)
+                refuse(sender, str(exc), exc.kind, self.watch)
                 self.metrics.count("invalid" if exc.kind is ErrorKind.INVALID_ARGUMENT else "busy")
                 continue
             if not self.admission.start(stream):
                 self.ledger.classify(sender, "refused")
                 self.metrics.count("busy" if not self.pool.is_stopping() else "unavailable")
-                self._refuse(sender, self.pool.refusal(), ErrorKind.UNAVAILABLE)
+                refuse(sender, self.pool.refusal(), ErrorKind.UNAVAILABLE, self.watch)
         return None
-
-    def _refuse(self, sender, message, kind):
-        # Watched like every stream's send: a send that never returns here (2.51's gRPC stream
-        # handler can deadlock a response callback against a client's cancel, docs/structure.md)
-        # would hold execute(), so no request reached this model again, and without the watch
-        # the heartbeat would keep beating through it.
-        with self.watch.working("a refusal send (execute)"):
-            sender.send(io.error_response(message, kind), flags=FINAL)
 
     def _prepare(self, request, sender):
         """The request's stream (a text session's request, or a SpeechStream): InvalidRequest at once."""
@@ -223,14 +216,6 @@ class TritonPythonModel:
 
     def _end_sequence(self, sequence_id):
         end_sequence(self.worker, self.key, self.watch, sequence_id, self.pool.is_stopping)
-
-    def _oldest_work(self):
-        """(seconds, name) of the oldest unit of work still running here: an engine step, a vocoder
-        round, or a stream's send or BLS call (the heartbeat stops past its limit and logs the name)."""
-        parts = [(self.streams.stalled_seconds(), "an engine step"), self.watch.oldest()]
-        if self.worker:
-            parts.append((self.worker.stalled_seconds(), "a vocoder round"))
-        return max(parts, key=lambda part: part[0])
 
     def _server_stopping(self):
         log.info("tritonserver is shutting down: %d streams end with UNAVAILABLE, new ones are refused",

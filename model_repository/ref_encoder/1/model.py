@@ -38,8 +38,7 @@ class TritonPythonModel:
         self.counters = metrics.Counters("moss_ref_cache_total", "reference cache events", COUNTERS, label="event")
         self.watch = StallWatch()
         # Encoding a 100 s reference can take a while on a CPU; a minute is not normal anywhere.
-        self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds, stall_limit_s=60.0,
-                                      stalled_what=lambda: self.watch.oldest()[1])
+        self.heartbeat = io.Heartbeat(args, self.watch.oldest, stall_limit_s=60.0)
 
     def execute(self, requests):
         with self.watch.working("an encode (execute)"):

@@ -51,7 +51,7 @@ class TritonPythonModel:
         self.idle_seconds = idle_us / 1e6
         self.key = internal_key.internal_key()
         self.watch = StallWatch()
-        self.heartbeat = io.Heartbeat(args, self.watch.stalled_seconds, stalled_what=lambda: self.watch.oldest()[1])
+        self.heartbeat = io.Heartbeat(args, self.watch.oldest)
         instance = args["model_instance_name"]
         self.slots = metrics.Gauges("moss_vocoder_sessions", "vocoder codec state slots", ("active", "free"),
                                self._slots, label="state", instance=instance)

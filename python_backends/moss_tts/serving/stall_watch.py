@@ -53,3 +53,9 @@ class StallWatch:
         """(age in seconds, name) of the oldest unit still running; (0.0, "") when idle."""
         oldest = min(list(self._started.values()), default=None)
         return (0.0, "") if oldest is None else (max(0.0, self._clock() - oldest[0]), oldest[1])
+
+
+def oldest_of(*parts: tuple[float, str]) -> tuple[float, str]:
+    """The oldest of several (seconds, name) units of work (StallWatch.oldest, an engine step's
+    age, a vocoder round's): what a model's heartbeat stops on, and names."""
+    return max(parts, key=lambda part: part[0])

@@ -74,6 +74,15 @@ def end_sequence(worker, key: str, watch: StallWatch, sequence_id: int, is_stopp
         log.warning("ending text session sequence %x failed: %s", sequence_id, exc)
 
 
+def refuse(sender, message: str, kind, watch: StallWatch) -> None:
+    """A request's one final response, an error, sent from execute(). Watched like every stream's
+    send: one that never returns (2.51's gRPC stream handler can deadlock a response callback
+    against a client's cancel, docs/structure.md) would hold execute(), so no request would reach
+    the model again, and unwatched the heartbeat would beat on through it."""
+    with watch.working("a refusal send (execute)"):
+        sender.send(io.error_response(message, kind), flags=FINAL)
+
+
 class TritonChildren:
     """One stream's engine chunks and its vocoder sequence: in this process (`worker`), or the
     `vocoder` model over BLS with the pipeline's key (so it never meets the direct callers'

@@ -78,20 +78,20 @@ def prepare_stub() -> None:
 
 
 class Heartbeat(MetricHolder):
-    """`moss_heartbeat_total{model, model_instance}` counts up every 0.5 s while `stalled_seconds()`
-    stays under `stall_limit_s`. It stops when the stub dies, when its work is stuck (a send or
+    """`moss_heartbeat_total{model, model_instance}` counts up every 0.5 s while the oldest unit of
+    work (`oldest_work()`) has run less than `stall_limit_s`. It stops when the stub dies, when its work is stuck (a send or
     step that never returns) and when the process can no longer run Python (a GIL deadlock):
     client/server_health.py reads a counter that stops as "not ready"."""
 
     INTERVAL_S = 0.5
 
-    def __init__(self, args: dict, stalled_seconds: Callable[[], float] = lambda: 0.0,
-                 stall_limit_s: float = 30.0, stalled_what: Callable[[], str] = lambda: "work") -> None:
+    def __init__(self, args: dict, oldest_work: Callable[[], tuple[float, str]] = lambda: (0.0, ""),
+                 stall_limit_s: float = 30.0) -> None:
         super().__init__()
-        self.stalled_seconds = stalled_seconds
-        # Names the stuck unit in the log (a response send, a BLS call to ..., an engine step):
-        # a wedge seen once in a long soak must say where it waited.
-        self.stalled_what = stalled_what
+        # (seconds, name) of the oldest unit of work running (StallWatch.oldest, stall_watch.oldest_of):
+        # the name goes into the log (a response send, a BLS call to ..., an engine step), so a
+        # wedge seen once in a long soak says where it waited.
+        self.oldest_work = oldest_work
         self.stall_limit_s = stall_limit_s
         # The family must outlive its metric, so both are kept here.
         self.family = self._family(HEARTBEAT_FAMILY, "moss-tts model liveness: +1 every 0.5 s while not stalled",
@@ -106,11 +106,11 @@ class Heartbeat(MetricHolder):
 
     def _beat(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
-            stalled = self.stalled_seconds()
+            stalled, what = self.oldest_work()
             is_stalled = stalled >= self.stall_limit_s
             if is_stalled != self._was_stalled:
                 if is_stalled:
-                    log.error("work stalled (%.0f s: %s); heartbeat stopped", stalled, self.stalled_what())
+                    log.error("work stalled (%.0f s: %s); heartbeat stopped", stalled, what)
                 else:
                     log.warning("work moves again (%.0f s); heartbeat resumed", stalled)
                 self._was_stalled = is_stalled
