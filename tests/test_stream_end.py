@@ -114,3 +114,29 @@ def test_refused_stream_read_to_end_lets_the_model_unload_a_cancelled_one_does_n
         "this tritonserver unloaded a model whose refused streams were cancelled: the gRPC frontend "
         "leak of perf/hold_repro/README.md (ordering L3) is gone from this build; read_to_end is still "
         f"the right way to end a stream, but update the README. Log tail:\n{log[-2000:]}")
+
+
+@pytest.mark.triton
+def test_the_wedge_driver_serves_and_cancels_streams_mid_send(tmp_path):
+    """perf/hold_repro/wedge.py, briefly: every stream gets its first response and is cancelled
+    while the model still sends (the deadlock's ingredients, docs/structure.md); the driver
+    counts them and says no wedge when streams keep being served."""
+    import asyncio
+
+    from perf.hold_repro import repro, wedge
+
+    try:
+        env = repro.triton_env()
+    except subprocess.CalledProcessError:
+        pytest.skip("scripts/triton_env.sh failed: no tritonserver here")
+    if not Path(env.get("TRITONSERVER", "")).exists():
+        pytest.skip("no tritonserver binary")
+    server = repro.Server(repro.make_repository(tmp_path, [wedge.MODEL]), tmp_path / "server.log", exit_timeout_s=3)
+    try:
+        server.wait_ready([wedge.MODEL])
+        o = repro.Ordering(50, 1, False, False, "cancel")
+        result = asyncio.run(wedge.drive(f"127.0.0.1:{server.grpc}", o, streams=8, seconds=4.0, stall_s=10.0, seed=0))
+    finally:
+        server.stop()
+    assert result["served"] > 50 and result["served"] <= result["streams"], result
+    assert result["wedged_after_s"] is None, result
