@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Round 19, call 1 (prepared in round 18; a fresh machine, carry .device and .whl; ~9 min). Round
+# 18's two machines had slow hosts (one core's Python probe 68-73 ms against ~30): there the soak
+# is bound by the engine's host time (23 ms a step against 5 ms of device wait) and no throughput
+# target can show. So the host probe decides first:
+# - a fast host (probe <= 45 ms): the 330 s mixed soak alone (the issue's second soak run), with
+#   the stall watcher's snapshots (both frontends, TCP states, native py-spy, cuda-gdb) should the
+#   2.51 gRPC stream-handler wedge come back;
+# - a slow host: GPU-bound work instead, whose figures do not depend on the host: the codec stage
+#   with the split and the fused ring kernels (same machine: round 18 had no split figure from
+#   fused's machine) and the engine's decode step.
+set -uo pipefail
+T0=$SECONDS
+W=/tmp/moss-scale; mkdir -p $W/results
+trap 'cp $W/results/soak.json $OUT/ 2>/dev/null; tar -czf $OUT/results.tgz -C $W results' EXIT
+tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
+nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
+bash perf/h200_scaling.sh setup > $W/results/setup.log 2>&1 &
+SETUP=$!
+python3 perf/host_probe.py --out $W/results/host_probe.json 2>&1 | tail -1
+wait $SETUP; tail -1 $W/results/setup.log; echo "setup done $((SECONDS-T0)) s"
+PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$W/results/host_probe.json'))['python_ms']))")
+if [ "$PROBE_MS" -le 45 ]; then
+  echo "fast host ($PROBE_MS ms): the 330 s soak"
+  RECORD=0:4:gil RESPONSE_TIMEOUT=30 timeout $((585 - SECONDS + T0)) bash perf/h200_scaling.sh soak 330 2>&1 | tail -12
+else
+  echo "slow host ($PROBE_MS ms): the stage benches"
+  R=$W/results/stages; mkdir -p $R
+  for k in split fused; do
+    PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 150 python3 perf/bench_vocoder.py --shapes 1x2,256x10 \
+      --rounds 128,256 --iters 10 --skip offline,streaming --ring-kernel $k --out $R/vocoder_$k.json > $R/vocoder_$k.log 2>&1
+    grep -E "^ +[0-9]+ x|round of" $R/vocoder_$k.log | cut -c1-200
+  done
+  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 150 python3 perf/bench_engine.py --batches 256 \
+    --skip equivalence,offline,latency,probe,naive,prefix,fp32,profile,split --out $R/engine > $R/engine.log 2>&1
+  grep -E "step|256" $R/engine.log | head -6 | cut -c1-180
+  cp $R/vocoder_*.json $OUT/ 2>/dev/null
+fi
+echo "done $((SECONDS-T0)) s"
+grep -h "work stalled\|moves again" $W/server_soak.log $W/results/server_soak.log 2>/dev/null | head -5
