@@ -52,22 +52,25 @@ def probe(url: str, timeout: float) -> str | None:
     return _bounded(work, timeout)
 
 
-def live(url: str, timeout: float) -> str | None:
-    """The gRPC frontend answers ServerLive (an RPC served by the frontend that carries the
-    streams, unlike the HTTP port's /v2/health/live)."""
+def _grpc_says(url: str, timeout: float, state: str) -> str | None:
+    """tritonserver's gRPC frontend answers ServerLive / ServerReady (`state`: "live" / "ready")
+    with yes, within timeout."""
     def work():
         import tritonclient.grpc as grpcclient
         client = grpcclient.InferenceServerClient(url)
-        return None if client.is_server_live(client_timeout=timeout) else "tritonserver is not live"
+        says = client.is_server_live if state == "live" else client.is_server_ready
+        return None if says(client_timeout=timeout) else f"tritonserver is not {state}"
     return _bounded(work, timeout)
+
+
+def live(url: str, timeout: float) -> str | None:
+    """ServerLive over gRPC: served by the frontend that carries the streams, unlike the HTTP
+    port's /v2/health/live."""
+    return _grpc_says(url, timeout, "live")
 
 
 def ready(url: str, timeout: float) -> str | None:
-    def work():
-        import tritonclient.grpc as grpcclient
-        client = grpcclient.InferenceServerClient(url)
-        return None if client.is_server_ready(client_timeout=timeout) else "tritonserver is not ready"
-    return _bounded(work, timeout)
+    return _grpc_says(url, timeout, "ready")
 
 
 def diagnose(url: str, metrics_url: str, with_probe: bool, timeout: float, liveness: bool = False) -> str | None:

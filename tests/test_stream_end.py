@@ -86,8 +86,8 @@ def refused_stream(url: str, model: str, end: str) -> str:
     return asyncio.run(run())
 
 
-@pytest.mark.triton
-def test_refused_stream_read_to_end_lets_the_model_unload_a_cancelled_one_does_not(tmp_path):
+def skip_without_tritonserver() -> None:
+    """The Triton tests here start the real tritonserver (scripts/triton_env.sh): skipped where none is."""
     from perf.hold_repro import repro
 
     try:
@@ -96,6 +96,13 @@ def test_refused_stream_read_to_end_lets_the_model_unload_a_cancelled_one_does_n
         pytest.skip("scripts/triton_env.sh failed: no tritonserver here")
     if not Path(env.get("TRITONSERVER", "")).exists():
         pytest.skip("no tritonserver binary")
+
+
+@pytest.mark.triton
+def test_refused_stream_read_to_end_lets_the_model_unload_a_cancelled_one_does_not(tmp_path):
+    from perf.hold_repro import repro
+
+    skip_without_tritonserver()
     names = ["hold_read_to_end", "hold_cancelled"]
     server = repro.Server(repro.make_repository(tmp_path, names), tmp_path / "server.log", exit_timeout_s=3)
     try:
@@ -125,12 +132,7 @@ def test_the_wedge_driver_serves_and_cancels_streams_mid_send(tmp_path):
 
     from perf.hold_repro import repro, wedge
 
-    try:
-        env = repro.triton_env()
-    except subprocess.CalledProcessError:
-        pytest.skip("scripts/triton_env.sh failed: no tritonserver here")
-    if not Path(env.get("TRITONSERVER", "")).exists():
-        pytest.skip("no tritonserver binary")
+    skip_without_tritonserver()
     server = repro.Server(repro.make_repository(tmp_path, [wedge.MODEL]), tmp_path / "server.log", exit_timeout_s=3)
     try:
         server.wait_ready([wedge.MODEL])

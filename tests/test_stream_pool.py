@@ -72,14 +72,14 @@ def test_max_streams_must_be_a_positive_integer(bad):
 def test_stall_watch_reports_the_oldest_running_unit():
     now = [100.0]
     watch = StallWatch(clock=lambda: now[0])
-    assert watch.stalled_seconds() == 0.0
+    assert watch.oldest()[0] == 0.0
     with watch.working():
         now[0] = 103.0
         with watch.working():
             now[0] = 110.0
-            assert watch.stalled_seconds() == 10.0  # the outer unit started at 100
-        assert watch.stalled_seconds() == 10.0
-    assert watch.stalled_seconds() == 0.0  # idle is never stalled
+            assert watch.oldest()[0] == 10.0  # the outer unit started at 100
+        assert watch.oldest()[0] == 10.0
+    assert watch.oldest()[0] == 0.0  # idle is never stalled
 
 
 def test_stall_watch_names_the_oldest_running_unit():
@@ -111,7 +111,7 @@ def test_stall_watch_forgets_a_unit_that_raised():
     with pytest.raises(KeyError):
         with watch.working():
             raise KeyError("x")
-    assert watch.stalled_seconds() == 0.0
+    assert watch.oldest()[0] == 0.0
 
 
 def test_a_finished_stream_leaves_its_thread_for_the_next_one():

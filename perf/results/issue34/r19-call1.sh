@@ -10,22 +10,18 @@
 #   with the split and the fused ring kernels (same machine: round 18 had no split figure from
 #   fused's machine) and the engine's decode step.
 set -uo pipefail
-T0=$SECONDS
-W=/tmp/moss-scale; mkdir -p $W/results
-trap 'cp $W/results/soak.json $OUT/ 2>/dev/null; tar -czf $OUT/results.tgz -C $W results' EXIT
-tar -xJf .device/triton-pack.tar.xz -C /opt && source /opt/moss-pack/env.sh
-nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
-bash perf/h200_scaling.sh setup > $W/results/setup.log 2>&1 &
+source perf/device_call.sh r19c1
+call_setup &
 SETUP=$!
-python3 perf/host_probe.py --out $W/results/host_probe.json 2>&1 | tail -1
-wait $SETUP; tail -1 $W/results/setup.log; echo "setup done $((SECONDS-T0)) s"
-PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$W/results/host_probe.json'))['python_ms']))")
+python3 perf/host_probe.py --out $R/host_probe.json 2>&1 | tail -1
+wait $SETUP
+PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$R/host_probe.json'))['python_ms']))")
 if [ "$PROBE_MS" -le 45 ]; then
   echo "fast host ($PROBE_MS ms): the 330 s soak"
-  RECORD=0:4:gil RESPONSE_TIMEOUT=30 timeout $((585 - SECONDS + T0)) bash perf/h200_scaling.sh soak 330 2>&1 | tail -12
+  RECORD=0:4:gil RESPONSE_TIMEOUT=30 timeout $(call_left 585) bash perf/h200_scaling.sh soak 330 2>&1 | tail -12
+  cp $W/results/soak.json $OUT/ 2>/dev/null
 else
   echo "slow host ($PROBE_MS ms): the stage benches"
-  R=$W/results/stages; mkdir -p $R
   for k in split fused; do
     PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 150 python3 perf/bench_vocoder.py --shapes 1x2,256x10 \
       --rounds 128,256 --iters 10 --skip offline,streaming --ring-kernel $k --out $R/vocoder_$k.json > $R/vocoder_$k.log 2>&1
@@ -36,5 +32,5 @@ else
   grep -E "step|256" $R/engine.log | head -6 | cut -c1-180
   cp $R/vocoder_*.json $OUT/ 2>/dev/null
 fi
-echo "done $((SECONDS-T0)) s"
+call_mark "done"
 grep -h "work stalled\|moves again" $W/server_soak.log $W/results/server_soak.log 2>/dev/null | head -5

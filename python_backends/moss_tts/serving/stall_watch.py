@@ -1,7 +1,7 @@
 """StallWatch: is a model's work stuck? The basis of its heartbeat (triton_io.Heartbeat).
 
 Each unit of work (an execute call, a response send) runs inside `working()`, from any number
-of threads; `stalled_seconds()` is the age of the oldest unit still running, 0 when idle. A
+of threads; `oldest()` is the age (and name) of the oldest unit still running, 0 when idle. A
 unit that never ends (a deadlock, an IPC peer that died) makes it grow until the heartbeat
 stops and readiness turns false. No Triton import.
 """
@@ -45,9 +45,6 @@ class StallWatch:
         """A unit of work named `what` (a response send, a BLS call to ...): the name is what the
         heartbeat's log says stalled, so a wedge found in a long run says where it waits."""
         return _Unit(self, what)
-
-    def stalled_seconds(self) -> float:
-        return self.oldest()[0]
 
     def oldest(self) -> tuple[float, str]:
         """(age in seconds, name) of the oldest unit still running; (0.0, "") when idle."""
