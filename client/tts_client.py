@@ -1,8 +1,11 @@
 """A small streaming client for the `moss_tts` entry (and the `moss_tts_codes` ensemble).
 
-One gRPC stream per utterance: responses of one request arrive in order, and cancelling the
-stream cancels exactly this utterance on the server (engine rows and vocoder slot are freed).
-A text session (`text_session()`) is one gRPC stream too, carrying one request per segment.
+One gRPC stream per utterance: responses of one request arrive in order. An utterance left early
+is ended with an in-band STOP on its own stream (contract/tensors.py, STOP: engine row and vocoder
+slot are freed), not a gRPC cancel, which can wedge or crash tritonserver 2.51 (docs/structure.md);
+the stream is cancelled only when the stop is not answered in time, or for the moss_tts_codes
+ensemble (which has no STOP). A text session (`text_session()`) is one gRPC stream too, carrying
+one request per segment.
 """
 
 from __future__ import annotations
@@ -68,6 +71,32 @@ class Utterance:
         return np.concatenate(self.chunks, axis=1) if self.chunks else np.zeros((2, 0), np.float32)
 
 
+STOP_WAIT_S = 5.0  # a stream sees its stop at its next chunk, or within 1 s while it waits
+
+
+def stop_inputs(request_id: str) -> list[grpcclient.InferInput]:
+    """A STOP request's inputs: TEXT empty (moss_tts's config requires it), STOP naming the request."""
+    return [option_input("TEXT", ""), option_input("STOP", request_id)]
+
+
+def stopped(client: grpcclient.InferenceServerClient, events: "queue.Queue", model: str, request_id: str,
+            wait_s: float = STOP_WAIT_S) -> bool:
+    """Stop the running request `request_id` on the client's open stream: send the STOP, then read
+    the stream's `events` (the callback's (result, error) pairs) until both final responses (the
+    stopped request's, an error or a final flag, and the STOP's own) have come. False when they did
+    not come within `wait_s` (the caller cancels then)."""
+    client.async_stream_infer(model, stop_inputs(request_id), request_id=f"{request_id}.stop",
+                              enable_empty_final_response=True)
+    deadline, finals = time.monotonic() + wait_s, 0
+    try:
+        while finals < 2:
+            result, error = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            finals += error is not None or result.get_response().parameters["triton_final_response"].bool_param
+    except queue.Empty:
+        return False
+    return True
+
+
 class TTSClient:
     def __init__(self, url: str = "localhost:8001") -> None:
         self.url = url
@@ -76,14 +105,16 @@ class TTSClient:
                timeout: float = 600.0) -> Iterator[np.ndarray]:
         """Yield each response's `output` as it arrives; raises InferenceServerException on error.
         Only `output` is requested: ask moss_tts for CODES and the vocoder is never called.
-        Closing the generator early cancels the request on the server."""
+        Closing the generator early ends the request on the server (a STOP; a cancel for the
+        moss_tts_codes ensemble, or when the stop is not answered in time)."""
         events: "queue.Queue" = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         client.start_stream(callback=lambda result, error: events.put((result, error)))
         finished = False
+        request_id = uuid.uuid4().hex  # what a STOP names; unguessable, so no other client can stop it
         try:
             client.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(output)],
-                                      enable_empty_final_response=True)
+                                      request_id=request_id, enable_empty_final_response=True)
             while True:
                 result, error = events.get(timeout=timeout)
                 if error is not None:
@@ -96,6 +127,8 @@ class TTSClient:
                     finished = True
                     return
         finally:
+            if not finished and model == "moss_tts":
+                finished = stopped(client, events, model, request_id)
             client.stop_stream(cancel_requests=not finished)
             client.close()
 

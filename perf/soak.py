@@ -5,7 +5,8 @@ then proof that nothing is left behind.
       --concurrency 256 --seconds 600 --cancel-fraction 0.2 --min-frames 40 --max-frames 112 --out soak.json
 
 Every worker runs one request after another until the time is up. A request is, by chance:
-a cancel (the gRPC stream is cancelled before its first response or after 1-3 chunks), a bad
+a cancel (before its first response or after 1-3 chunks: the gRPC stream's cancel, or for
+`--stop-share` of them an in-band STOP), a bad
 input (must end in one INVALID_ARGUMENT error, or Triton's own rejection for a wrong dtype),
 or a normal request: streamed audio, STREAM=false, CODES only, a clone, a continuation, or the
 moss_tts_codes ensemble. Normal requests use IGNORE_STOP, so their length is known and checked.
@@ -57,6 +58,9 @@ def main(argv=None, load: Load = load_in_process) -> int:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--cancel-fraction", type=float, default=0.2)
+    p.add_argument("--stop-share", type=float, default=0.5,
+                   help="of the cancelled requests, the share ended by an in-band STOP (as the OpenAI shim and "
+                        "client.tts_client do) instead of a gRPC cancel")
     p.add_argument("--bad-fraction", type=float, default=0.1)
     p.add_argument("--min-frames", type=int, default=6)
     p.add_argument("--max-frames", type=int, default=30)
@@ -68,7 +72,7 @@ def main(argv=None, load: Load = load_in_process) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     config = SoakConfig(args.url, args.concurrency, args.seconds, args.cancel_fraction, args.bad_fraction,
-                        args.min_frames, args.max_frames, args.response_timeout)
+                        args.min_frames, args.max_frames, args.response_timeout, stop_share=args.stop_share)
     report = soak(config, args.metrics_url, args.max_running, args.settle, args.processes, load)
     summary = {"config": asdict(config), **report.summary()}
     text = json.dumps(summary, indent=2)

@@ -1,7 +1,8 @@
 """The soak's load: one client process's concurrent streams (perf/soak.py runs it in one or more
 processes, soak_clients.py). Every worker runs one request after another until the time is up. A
-request is, by chance: a cancel (the gRPC stream is cancelled before its first response or after
-1-3 chunks), a bad input (must end in one INVALID_ARGUMENT error, or Triton's own rejection for a
+request is, by chance: a cancel (before its first response or after 1-3 chunks; by the gRPC
+stream's cancel, or, for `stop_share` of them, by an in-band STOP as the OpenAI shim sends it:
+client/openai_shim/triton_stream.AudioStream), a bad input (must end in one INVALID_ARGUMENT error, or Triton's own rejection for a
 wrong dtype), or a normal request: streamed audio, STREAM=false, CODES only, a clone, a
 continuation, or the moss_tts_codes ensemble. Normal requests use IGNORE_STOP, so their length is
 known and checked. Every PROGRESS_S a progress line goes to stderr.
@@ -46,6 +47,7 @@ class SoakConfig:
     max_frames: int = 30
     response_timeout_s: float = 120.0
     seed: int = 0
+    stop_share: float = 0.5  # of the cancelled requests, those ended by an in-band STOP, not a gRPC cancel
 
 
 @dataclass
@@ -190,6 +192,9 @@ class Soak:
         how = ("delay", rng.uniform(0.0, 0.5)) if rng.random() < 0.3 else ("chunks", rng.randint(1, 3))
         values = {"TEXT": "This will be cut short.", "SEED": rng.randrange(1 << 30), "MAX_FRAMES": frames,
                   "IGNORE_STOP": True, "FIRST_CHUNK_FRAMES": 2, "CHUNK_FRAMES": 4}
+        if rng.random() < self.config.stop_share:
+            await self.stopped(values, how)
+            return
         _, error, _ = await self.request("moss_tts", values, cancel_after=how)
         if error is None:  # finished before the cancel landed: fine, but say so
             self.report.outcomes["cancel came too late"] += 1
@@ -197,6 +202,32 @@ class Soak:
             self.report.outcomes["cancelled"] += 1
         else:
             self.fail("cancel", error)
+
+    async def stopped(self, values: dict, how) -> None:
+        """A request ended early by the OpenAI shim's own code (AudioStream.aclose: an in-band STOP,
+        both finals read, the stream half-closed); the gRPC fallback cancel is a failure here."""
+        from client.openai_shim import errors as shim_errors
+        from client.openai_shim.triton_stream import AudioStream, build_inputs
+
+        stream = AudioStream(self.client, "moss_tts", build_inputs(values), self.config.response_timeout_s)
+        try:
+            if how[0] == "delay":
+                await asyncio.sleep(how[1])
+            else:
+                for _ in range(how[1]):
+                    if await anext(stream, None) is None:
+                        break
+        except shim_errors.ApiError as exc:
+            self.fail("stop", f"before the stop: {exc}")
+            return
+        finally:
+            await stream.aclose()
+        if stream.ended_by is None:
+            self.report.outcomes["stop came too late"] += 1  # ended by itself first: fine, but say so
+        elif stream.ended_by == "stopped":
+            self.report.outcomes["stopped"] += 1
+        else:
+            self.fail("stop", "the STOP was not answered in time; the stream was cancelled instead")
 
     async def bad(self, rng: random.Random) -> None:
         bad, expected = rng.choice(BAD_INPUTS)

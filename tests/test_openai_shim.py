@@ -171,11 +171,20 @@ def test_first_audio_arrives_before_the_end_and_disconnect_cancels(openai_shim, 
         in_use = ('moss_engine{stat="streams"}', 'moss_engine{stat="running"}', 'moss_vocoder_sessions{state="active"}')
         during = triton.wait_for_metrics(lambda m: any(m[name] == 1 for name in in_use), timeout=30)
         assert any(during[name] == 1 for name in in_use), f"{during}\n{triton.log_tail()}"
-    after = triton.wait_for_metrics(
-        lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
+    after = triton.wait_for_metrics(lambda m: triton.is_idle(m) and stopped_since(before, m))
     assert triton.is_idle(after)
     assert after['moss_engine{stat="requests_cancelled"}'] == before['moss_engine{stat="requests_cancelled"}'] + 1
     assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 1900
+    assert after[STOPPED] == before[STOPPED] + 1  # ended by an in-band STOP, not a gRPC cancel
+
+
+STOPPED = 'moss_tts_requests{stat="stopped"}'
+
+
+def stopped_since(before, m) -> bool:
+    """The engine aborted a request and moss_tts counted an in-band STOP since `before`."""
+    return (m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}']
+            and m[STOPPED] > before[STOPPED])
 
 
 def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
@@ -188,9 +197,8 @@ def test_disconnect_before_the_response_cancels_too(openai_shim, triton):
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         running = triton.wait_for_metrics(lambda m: m['moss_engine{stat="running"}'] == 1)
         assert running['moss_engine{stat="running"}'] == 1
-    after = triton.wait_for_metrics(
-        lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
-    assert triton.is_idle(after)
+    after = triton.wait_for_metrics(lambda m: triton.is_idle(m) and stopped_since(before, m))
+    assert triton.is_idle(after) and stopped_since(before, after)
     assert after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}'] < 1900
 
 
@@ -365,9 +373,8 @@ def test_no_triton_response_in_time_is_504_and_cancels(triton, tmp_path):
     finally:
         stop_shim(shim)
     assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
-    after = triton.wait_for_metrics(
-        lambda m: triton.is_idle(m) and m['moss_engine{stat="requests_cancelled"}'] > before['moss_engine{stat="requests_cancelled"}'])
-    assert triton.is_idle(after)
+    after = triton.wait_for_metrics(lambda m: triton.is_idle(m) and stopped_since(before, m))
+    assert triton.is_idle(after) and stopped_since(before, after)
 
 
 class LateProxy:

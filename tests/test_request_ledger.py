@@ -60,3 +60,60 @@ def test_in_flight_per_path_follows_each_request_to_its_final():
     assert stats.in_flight == 0 and all(getattr(stats, f"in_flight_{p}") == 0 for p in PATHS)
     with pytest.raises(ValueError):
         ledger.classify(a, "teleport")
+
+
+def test_a_stop_marks_the_running_requests_of_its_id_and_nothing_else():
+    ledger = RequestLedger(FINAL)
+    a, twin, other = ledger.track(Sender(), "r1"), ledger.track(Sender(), "r1"), ledger.track(Sender(), "r2")
+    stop = ledger.track(Sender(), "r1")  # a STOP that reuses its target's id is never its own target
+    assert ledger.stop("r1", by=stop) == 2
+    assert a.is_cancelled() and twin.is_cancelled() and not other.is_cancelled() and not stop.is_cancelled()
+    assert ledger.stop("r1", by=stop) == 0  # marked once; counted once
+    assert ledger.stop("nobody") == 0 and ledger.stats().stopped == 2
+
+
+def test_a_request_leaves_the_stop_index_with_its_final_flag():
+    ledger = RequestLedger(FINAL)
+    done, unnamed = ledger.track(Sender(), "r1"), ledger.track(Sender())
+    done.send(flags=FINAL)
+    assert ledger.stop("r1") == 0 and not done.is_cancelled()  # ended first: the stop finds nothing
+    assert ledger.stop("") == 0  # a request without an id is never found
+    unnamed.send(flags=FINAL)
+    assert ledger.running_ids() == 0 and ledger.stats().in_flight == 0
+
+
+def test_stops_racing_finals_never_mark_an_ended_request_and_leave_no_entry():
+    """Many threads stop ids while their requests send their finals: a request is marked stopped only
+    while it runs (the index's lock is the final's), and every entry leaves with its final."""
+    import sys
+    import threading
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(20):
+            ledger = RequestLedger(FINAL)
+            senders = [ledger.track(Sender(), f"r{i % 50}") for i in range(400)]
+
+            at_final = {}
+
+            def finish(part):
+                for sender in part:
+                    sender.send(flags=FINAL)
+                    at_final[id(sender)] = sender.is_stopped  # from here on it must never change
+
+            def stop():
+                for i in range(400):
+                    ledger.stop(f"r{i % 50}")
+
+            threads = [threading.Thread(target=finish, args=(senders[k::4],)) for k in range(4)]
+            threads += [threading.Thread(target=stop) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wrong = [s.request_id for s in senders if s.is_stopped != at_final[id(s)]]  # marked after its final
+            assert wrong == [] and ledger.running_ids() == 0 and ledger.stats().in_flight == 0
+            assert ledger.stats().stopped == sum(s.is_stopped for s in senders)
+    finally:
+        sys.setswitchinterval(interval)

@@ -166,7 +166,9 @@ def test_soak_leaves_nothing_behind_and_shuts_down_cleanly(tiny_dir, tmp_path, c
         seen = f"{summary['requests']} requests"
         assert report.ok, summary
         outcomes = report.outcomes
-        assert outcomes["cancelled"] >= 10 and outcomes["bad input rejected"] >= 5, summary
+        # Half the cancels are gRPC cancels, half in-band STOPs (the shim's AudioStream.aclose).
+        assert outcomes["cancelled"] >= 5 and outcomes["stopped"] >= 5, summary
+        assert outcomes["bad input rejected"] >= 5, summary
         assert sum(v for k, v in outcomes.items() if k.endswith(" ok")) >= 50, summary
         assert outcomes["busy"] == 0, summary  # 12 streams are far under capacity
 
@@ -192,6 +194,8 @@ def test_soak_leaves_nothing_behind_and_shuts_down_cleanly(tiny_dir, tmp_path, c
         assert triton["request_success"] == ledger["entered"], seen
         assert triton.get('request_failure{reason="BACKEND"}', 0.0) == 0, seen
         assert triton["pending_request_count"] == 0 and ledger["in_flight"] == 0 == ledger["double_finals"], seen
+        # A STOP that met its request's final in flight stops nothing but is answered all the same.
+        assert 1 <= ledger["stopped"] <= outcomes["stopped"], (seen, ledger["stopped"])
     finally:
         took, unloaded, evidence = stop_and_time_unloads(server, stubs)
         with capsys.disabled():  # in the run's output whether the test passes or fails

@@ -102,19 +102,44 @@ def test_reference_cache_hit_and_single_flight(triton):
     assert m2['moss_ref_cache_total{event="items_encoded"}'] - m1['moss_ref_cache_total{event="items_encoded"}'] == 1
 
 
-def test_cancel_frees_engine_rows_and_vocoder_slot(triton):
-    before = triton.metrics()
+STOPPED = 'moss_tts_requests{stat="stopped"}'
+
+
+def long_utterance():
+    return build_inputs("A very long utterance.", seed=1, max_frames=1900, ignore_stop=True, first_chunk_frames=1,
+                        chunk_frames=1, stream=True)
+
+
+@pytest.mark.parametrize("end", ["stop", "grpc_cancel"])
+def test_an_utterance_left_early_frees_engine_rows_and_vocoder_slot(triton, end):
+    """Closing TTSClient.stream early sends an in-band STOP (the ledger counts it; no gRPC cancel);
+    a third-party client's gRPC cancel (stop_stream(cancel_requests=True)) frees everything too."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    before = triton.settled_metrics()
     before_cancelled = before['moss_engine{stat="requests_cancelled"}']
-    client = TTSClient(triton.grpc_url)
-    stream = client.stream(build_inputs("A very long utterance.", seed=1, max_frames=1900, ignore_stop=True,
-                                        first_chunk_frames=1, chunk_frames=1, stream=True))
-    first = next(stream)
+    if end == "stop":
+        stream = TTSClient(triton.grpc_url).stream(long_utterance())
+        first = next(stream)
+    else:
+        events, client = queue.Queue(), grpcclient.InferenceServerClient(triton.grpc_url)
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        client.async_stream_infer("moss_tts", long_utterance(), outputs=[grpcclient.InferRequestedOutput("AUDIO")])
+        result, error = events.get(timeout=60)
+        assert error is None
+        first = result.as_numpy("AUDIO")
     assert first.shape == (2, SPF)
     # The gauges refresh every 0.25 s: the snapshot read right after the first chunk can predate it.
     in_use = lambda m: m['moss_engine{stat="running"}'] >= 1 or vocoder_sessions(m) >= 1
     during = triton.wait_for_metrics(in_use, timeout=10)
     assert in_use(during), during
-    stream.close()  # stop_stream(cancel_requests=True)
+    if end == "stop":
+        stream.close()  # a STOP on the stream; the stream half-closed once both finals came
+    else:
+        client.stop_stream(cancel_requests=True)
+        client.close()
     # requests_cancelled first: the gauges refresh every 0.25 s, so a snapshot from before the
     # request was admitted would also read running == 0.
     after = triton.wait_for_metrics(lambda m: m['moss_engine{stat="requests_cancelled"}'] > before_cancelled
@@ -123,6 +148,53 @@ def test_cancel_frees_engine_rows_and_vocoder_slot(triton):
     assert after['moss_engine{stat="requests_cancelled"}'] > before_cancelled
     frames = after['moss_engine{stat="frames_generated"}'] - before['moss_engine{stat="frames_generated"}']
     assert frames < 1900  # it really stopped early
+    assert after[STOPPED] - before[STOPPED] == (1 if end == "stop" else 0)
+
+
+def test_a_stop_on_the_stream_ends_its_request_with_cancelled_and_gets_its_own_empty_final(triton):
+    """The protocol as a client sees it: request R, then on the same stream a STOP naming R; R ends
+    with [CANCELLED], the STOP with an empty final response, and the stream, half-closed, ends OK."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from client.tts_client import stop_inputs
+
+    events, client = queue.Queue(), grpcclient.InferenceServerClient(triton.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        client.async_stream_infer("moss_tts", long_utterance(), request_id="utt-stop-1",
+                                  outputs=[grpcclient.InferRequestedOutput("AUDIO")], enable_empty_final_response=True)
+        result, error = events.get(timeout=60)
+        assert error is None and result.get_response().id == "utt-stop-1"
+        client.async_stream_infer("moss_tts", stop_inputs("utt-stop-1"), request_id="utt-stop-1.stop",
+                                  enable_empty_final_response=True)
+        errors, stop_finals = [], []
+        while len(errors) + len(stop_finals) < 2:
+            result, error = events.get(timeout=30)
+            if error is not None:
+                errors.append(error)
+            elif result.get_response().id == "utt-stop-1.stop":
+                assert result.get_response().parameters["triton_final_response"].bool_param
+                assert not result.get_response().outputs  # empty
+                stop_finals.append(result)
+            else:  # R's chunks still in flight
+                assert result.get_response().id == "utt-stop-1"
+        assert len(errors) == 1 and error_code(errors[0]) == "CANCELLED", errors
+        assert len(stop_finals) == 1
+    finally:
+        client.stop_stream(cancel_requests=False)  # both ended: half-closed, read to its status
+        client.close()
+    assert triton.is_idle(triton.wait_for_metrics(triton.is_idle, fresh=True))
+
+
+def test_a_malformed_stop_is_invalid_argument(triton):
+    from client.tts_client import option_input
+
+    with pytest.raises(InferenceServerException) as info:
+        TTSClient(triton.grpc_url).synthesize([option_input("TEXT", ""), option_input("STOP", "x"),
+                                               option_input("SEED", 3)])
+    assert error_code(info.value) == "INVALID_ARGUMENT" and "it also has SEED" in str(info.value)
 
 
 BAD_INPUTS = [

@@ -1,13 +1,18 @@
 """tritonclient.grpc.aio streaming to the `moss_tts` entry: one gRPC stream per utterance.
 
 `AudioStream` is an async iterator over AUDIO chunks [2, n] float32. Its request stream stays
-open until the final response (as client.tts_client does); `aclose()` before that cancels the
-gRPC call, which makes tritonserver cancel the request, and the entry frees the engine row and
-the vocoder session. Errors become `ApiError` (errors.py); no response within
-`response_timeout_s` cancels the call and raises 504.
+open until the final response (as client.tts_client does); `aclose()` before that (the HTTP
+client went away) ends the request with an in-band STOP: a second request on the same stream
+naming the first's id (contract/tensors.py, STOP), after which both requests' final responses are
+read and the stream is half-closed, so tritonserver never sees a cancel. A gRPC cancel processed
+while a response is being sent can wedge or crash tritonserver 2.51 (docs/structure.md, "A wedge
+of 2.51's gRPC stream handler"). Only a server that does not end the stopped request within
+`STOP_WAIT_S` gets the call cancelled. Errors become `ApiError` (errors.py); no response within
+`response_timeout_s` stops the request the same way and raises 504.
 
-A stream whose request has ended (final or error response) is never cancelled: `read_to_end`
-half-closes it and reads it to the server's status. Cancelling it instead can leave tritonserver
+A stream whose request has ended (final or error response) is never cancelled: it is half-closed
+and read to the server's status (AudioStream's reader; `read_to_end` for the soak, the benchmark
+and the WebSocket's raw calls). Cancelling it instead can leave tritonserver
 2.51 holding the model for good (perf/hold_repro/README.md); so can closing the channel while
 such a call is still open, which is why the soak and the benchmark read every stream to its end.
 """
@@ -15,6 +20,7 @@ such a call is still open, which is why the soak and the benchmark read every st
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Optional
 
 import grpc
@@ -47,6 +53,8 @@ def channel_args(url: str) -> list[tuple[str, object]]:
 
 
 END_TIMEOUT_S = 10.0  # a server that does not end a finished stream by then gets it cancelled
+# A stream checks for its stop at each chunk or at most 1 s apart while it waits (speech_stream.py).
+STOP_WAIT_S = 5.0
 # The shim sends AUDIO only: without a list the server would make and send CODES with every chunk.
 AUDIO_ONLY = [grpcclient.InferRequestedOutput("AUDIO")]
 
@@ -84,20 +92,78 @@ def build_inputs(values: dict[str, object]) -> list[grpcclient.InferInput]:
     return inputs
 
 
-class AudioStream:
-    """The AUDIO chunks of one utterance, in order."""
+def stop_request(model: str, request_id: str) -> dict:
+    """The in-band STOP of request `request_id` (TEXT empty, as moss_tts's config requires TEXT),
+    under an id of its own; its empty final response is asked for, so the client sees it end."""
+    return {"model_name": model, "inputs": build_inputs({"TEXT": "", "STOP": request_id}),
+            "request_id": f"{request_id}.stop", "parameters": {"triton_enable_empty_final_response": True}}
 
-    def __init__(self, client: grpcclient.InferenceServerClient, model: str, inputs, response_timeout_s: float):
+
+# A stream's reader and ending tasks: asyncio keeps only weak references to tasks, and an ending
+# must outlive the request handler that started it (a cancelled one, when the HTTP client left).
+_TASKS: set[asyncio.Task] = set()
+_END = object()  # the reader's last item: the call ended
+
+
+def _keep(task: asyncio.Task) -> asyncio.Task:
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    return task
+
+
+class AudioStream:
+    """The AUDIO chunks of one utterance, in order.
+
+    One task of its own reads the gRPC call into a queue, and the chunks are taken from the queue.
+    Why: grpc.aio cancels the whole RPC when a read is cancelled (grpc/aio/_call.py, `_read`), and
+    the shim's reads are cancelled all the time (the HTTP client leaves, a response timeout), so a
+    consumer must never await the call itself; a cancelled `Queue.get()` costs nothing. Ending the
+    request early (aclose) is a task of its own too, so that a cancelled handler still ends it by
+    the STOP and the half-close rather than leaving the call to be cancelled."""
+
+    def __init__(self, client: grpcclient.InferenceServerClient, model: str, inputs, response_timeout_s: float,
+                 stop_wait_s: float = STOP_WAIT_S):
         self._timeout = response_timeout_s
+        self._stop_wait_s = stop_wait_s
         self._closed = asyncio.Event()
+        self._stop = asyncio.Event()  # set (before _closed) when the request is to be stopped in-band
         self._finished = False
+        # How aclose() ended a running request: "stopped" (its STOP answered), "cancelled" (the gRPC
+        # fallback), None (it had ended by itself, or aclose() was not called).
+        self.ended_by: Optional[str] = None
+        self._ending: Optional[asyncio.Task] = None
+        request_id = uuid.uuid4().hex  # what a STOP names; unguessable, so no other client can stop it
 
         async def requests():
-            yield {"model_name": model, "inputs": inputs, "outputs": AUDIO_ONLY,
+            yield {"model_name": model, "inputs": inputs, "outputs": AUDIO_ONLY, "request_id": request_id,
                    "parameters": {"triton_enable_empty_final_response": True}}
-            await self._closed.wait()  # half-closing early would end the stream before the responses
+            # Half-closing early would end the stream before the responses; a stop comes first.
+            stop, closed = asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._closed.wait())
+            try:
+                await asyncio.wait((stop, closed), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                closed.cancel()
+            if self._stop.is_set() and not self._closed.is_set():
+                yield stop_request(model, request_id)
+                await self._closed.wait()
 
         self._call = client.stream_infer(requests())
+        self._responses: asyncio.Queue = asyncio.Queue()  # (result, error) pairs, then _END or an exception
+        self._reader = _keep(asyncio.ensure_future(self._read_all()))
+
+    async def _read_all(self) -> None:
+        """Every response of the call into the queue, then _END (the call's status came) or the
+        call's exception."""
+        try:
+            async for item in self._call:
+                self._responses.put_nowait(item)
+        except BaseException as exc:  # AioRpcError, or CancelledError once the call was cancelled
+            self._responses.put_nowait(exc)
+            if not isinstance(exc, (Exception, asyncio.CancelledError)):
+                raise
+        else:
+            self._responses.put_nowait(_END)
 
     def __aiter__(self) -> "AudioStream":
         return self
@@ -119,38 +185,66 @@ class AudioStream:
     async def _next_response(self):
         try:
             async with asyncio.timeout(self._timeout):  # wait_for would make a task per chunk
-                return await self._call.__anext__()
+                item = await self._responses.get()
         except TimeoutError:
             await self.aclose()
             raise errors.timeout(f"tritonserver sent nothing for {self._timeout:g} s (--response-timeout); "
-                                 f"the request was cancelled") from None
-        except grpc.aio.AioRpcError as exc:
-            self._finish()
-            raise errors.from_grpc(exc) from None
-        except StopAsyncIteration:
-            self._finish()
-            raise errors.internal("tritonserver closed the stream without a final response") from None
-
-    def _finish(self) -> None:
+                                 f"the request was stopped") from None
+        if isinstance(item, tuple):
+            return item
         self._finished = True
         self._closed.set()
+        if isinstance(item, grpc.aio.AioRpcError):
+            raise errors.from_grpc(item) from None
+        raise errors.internal("tritonserver closed the stream without a final response") from None
 
     async def _end(self) -> None:
-        """Once the request has ended: the stream read to its status (once)."""
-        if not self._closed.is_set():
-            await read_to_end(self._call, self._closed)
+        """Once the request has ended: half-close the stream and wait for the reader to read it to
+        its status (once); only a server that does not end it within END_TIMEOUT_S gets it cancelled."""
+        self._closed.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), END_TIMEOUT_S)
+        except (TimeoutError, asyncio.TimeoutError):
+            self._call.cancel()
 
     @property
     def is_finished(self) -> bool:
         return self._finished
 
     async def aclose(self) -> None:
-        """Cancel the request on the server unless it already finished (then end the stream
-        without a cancel); safe to call twice."""
-        if not self._finished:
-            self._call.cancel()
-            self._finish()
+        """End the request on the server unless it already finished: an in-band STOP, both final
+        responses read, then the stream half-closed and read to its status; a gRPC cancel only when
+        that does not happen within the stop's wait. Runs as a task of its own, which a cancel of
+        the caller does not stop. Safe to call twice."""
+        if self._ending is None:
+            self._ending = _keep(asyncio.ensure_future(self._end_request(stop=not self._finished)))
+            self._finished = True
+        await asyncio.shield(self._ending)
+
+    async def _end_request(self, stop: bool) -> None:
+        if stop:
+            stopped = await self._stopped()
+            if not stopped:
+                self._call.cancel()
+            self.ended_by = "stopped" if stopped else "cancelled"
         await self._end()
+
+    async def _stopped(self) -> bool:
+        """Send the STOP and read on until two final responses (the stopped request's, an error or a
+        final flag, and the STOP's own) have come: True, or False when they do not come in time."""
+        self._stop.set()
+        finals = 0
+        try:
+            async with asyncio.timeout(self._stop_wait_s):
+                while finals < 2:
+                    item = await self._responses.get()
+                    if not isinstance(item, tuple):  # the call ended first
+                        return False
+                    result, error = item
+                    finals += error is not None or result.get_response().parameters["triton_final_response"].bool_param
+        except TimeoutError:
+            return False
+        return True
 
 
 class TritonSpeech:

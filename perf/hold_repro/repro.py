@@ -111,8 +111,9 @@ def make_repository(tmp: Path, names: list[str], model: Path = HERE / "model",
 class Server:
     """tritonserver itself on `repo` (tests/triton_server.py's harness, without scripts/serve.sh)."""
 
-    def __init__(self, repo: Path, log_path: Path, verbose: int = 0, exit_timeout_s: int = 6) -> None:
-        env = triton_env()
+    def __init__(self, repo: Path, log_path: Path, verbose: int = 0, exit_timeout_s: int = 6,
+                 extra_env: dict[str, str] | None = None) -> None:
+        env = {**triton_env(), **(extra_env or {})}
         self.grpc, http, metrics = free_port(), free_port(), free_port()
         self.log_path = log_path
         self.server = spawn(

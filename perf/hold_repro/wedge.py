@@ -10,8 +10,14 @@ after a random delay while responses are in flight, tritonserver and its stub pi
 cores named by --server-cpus (preemption inside the short windows is what makes the race). It
 counts streams started per second; when none starts for --stall-s while streams are offered,
 it takes tritonserver's thread backtraces with gdb (when installed) and reports the wedge.
+A server that died instead (a crash of the same races) is reported as such, with its log's
+stack.
+
+`--lock-jitter EVERY:US` widens the races' windows on purpose: lock_jitter.c, built here and
+preloaded into tritonserver alone, sleeps US µs after one mutex acquisition in EVERY.
 
     .venv/bin/python -m perf.hold_repro.wedge --seconds 300 --streams 96 --server-cpus 0
+    .venv/bin/python -m perf.hold_repro.wedge --seconds 120 --lock-jitter 200:200
 """
 
 from __future__ import annotations
@@ -104,6 +110,17 @@ def backtraces(pid: int, path: Path) -> str:
     return f"{gdb} -> {path}"
 
 
+def lock_jitter_env(spec: str, out: Path) -> dict[str, str]:
+    """lock_jitter.c built into out; the environment that preloads it into tritonserver only."""
+    every, _, us = spec.partition(":")
+    if not (every.isdigit() and int(every) > 0 and (not us or us.isdigit())):
+        raise SystemExit(f"--lock-jitter wants EVERY:US (positive integers), got {spec!r}")
+    library = out / "lock_jitter.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(Path(__file__).with_name("lock_jitter.c"))],
+                   check=True)
+    return {"LD_PRELOAD": str(library), "LOCK_JITTER": spec, "LOCK_JITTER_ONLY": "tritonserver"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=300.0)
@@ -113,13 +130,16 @@ def main() -> None:
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list for tritonserver and its stub ('' = any)")
     ap.add_argument("--stall-s", type=float, default=15.0, help="no stream served this long = wedged")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lock-jitter", default="", metavar="EVERY:US",
+                    help="preload lock_jitter.c into tritonserver: sleep US µs after 1 in EVERY mutex locks")
     ap.add_argument("--out", type=Path, default=None, help="directory for the server log, result and backtraces")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="wedge-"))
     out.mkdir(parents=True, exist_ok=True)
     o = Ordering(args.chunks, args.gap_ms, False, False, "cancel")
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(make_repository(Path(tmp), [MODEL]), out / "server.log")
+        extra_env = lock_jitter_env(args.lock_jitter, out) if args.lock_jitter else None
+        server = Server(make_repository(Path(tmp), [MODEL]), out / "server.log", extra_env=extra_env)
         if args.server_cpus:  # pinned from its first instruction: its stub inherits the affinity
             subprocess.run(["taskset", "-a", "-p", "-c", args.server_cpus, str(server.process.pid)],
                            check=True, capture_output=True)
@@ -128,11 +148,15 @@ def main() -> None:
             result = asyncio.run(drive(f"127.0.0.1:{server.grpc}", o, args.streams, args.seconds, args.stall_s,
                                        args.seed))
             if result["wedged_after_s"] is not None:
-                result["backtraces"] = backtraces(server.process.pid, out / "backtraces.txt")
+                result["server_alive"] = server.process.poll() is None
+                if result["server_alive"]:
+                    result["backtraces"] = backtraces(server.process.pid, out / "backtraces.txt")
+                else:
+                    result["server_exit_code"] = server.process.returncode
         finally:
             result_exit = server.stop()
     result.update(server_exit_s=result_exit, out=str(out), chunks=args.chunks, gap_ms=args.gap_ms,
-                  server_cpus=args.server_cpus)
+                  server_cpus=args.server_cpus, lock_jitter=args.lock_jitter or None)
     (out / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
 

@@ -2,15 +2,13 @@
 and/or CODES [frames, 12], streamed (decoupled).
 
 execute() validates every request (INVALID_ARG at once) and hands it to a stream thread (StreamPool;
-beyond `max_streams` UNAVAILABLE at once). A stream (pipeline/speech_stream.SpeechStream) gets
-reference codes from ref_encoder (BLS), its code chunks from the engine in this process
-(EngineCodes), vocodes them when AUDIO is wanted, sends each chunk, and ends with one final
-response. The vocoder runs in this process too (`vocoder` "in_process", vocoder/worker.py: chunks
-in flight per stream, batched across streams, on a CUDA stream of its own), or in the `vocoder`
-model over BLS ("bls": the codec on another GPU). Requests naming a SESSION_ID form a text session
-(sessions/admission.py): run in order, one voice, one vocoder sequence. This adapter only wires
-and converts: the request policy is pipeline/speech_requests.py and sessions/admission.py, a
-stream's Triton side serving/stream_io.py (docs/structure.md).
+beyond `max_streams` UNAVAILABLE at once); a STOP request is answered there (serving/stop_requests.py).
+A stream (pipeline/speech_stream.SpeechStream) gets reference codes from ref_encoder (BLS), its code
+chunks from the engine in this process (EngineCodes), vocodes them when AUDIO is wanted (in this
+process, vocoder/worker.py, or the `vocoder` model over BLS), sends each chunk, and ends with one
+final response. Requests naming a SESSION_ID form a text session (sessions/admission.py). This
+adapter only wires and converts: the request policy is pipeline/speech_requests.py and
+sessions/admission.py, a stream's Triton side serving/stream_io.py (docs/structure.md).
 """
 
 import logging
@@ -41,6 +39,7 @@ from moss_tts.serving.gpu_trace import GpuTrace
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.request_ledger import LedgerStats, RequestLedger
 from moss_tts.serving.stall_watch import StallWatch, oldest_of
+from moss_tts.serving.stop_requests import StopRequests
 from moss_tts.serving.stop_watch import ServerStopWatch
 from moss_tts.serving.stream_io import FINAL, TritonChildren, TritonClient, encode_reference, end_sequence, refuse
 from moss_tts.serving.stream_pool import StreamPool
@@ -75,8 +74,7 @@ class TritonPythonModel:
         builder = PromptBuilder(load_tokenizer(model_dir), model.cfg)
         engine_config = EngineConfig.from_parameters(params)
         max_streams = int(params.get("max_streams", "320"))
-        # Before the engine: its KV budget counts what this process already holds (the codec's
-        # state and graphs among it).
+        # Before the engine: its KV budget counts what this process holds (the codec's state, graphs).
         placement = VocoderPlacement.from_parameters(params)
         session_config = SessionConfig.from_parameters(params)
         problem = session_config.vocoder_idle_problem(placement.vocoder_idle_s if placement.is_in_process else None)
@@ -107,18 +105,18 @@ class TritonPythonModel:
             lambda audio: encode_reference(audio, self.watch), lambda record: self.metrics.observe(record),
             self.pool.is_stopping, TraceLog.from_env(), forward_chunks=placement.vocoder_forward_chunks)
         self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
-        # Session requests that reached another instance of this server come here to be spoken
-        # (several instances: sessions/relay.py).
-        self.relay_server = RelayServer(socket_path(server_directory(), instance), self.admission.accept_relayed)
+        # Session requests and STOPs that reached another instance of this server come here (sessions/relay.py).
+        relay_socket = socket_path(server_directory(), instance)
+        self.relay_server = RelayServer(relay_socket, self.admission.accept_relayed, lambda id_: self.ledger.stop(id_))
         self.heartbeat = io.Heartbeat(args, lambda: oldest_of((self.streams.stalled_seconds(), "an engine step"),
             self.watch.oldest(), (self.worker.stalled_seconds() if self.worker else 0.0, "a vocoder round")))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
         self.metrics = metrics.RequestMetrics()
         # Requests in, final flags out: the model's view of what is in flight, beside Triton's.
         self.ledger = RequestLedger(FINAL)
+        self.stops = StopRequests(self.ledger, relay_socket, self.watch, FINAL)  # in-band STOP requests
         self._start_gauges(instance)
-        # The server's shutdown reaches the streams: over BLS a refused call said so, in process
-        # nothing does (streams would run on until Triton's exit timeout).
+        # The server's shutdown reaches the streams (in process nothing else would, until the exit timeout).
         self.stop_watch = ServerStopWatch(io.ask_missing_model, self._server_stopping)
         # Last: what is loaded now is never walked by a garbage collection again (gc_watch.py).
         log.info("moss_tts: %d objects frozen out of garbage collection", self.gc_watch.freeze_loaded())
@@ -186,24 +184,26 @@ class TritonPythonModel:
     def execute(self, requests):
         self.stop_watch.arm()  # the server serves: from now on "Server not ready" is its end
         for request in requests:
-            sender = self.ledger.track(request.get_response_sender())
+            sender = self.ledger.track(request.get_response_sender(), request.request_id())
             try:
-                stream = self._prepare(request, sender)
+                stream = self._prepare(request, sender)  # None: a STOP, answered
             except ServingError as exc:  # InvalidRequest, or UNAVAILABLE (max_sessions)
                 self.ledger.classify(sender, "refused")
                 refuse(sender, str(exc), exc.kind, self.watch)
                 self.metrics.count("invalid" if exc.kind is ErrorKind.INVALID_ARGUMENT else "busy")
                 continue
-            if not self.admission.start(stream):
+            if stream is not None and not self.admission.start(stream):
                 self.ledger.classify(sender, "refused")
                 self.metrics.count("busy" if not self.pool.is_stopping() else "unavailable")
                 refuse(sender, self.pool.refusal(), ErrorKind.UNAVAILABLE, self.watch)
         return None
 
     def _prepare(self, request, sender):
-        """The request's stream (a text session's request, or a SpeechStream): InvalidRequest at once."""
+        """The request's stream (a text session's request, a SpeechStream; None for a STOP): InvalidRequest at once."""
         started = time.monotonic()
         get = io.getter(request)
+        if self.stops.answered(get, sender):
+            return None
         session = parse_session_inputs(get)
         requested = requested_outputs(request.requested_output_names())
         client = TritonClient(sender, requested, self.watch)

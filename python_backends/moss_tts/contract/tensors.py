@@ -29,6 +29,7 @@ SAMPLES_PER_FRAME = 3840  # SAMPLE_RATE / FRAME_RATE
 # max_seq_len): prompt rows + frames <= max_seq_len; the server says so when it does not.
 MAX_TEXT_CHARS = 20000
 MAX_SESSION_ID_CHARS = 128  # SESSION_ID: a client-chosen string (a uuid4 is 36)
+MAX_REQUEST_ID_CHARS = 256  # STOP names a request by its gRPC request id
 # A text session's voice is its first request's: these inputs are refused on a later one.
 SESSION_VOICE_INPUTS = ("REFERENCE_AUDIO", "REFERENCE_CODES", "REFERENCE_TEXT", "MODE")
 MAX_REFERENCE_SECONDS = 100.0
@@ -93,6 +94,11 @@ MOSS_TTS_INPUTS = (
     _option("CHUNK_FRAMES", "INT32"),
     _option("REQUEST_ID", "BYTES"),
     *SESSION_INPUTS,
+    # STOP: a request of its own (TEXT empty, nothing else) on the client's stream that ends the
+    # running request whose gRPC request id it names; the stopped request ends with [CANCELLED],
+    # the STOP with an empty final response. Instead of a gRPC cancel, which can wedge or crash
+    # tritonserver 2.51 (docs/structure.md, "A wedge of 2.51's gRPC stream handler").
+    _option("STOP", "BYTES"),
 )
 MOSS_TTS_OUTPUTS = (
     Tensor("AUDIO", "FP32", (CHANNELS, -1)),
@@ -101,11 +107,12 @@ MOSS_TTS_OUTPUTS = (
 )
 # The ensemble takes every moss_tts input but the sessions' and these: it always takes
 # REFERENCE_AUDIO ([1, 1], empty = none) because ref_encoder runs first, fills REFERENCE_CODES
-# itself (ENSEMBLE_FILLED) and always streams (no STREAM input).
+# itself (ENSEMBLE_FILLED), always streams (no STREAM input) and has no STOP (an ensemble's steps
+# cannot be named by a later request).
 ENSEMBLE_FILLED = {"REFERENCE_CODES": "reference_codes"}  # moss_tts input: the ensemble tensor it gets
 MOSS_TTS_CODES_INPUTS = tuple(Tensor(t.name, t.dtype, (1, 1), optional=False) if t.name == "REFERENCE_AUDIO" else t
                               for t in MOSS_TTS_INPUTS
-                              if t not in SESSION_INPUTS and t.name not in (*ENSEMBLE_FILLED, "STREAM"))
+                              if t not in SESSION_INPUTS and t.name not in (*ENSEMBLE_FILLED, "STREAM", "STOP"))
 MOSS_TTS_CODES_OUTPUTS = MOSS_TTS_OUTPUTS[1:]
 # Batched models: dims without the batch dimension.
 REF_ENCODER_INPUTS = (Tensor("REFERENCE_AUDIO", "BYTES", (1,)),)

@@ -16,7 +16,8 @@ from ..contract.errors import InvalidRequest
 from ..contract.prompt_fields import PromptError, PromptFields, PromptSpec, parse_tokens, split_token_prefix
 from ..contract.sampling_options import SAMPLING_OPTIONS
 from ..contract.sampling_params import ChannelParams, SamplingError, SamplingParams
-from ..contract.tensors import DEFAULT_MAX_FRAMES, MAX_CHUNK_FRAMES, MAX_SESSION_ID_CHARS, MAX_TEXT_CHARS, MODES
+from ..contract.tensors import (DEFAULT_MAX_FRAMES, MAX_CHUNK_FRAMES, MAX_REQUEST_ID_CHARS, MAX_SESSION_ID_CHARS,
+                                MAX_TEXT_CHARS, MODES)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,26 @@ def parse_session_inputs(get: Getter) -> Optional[SessionInputs]:
     if index is not None and not 0 <= int(index) < 2**31 - 1:
         raise InvalidRequest(f"input SESSION_INDEX must be 0, 1, 2, ... (the request's place in its session), got {index}")
     return SessionInputs(session_id, is_end, has_text, None if index is None else int(index))
+
+
+def parse_stop_input(get: Getter, names) -> Optional[str]:
+    """STOP: the id of a running request to end (a request of its own, on the same stream), or None
+    for any other request. A STOP request carries nothing else but an empty TEXT (TEXT is required
+    by the model's config)."""
+    stop = _string(get, "STOP")
+    if stop is None:
+        return None
+    others = sorted(set(names) - {"STOP", "TEXT"})
+    if others:
+        raise InvalidRequest(f"a STOP request carries only STOP and an empty TEXT; it also has {', '.join(others)}: "
+                             f"send those in a request of their own")
+    if (_string(get, "TEXT") or "").strip():
+        raise InvalidRequest("a STOP request's TEXT must be empty: it speaks nothing, it ends the request STOP names")
+    stop = stop.strip()
+    if not stop or len(stop) > MAX_REQUEST_ID_CHARS or not stop.isprintable():
+        raise InvalidRequest(f"input STOP must be the id of the request to end (1 to {MAX_REQUEST_ID_CHARS} printable "
+                             f"characters, the request's gRPC id), got {stop[:MAX_REQUEST_ID_CHARS + 1]!r}")
+    return stop
 
 
 def _scalar(get: Getter, name: str):

@@ -51,6 +51,7 @@ def getter(request) -> Callable[[str], Optional[np.ndarray]]:
     def get(name: str) -> Optional[np.ndarray]:
         tensor = tensors.get(name)
         return None if tensor is None else tensor.as_numpy()
+    get.names = tuple(tensors)  # the inputs the request carries (a STOP carries no other)
     return get
 
 
