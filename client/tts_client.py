@@ -115,22 +115,25 @@ class TTSClient:
         try:
             client.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(output)],
                                       request_id=request_id, enable_empty_final_response=True)
-            while True:
+            while not finished:
                 result, error = events.get(timeout=timeout)
                 if error is not None:
                     finished = True
                     raise error
+                # Before the yield: a consumer that stops at the last chunk leaves a finished request.
+                finished = result.get_response().parameters["triton_final_response"].bool_param
                 array = result.as_numpy(output)
                 if array is not None and array.size:
                     yield array
-                if result.get_response().parameters["triton_final_response"].bool_param:
-                    finished = True
-                    return
         finally:
-            if not finished and model == "moss_tts":
-                finished = stopped(client, events, model, request_id)
-            client.stop_stream(cancel_requests=not finished)
-            client.close()
+            try:
+                if not finished and model == "moss_tts":
+                    finished = stopped(client, events, model, request_id)
+            except InferenceServerException:  # the stream had already failed: nothing left to stop
+                pass
+            finally:
+                client.stop_stream(cancel_requests=not finished)
+                client.close()
 
     def synthesize(self, inputs, model: str = "moss_tts", output: str = "AUDIO") -> Utterance:
         start = time.perf_counter()

@@ -142,8 +142,11 @@ def cancel_and_close(ws) -> None:
 
 
 def assert_cancelled_and_free(triton, before) -> None:
-    """The server counted one more cancelled request, and every session, row and sequence is free."""
-    assert triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED])[CANCELLED] > before[CANCELLED]
+    """The server counted one more cancelled request, ended by an in-band STOP (the shim never
+    cancels a gRPC call the server answers), and every session, row and sequence is free."""
+    stopped = 'moss_tts_requests{stat="stopped"}'
+    after = triton.wait_for_metrics(lambda m: m[CANCELLED] > before[CANCELLED] and m[stopped] > before[stopped])
+    assert after[CANCELLED] > before[CANCELLED] and after[stopped] > before[stopped]
     all_free(triton)
 
 

@@ -117,3 +117,25 @@ def test_stops_racing_finals_never_mark_an_ended_request_and_leave_no_entry():
             assert ledger.stats().stopped == sum(s.is_stopped for s in senders)
     finally:
         sys.setswitchinterval(interval)
+
+
+def test_a_final_that_could_not_be_sent_still_leaves_the_stop_index():
+    ledger = RequestLedger(FINAL)
+    sender = ledger.track(Sender(fail=True), "r1")
+    with pytest.raises(RuntimeError):
+        sender.send(flags=FINAL)
+    assert ledger.running_ids() == 0 and ledger.stop("r1") == 0
+
+
+def test_a_stop_that_came_first_is_remembered_only_when_asked_and_only_for_a_while():
+    """Several instances: a STOP may run before its request reaches another instance's execute()."""
+    now = [100.0]
+    ledger = RequestLedger(FINAL, clock=lambda: now[0])
+    assert ledger.stop("late", remember_s=10.0) == 0
+    assert ledger.stop("plain") == 0  # one instance: not remembered
+    late, plain = ledger.track(Sender(), "late"), ledger.track(Sender(), "plain")
+    assert late.is_cancelled() and not plain.is_cancelled() and ledger.stats().stopped == 1
+    assert not ledger.track(Sender(), "late").is_cancelled()  # remembered for one request
+    ledger.stop("old", remember_s=10.0)
+    now[0] += 11.0
+    assert not ledger.track(Sender(), "old").is_cancelled()  # forgotten after its time

@@ -2,13 +2,16 @@
 CPU instances). Triton hands each request to either instance, and nothing routes a session's
 requests to the one holding it: one that reaches the other instance is relayed to the holder
 (sessions/relay.py) and its audio comes back through the instance it reached. The session
-stays one: one voice, one vocoder sequence, its requests spoken in SESSION_INDEX order."""
+stays one: one voice, one vocoder sequence, its requests spoken in SESSION_INDEX order. An in-band
+STOP that reaches the instance not running its request is asked of the other (stop_requests.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from client.tts_client import InferenceServerException, TTSClient, build_inputs
+from client.tts_client import STOP_WAIT_S, InferenceServerException, TTSClient, build_inputs
 from perf.soak_metrics import idle_problems
 from triton_server import copy_repository, start_server, stop_server
 
@@ -112,3 +115,23 @@ def test_a_cancel_of_a_relayed_request_closes_the_session_on_its_holder(server):
         if relayed:
             break
     assert relayed, "no cancelled request reached the other instance in 8 tries"
+
+
+def test_an_utterance_left_early_is_stopped_whichever_instance_gets_its_stop(server):
+    """Each early close sends a STOP on the stream; Triton gives it to either instance. Every STOP is
+    answered (the close returns well within the client's wait, so no gRPC cancel followed) and stops
+    its request: the ledgers' `stopped`, summed over both instances, goes up by one each time."""
+    stopped = 'moss_tts_requests{stat="stopped"}'
+    for attempt in range(6):
+        before = server.settled_metrics()
+        stream = TTSClient(server.grpc_url).stream(build_inputs(
+            "A much longer one.", seed=attempt, max_frames=1900, ignore_stop=True, first_chunk_frames=1,
+            chunk_frames=1))
+        next(stream)
+        started = time.monotonic()
+        stream.close()
+        took = time.monotonic() - started
+        assert took < STOP_WAIT_S - 1.0, f"attempt {attempt}: the close took {took:.1f} s (the cancel fallback?)"
+        m = server.wait_for_metrics(lambda m: m[stopped] - before[stopped] >= 1)
+        assert m[stopped] - before[stopped] == 1, attempt
+        all_free(server)

@@ -16,8 +16,8 @@ from moss_tts.contract.tensors import INPUTS, MOSS_TTS_CODES_INPUTS
 from moss_tts.pipeline.synthesis_request import parse_stop_input
 from moss_tts.serving.request_ledger import RequestLedger
 from moss_tts.serving.stall_watch import StallWatch
-from moss_tts.serving.stop_requests import StopRequests
-from moss_tts.sessions.relay import RelayServer, ask_stop, socket_path
+from moss_tts.serving.stop_requests import StopRequests, ask_stop
+from moss_tts.sessions.relay import RelayServer, socket_path
 
 FINAL = 1
 
@@ -150,3 +150,19 @@ def test_ask_stop_counts_what_the_others_stopped_and_skips_an_unreachable_one(tm
         assert ask_stop(directory, own, "utt-2", timeout_s=1.0) == 0  # already stopped
     finally:
         server.stop()
+
+
+def test_a_peer_that_never_answers_costs_the_ask_its_deadline_only(tmp_path):
+    import socket
+
+    directory = tmp_path / "claims"
+    directory.mkdir()
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hung.bind(str(socket_path(directory, "moss_tts_1")))
+    hung.listen(4)  # accepts (the kernel does), never reads or answers
+    try:
+        started = time.monotonic()
+        assert ask_stop(directory, socket_path(directory, "moss_tts_0"), "utt-3", timeout_s=0.3) == 0
+        assert time.monotonic() - started < 1.0
+    finally:
+        hung.close()

@@ -31,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 from moss_tts.contract import tensors as contract
 
 from . import errors
+from .call_reader import ENDINGS, CallEnded, CallReader, is_final, keep
 
 # tritonclient's own message-size options, plus a reconnect backoff capped at 1 s: gRPC's default
 # backoff grows to 120 s, so a shim started before tritonserver answered 503 for ~24 s after the
@@ -99,27 +100,16 @@ def stop_request(model: str, request_id: str) -> dict:
             "request_id": f"{request_id}.stop", "parameters": {"triton_enable_empty_final_response": True}}
 
 
-# A stream's reader and ending tasks: asyncio keeps only weak references to tasks, and an ending
-# must outlive the request handler that started it (a cancelled one, when the HTTP client left).
-_TASKS: set[asyncio.Task] = set()
-_END = object()  # the reader's last item: the call ended
-
-
-def _keep(task: asyncio.Task) -> asyncio.Task:
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
-    return task
-
-
 class AudioStream:
-    """The AUDIO chunks of one utterance, in order.
+    """The AUDIO chunks of one utterance, in order. Its call is read by a CallReader (a task of its
+    own: a cancelled consumer must never cancel the RPC), and ending it early (aclose) is a task of
+    its own too, so that a cancelled handler still ends the request by the STOP and the half-close.
 
-    One task of its own reads the gRPC call into a queue, and the chunks are taken from the queue.
-    Why: grpc.aio cancels the whole RPC when a read is cancelled (grpc/aio/_call.py, `_read`), and
-    the shim's reads are cancelled all the time (the HTTP client leaves, a response timeout), so a
-    consumer must never await the call itself; a cancelled `Queue.get()` costs nothing. Ending the
-    request early (aclose) is a task of its own too, so that a cancelled handler still ends it by
-    the STOP and the half-close rather than leaving the call to be cancelled."""
+    Every AudioStream must be ended by aclose() or by reading it to its end (app.py does on every
+    path): the reader task holds it, so one dropped unended keeps its call open. The reader takes
+    responses as fast as the server sends them, so a slow HTTP client holds its utterance's audio
+    here rather than holding a send of the server's stream thread (at most one utterance: 30 MB a
+    minute of 48 kHz stereo float32)."""
 
     def __init__(self, client: grpcclient.InferenceServerClient, model: str, inputs, response_timeout_s: float,
                  stop_wait_s: float = STOP_WAIT_S):
@@ -129,7 +119,8 @@ class AudioStream:
         self._stop = asyncio.Event()  # set (before _closed) when the request is to be stopped in-band
         self._finished = False
         # How aclose() ended a running request: "stopped" (its STOP answered), "cancelled" (the gRPC
-        # fallback), None (it had ended by itself, or aclose() was not called).
+        # fallback), "call ended" (the server ended the call meanwhile), None (it had ended by
+        # itself, or aclose() was not called).
         self.ended_by: Optional[str] = None
         self._ending: Optional[asyncio.Task] = None
         request_id = uuid.uuid4().hex  # what a STOP names; unguessable, so no other client can stop it
@@ -149,32 +140,21 @@ class AudioStream:
                 await self._closed.wait()
 
         self._call = client.stream_infer(requests())
-        self._responses: asyncio.Queue = asyncio.Queue()  # (result, error) pairs, then _END or an exception
-        self._reader = _keep(asyncio.ensure_future(self._read_all()))
-
-    async def _read_all(self) -> None:
-        """Every response of the call into the queue, then _END (the call's status came) or the
-        call's exception."""
-        try:
-            async for item in self._call:
-                self._responses.put_nowait(item)
-        except BaseException as exc:  # AioRpcError, or CancelledError once the call was cancelled
-            self._responses.put_nowait(exc)
-            if not isinstance(exc, (Exception, asyncio.CancelledError)):
-                raise
-        else:
-            self._responses.put_nowait(_END)
+        self._reader = CallReader(self._call)
 
     def __aiter__(self) -> "AudioStream":
         return self
 
     async def __anext__(self) -> np.ndarray:
+        if self._ending is not None:  # being ended (aclose): its responses are the ending's
+            await asyncio.shield(self._ending)
+            raise StopAsyncIteration
         while not self._finished:
             result, error = await self._next_response()
             if error is not None:
                 self._finished = True  # aclose() ends the stream
                 raise errors.from_triton_message(error.message())
-            if result.get_response().parameters["triton_final_response"].bool_param:
+            if is_final(result):
                 self._finished = True
             audio = result.as_numpy("AUDIO")
             if audio is not None and audio.size:
@@ -184,27 +164,23 @@ class AudioStream:
 
     async def _next_response(self):
         try:
-            async with asyncio.timeout(self._timeout):  # wait_for would make a task per chunk
-                item = await self._responses.get()
+            return await self._reader.next(self._timeout)
         except TimeoutError:
             await self.aclose()
             raise errors.timeout(f"tritonserver sent nothing for {self._timeout:g} s (--response-timeout); "
                                  f"the request was stopped") from None
-        if isinstance(item, tuple):
-            return item
-        self._finished = True
-        self._closed.set()
-        if isinstance(item, grpc.aio.AioRpcError):
-            raise errors.from_grpc(item) from None
-        raise errors.internal("tritonserver closed the stream without a final response") from None
+        except CallEnded as ended:
+            self._finished = True
+            self._closed.set()
+            if isinstance(ended.cause, grpc.aio.AioRpcError):
+                raise errors.from_grpc(ended.cause) from None
+            raise errors.internal("tritonserver closed the stream without a final response") from None
 
     async def _end(self) -> None:
-        """Once the request has ended: half-close the stream and wait for the reader to read it to
-        its status (once); only a server that does not end it within END_TIMEOUT_S gets it cancelled."""
+        """Once the request has ended: half-close the stream and let the reader read it to its
+        status (once); only a server that does not end it within END_TIMEOUT_S gets it cancelled."""
         self._closed.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._reader), END_TIMEOUT_S)
-        except (TimeoutError, asyncio.TimeoutError):
+        if not await self._reader.until_status(END_TIMEOUT_S):
             self._call.cancel()
 
     @property
@@ -213,38 +189,28 @@ class AudioStream:
 
     async def aclose(self) -> None:
         """End the request on the server unless it already finished: an in-band STOP, both final
-        responses read, then the stream half-closed and read to its status; a gRPC cancel only when
-        that does not happen within the stop's wait. Runs as a task of its own, which a cancel of
-        the caller does not stop. Safe to call twice."""
+        responses read (the stopped request's, an error or a final flag, and the STOP's own), then
+        the stream half-closed and read to its status; a gRPC cancel only when the finals do not
+        come within the stop's wait. Runs as a task of its own, which a cancel of the caller does
+        not stop. Safe to call twice."""
         if self._ending is None:
-            self._ending = _keep(asyncio.ensure_future(self._end_request(stop=not self._finished)))
+            self._ending = keep(asyncio.ensure_future(self._end_request(stop=not self._finished)), ENDINGS)
             self._finished = True
         await asyncio.shield(self._ending)
 
     async def _end_request(self, stop: bool) -> None:
         if stop:
-            stopped = await self._stopped()
-            if not stopped:
+            self._stop.set()
+            # Two finals since the call began: the request's own (a final flag or an error, maybe
+            # already read) and the STOP's. The reader counts them, whoever reads the queue.
+            if await self._reader.until_finals(2, self._stop_wait_s):
+                self.ended_by = "stopped"
+            elif self._reader.is_ended:  # the server ended the call first (it shuts down): nothing to cancel
+                self.ended_by = "call ended"
+            else:
                 self._call.cancel()
-            self.ended_by = "stopped" if stopped else "cancelled"
+                self.ended_by = "cancelled"
         await self._end()
-
-    async def _stopped(self) -> bool:
-        """Send the STOP and read on until two final responses (the stopped request's, an error or a
-        final flag, and the STOP's own) have come: True, or False when they do not come in time."""
-        self._stop.set()
-        finals = 0
-        try:
-            async with asyncio.timeout(self._stop_wait_s):
-                while finals < 2:
-                    item = await self._responses.get()
-                    if not isinstance(item, tuple):  # the call ended first
-                        return False
-                    result, error = item
-                    finals += error is not None or result.get_response().parameters["triton_final_response"].bool_param
-        except TimeoutError:
-            return False
-        return True
 
 
 class TritonSpeech:
@@ -286,4 +252,8 @@ class TritonSpeech:
         return None
 
     async def close(self) -> None:
+        """Close the channel once the streams being ended (STOPs, half-closes) are done, or after the
+        longest an ending takes: closing it under them would cancel their calls."""
+        if ENDINGS:
+            await asyncio.wait(set(ENDINGS), timeout=STOP_WAIT_S + END_TIMEOUT_S)
         await self._client.close()

@@ -9,10 +9,14 @@ audio as binary frames; a named one as JSON `audio` events carrying its id, sinc
 cannot name a context.
 
 A context ends exactly once (`is_over`): done after its last segment, cancelled, failed, or its
-socket gone. Ending frees everything it holds at once (the gRPC call is cancelled unless the server
-finished it, the audio converter closed) and tells the connection (`on_over`), which counts it out
-of the socket's limit. A cancel stops the forwarder before the cancelled `done` leaves, so no audio
-of the context follows its done.
+socket gone. Ending frees everything it holds at once (the audio converter closed, the forwarder
+stopped) and tells the connection (`on_over`), which counts it out of the socket's limit. Its
+requests still running on the server are ended by in-band STOPs on the same call, one per request
+(triton_stream.py, "Stopping an utterance early" in the README), then the call is half-closed and
+read to its status, on a task of its own (`_end_call`); the call is cancelled only when the STOPs
+are not answered within STOP_WAIT_S. The call is read by a CallReader, never by the forwarder
+itself: grpc.aio cancels the RPC when a read is cancelled. A cancel stops the forwarder before the
+cancelled `done` leaves, so no audio of the context follows its done.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from . import errors
 from .audio_format import seconds
 from .audio_output import NO_AUDIO, AudioOutput
 from .errors import ApiError
+from .call_reader import ENDINGS, CallEnded, CallReader, keep
 from .session_options import SessionOptions
-from .triton_stream import AUDIO_ONLY, build_inputs
+from .triton_stream import AUDIO_ONLY, END_TIMEOUT_S, STOP_WAIT_S, build_inputs, stop_request
 from .ws_protocol import POLICY, SOCKET_GONE, ProtocolViolation, error_event
 
 log = logging.getLogger("openai_shim")
@@ -54,6 +59,8 @@ class SpeechContext:
         self.finished = finished
         self.requests: asyncio.Queue = asyncio.Queue()
         self.call = None
+        self.reader: Optional[CallReader] = None
+        self.sent_ids: list[str] = []  # the requests sent on the call, in order
         self.forwarder: Optional[asyncio.Task] = None
         self.failure: Optional[ApiError] = None  # why it failed, once it has
         self.is_ended = False  # the client sent `end`
@@ -89,6 +96,7 @@ class SpeechContext:
         request: 128 sessions completing their first sentence at once would each open a stream in
         that instant, on the shim and on tritonserver's gRPC front end, before its request goes."""
         self.call = self.connection.app.state.triton.stream(self._request_stream())
+        self.reader = CallReader(self.call)
         self.forwarder = asyncio.ensure_future(self._forward())
         if self.context_id is not None:
             await self.emit({"type": "context.started", "session_id": self.session_id})
@@ -137,6 +145,7 @@ class SpeechContext:
         request_id, options = self.plan.next(text, is_end)
         values = {"TEXT": text, **options, "SESSION_ID": self.session_id, "SESSION_END": True if is_end else None}
         app = self.connection.app
+        self.sent_ids.append(request_id)
         self.requests.put_nowait({"model_name": app.state.triton.model, "inputs": build_inputs(values),
                                   "request_id": request_id, "outputs": AUDIO_ONLY,
                                   "parameters": {"triton_enable_empty_final_response": True}})
@@ -151,13 +160,28 @@ class SpeechContext:
     def _free(self) -> None:
         """Free everything now; every way out calls it first, once (before its last event goes)."""
         self.is_over = True
-        if self.call is not None and not self.is_server_done:
-            self.call.cancel()
-        self.requests.put_nowait(None)
+        if self.call is not None:  # its requests still running are stopped, then it is half-closed
+            running = [] if self.is_server_done else [i for i in self.sent_ids if i not in self.reader.final_ids]
+            keep(asyncio.ensure_future(self._end_call(running)), ENDINGS)
+        else:
+            self.requests.put_nowait(None)
         if self.forwarder is not None and self.forwarder is not asyncio.current_task():
             self.forwarder.cancel()
         self.output.close()
         self.on_over(self)
+
+    async def _end_call(self, running: list[str]) -> None:
+        """STOP each request in `running` (those without a final flag read: one that ended by an error
+        is stopped again, harmlessly), wait for every request's final and the STOPs' own (counted by
+        the reader), half-close, read the call to its status; a gRPC cancel only when the server does
+        not answer in time."""
+        model = self.connection.app.state.triton.model
+        for request_id in running:
+            self.requests.put_nowait(stop_request(model, request_id))
+        stopped = not running or await self.reader.until_finals(len(self.sent_ids) + len(running), STOP_WAIT_S)
+        self.requests.put_nowait(None)
+        if (not stopped and not self.reader.is_ended) or not await self.reader.until_status(END_TIMEOUT_S):
+            self.call.cancel()
 
     async def _forward(self) -> None:
         """The forwarder task: audio until done; a failure ends this context with its error event.
@@ -191,17 +215,16 @@ class SpeechContext:
 
     async def _next_result(self):
         try:
-            async with asyncio.timeout(self.connection.config.response_timeout_s):  # no task per chunk
-                return await self.call.__anext__()
+            result, error = await self.reader.next(self.connection.config.response_timeout_s)
         except TimeoutError:
             raise errors.timeout(f"tritonserver sent nothing for {self.connection.config.response_timeout_s:g} s "
-                                 f"(--response-timeout); the session was cancelled") from None
-        except grpc.aio.AioRpcError as exc:
+                                 f"(--response-timeout); the session was stopped") from None
+        except CallEnded as ended:
             self.is_server_done = True
-            raise errors.from_grpc(exc) from None
-        except StopAsyncIteration:
-            self.is_server_done = True
+            if isinstance(ended.cause, grpc.aio.AioRpcError):
+                raise errors.from_grpc(ended.cause) from None
             raise errors.internal("tritonserver closed the stream without a final response") from None
+        return result, error
 
     async def _forward_audio(self) -> None:
         """Audio, a segment.done after each segment (where it starts and ends in this context's audio,

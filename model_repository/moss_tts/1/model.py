@@ -105,16 +105,16 @@ class TritonPythonModel:
             lambda audio: encode_reference(audio, self.watch), lambda record: self.metrics.observe(record),
             self.pool.is_stopping, TraceLog.from_env(), forward_chunks=placement.vocoder_forward_chunks)
         self.admission = SessionAdmission(self.requests, self.sessions, self.pool)
-        # Session requests and STOPs that reached another instance of this server come here (sessions/relay.py).
         relay_socket = socket_path(server_directory(), instance)
-        self.relay_server = RelayServer(relay_socket, self.admission.accept_relayed, lambda id_: self.ledger.stop(id_))
+        # Requests in, final flags out: the model's view of what is in flight, beside Triton's.
+        self.ledger = RequestLedger(FINAL)
+        self.stops = StopRequests(self.ledger, relay_socket, self.watch, FINAL)  # in-band STOP requests
+        # Session requests and STOPs that reached another instance of this server come here (sessions/relay.py).
+        self.relay_server = RelayServer(relay_socket, self.admission.accept_relayed, self.stops.stop_from_peer)
         self.heartbeat = io.Heartbeat(args, lambda: oldest_of((self.streams.stalled_seconds(), "an engine step"),
             self.watch.oldest(), (self.worker.stalled_seconds() if self.worker else 0.0, "a vocoder round")))
         # One thread (the gauge thread) makes all of this model's metric IPC but the heartbeat's.
         self.metrics = metrics.RequestMetrics()
-        # Requests in, final flags out: the model's view of what is in flight, beside Triton's.
-        self.ledger = RequestLedger(FINAL)
-        self.stops = StopRequests(self.ledger, relay_socket, self.watch, FINAL)  # in-band STOP requests
         self._start_gauges(instance)
         # The server's shutdown reaches the streams (in process nothing else would, until the exit timeout).
         self.stop_watch = ServerStopWatch(io.ask_missing_model, self._server_stopping)

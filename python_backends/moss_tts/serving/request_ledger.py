@@ -19,7 +19,9 @@ marks a request that has ended.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 
 # What a request is, once execute() has read it: refused (invalid input, busy: answered in
@@ -47,8 +49,10 @@ class LedgerStats:
 
 
 class RequestLedger:
-    def __init__(self, final_flag: int) -> None:
+    def __init__(self, final_flag: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.final_flag = final_flag
+        self._clock = clock
+        self._early_stops: dict[str, float] = {}  # STOPs that came before their request: id -> until
         self._lock = threading.Lock()
         self._entered = self._finals = self._send_errors = self._double_finals = 0
         self._in_flight = dict.fromkeys(PATHS, 0)
@@ -64,16 +68,28 @@ class RequestLedger:
             self._in_flight["unread"] += 1
             if request_id:
                 self._running.setdefault(request_id, set()).add(tracked)
+                if self._early_stops:
+                    now = self._clock()
+                    self._early_stops = {i: t for i, t in self._early_stops.items() if t > now}
+                    if self._early_stops.pop(request_id, None) is not None:
+                        tracked.is_stopped = True
+                        self._stopped += 1
         return tracked
 
-    def stop(self, request_id: str, by: "TrackedSender | None" = None) -> int:
+    def stop(self, request_id: str, by: "TrackedSender | None" = None, remember_s: float = 0.0) -> int:
         """Mark every running request with this id (but `by`, the STOP request itself) stopped: its
-        sender reads as cancelled from now on. Returns how many were running."""
+        sender reads as cancelled from now on. Returns how many were running. With `remember_s`, a
+        STOP that found nothing also marks a request of that id tracked within that many seconds
+        (several instances: Triton may run the STOP on one before the request reaches another's
+        execute(); with one instance a stream's requests are executed in order, so it is not needed,
+        and an id a careless client reuses is not stopped by an old STOP)."""
         with self._lock:
             found = [t for t in self._running.get(request_id, ()) if t is not by and not t.is_stopped]
             for tracked in found:
                 tracked.is_stopped = True
             self._stopped += len(found)
+            if not found and remember_s > 0:
+                self._early_stops[request_id] = self._clock() + remember_s
         return len(found)
 
     def classify(self, sender: "TrackedSender", path: str) -> None:
@@ -94,6 +110,12 @@ class RequestLedger:
     def _sent(self, sender: "TrackedSender", final: bool, error: bool) -> None:
         with self._lock:
             self._send_errors += error
+            if final:  # sent or not, the request is over for a STOP (a failed final is its end too)
+                running = self._running.get(sender.request_id)
+                if running is not None:
+                    running.discard(sender)
+                    if not running:
+                        del self._running[sender.request_id]
             if final and not error:
                 if sender.is_final_sent:
                     self._double_finals += 1
@@ -101,11 +123,6 @@ class RequestLedger:
                     sender.is_final_sent = True
                     self._finals += 1
                     self._in_flight[sender.path] -= 1
-                    running = self._running.get(sender.request_id)
-                    if running is not None:
-                        running.discard(sender)
-                        if not running:
-                            del self._running[sender.request_id]
 
     def running_ids(self) -> int:
         """How many request ids a STOP could find now (0 when nothing is in flight)."""

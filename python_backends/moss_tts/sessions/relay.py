@@ -9,9 +9,8 @@ so the receiving instance forwards the request to the holder over a Unix socket 
 directory (`<directory>/<instance>.sock`, the directory 0700) and sends what comes back to its
 client. A cancel closes the socket; the holder sees it as the request's cancel. No Triton import.
 
-The same sockets carry an in-band STOP (serving/request_ledger.py) that reached an instance not
-running the request it names: `ask_stop` asks every other instance (`{"stop": id}` ->
-`{"stopped": n}`).
+The same sockets carry an in-band STOP that reached an instance not running the request it names
+(serving/stop_requests.ask_stop asks every other instance: `{"stop": id}` -> `{"stopped": n}`).
 
 Messages: a 4-byte big-endian length, then JSON. Arrays travel as dtype, shape and base64 bytes
 (BYTES tensors as a list of base64 strings); no pickle: a message is data, never code.
@@ -192,7 +191,10 @@ class RelayServer:
             if "stop" in message:
                 stopped = self.stop_request(str(message["stop"]))
                 with closing(conn):
-                    write_message(conn, {"stopped": stopped})
+                    try:
+                        write_message(conn, {"stopped": stopped})
+                    except OSError:  # the asking instance gave up waiting: nothing to answer
+                        pass
                 return
             self.accept(message, client)
         except Exception as exc:  # a malformed message: answered, never the relay's end
@@ -207,25 +209,6 @@ class RelayServer:
             pass
         self._sock.close()
         self.path.unlink(missing_ok=True)
-
-
-def ask_stop(directory: Path, own: Path, request_id: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
-    """Ask every other instance of this server (the relay sockets in `directory` but `own`) to stop
-    the request `request_id`: how many they stopped. An instance that cannot be reached counts 0."""
-    stopped = 0
-    for path in sorted(Path(directory).glob("*.sock")):
-        if path == Path(own):
-            continue
-        try:
-            with closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as sock:
-                sock.settimeout(timeout_s)
-                sock.connect(str(path))
-                write_message(sock, {"stop": request_id})
-                answer = read_message(sock) or {}
-            stopped += int(answer.get("stopped", 0))
-        except (OSError, ValueError) as exc:  # an instance stopping or gone: it runs nothing to stop
-            log.warning("STOP %r: instance socket %s did not answer: %s", request_id, path.name, error_text(exc))
-    return stopped
 
 
 def relay(path: Path, message: dict, client, is_cancelled: Callable[[], bool],
