@@ -167,8 +167,12 @@ class TextSession:
     long clauses); each segment is one request on ONE gRPC stream, all naming a SESSION_ID made
     here; the last carries SESSION_END. The server speaks them in order and continues one
     vocoder sequence across them. `chunks()` yields the audio as it comes; `cancel()` (or
-    leaving a `with` block early) stops the stream and frees the session on the server at once.
-    send_text/flush/end may be called from another thread than the one reading chunks().
+    leaving a `with` block early) frees the session on the server at once: an in-band STOP for each
+    request still running, then the stream half-closed (a gRPC cancel only if the STOPs are not
+    answered within STOP_WAIT_S). The stream's callback counts the final responses (error responses
+    included) and the ids of those with a final flag as they come, so the ending knows what still
+    runs, whoever reads chunks(). send_text/flush/end may be called from another thread than the
+    one reading chunks().
     """
 
     def __init__(self, url: str, model: str = "moss_tts", codes: bool = False, timeout: float = 600.0,
@@ -187,8 +191,22 @@ class TextSession:
         self._is_ended = False
         self._is_done = False
         self._num_open = 0  # requests sent whose final (or error) response has not come yet
+        self._sent_ids: list[str] = []  # every request sent on the stream, in order
+        self._finals = 0  # final responses come so far, error responses included (the callback's count)
+        self._final_ids: set[str] = set()  # ids of the responses come with a final flag
+        self._came = threading.Condition(self._lock)
         self._client = grpcclient.InferenceServerClient(url)
-        self._client.start_stream(callback=lambda result, error: self._events.put((result, error)))
+        self._client.start_stream(callback=self._on_response)
+
+    def _on_response(self, result, error) -> None:
+        """tritonclient's stream thread: count the finals, then hand the response to chunks()."""
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            with self._came:
+                self._finals += 1
+                if error is None:
+                    self._final_ids.add(result.get_response().id)
+                self._came.notify_all()
+        self._events.put((result, error))
 
     def send_text(self, delta: str) -> list[str]:
         """Add text; sends (and returns) the segments it completed."""
@@ -223,6 +241,7 @@ class TextSession:
         request_id, options = self.plan.next(text, is_end)
         inputs = build_inputs(text, session_id=self.session_id, session_end=True if is_end else None, **options)
         self._num_open += 1
+        self._sent_ids.append(request_id)
         self._client.async_stream_infer(self.model, inputs, request_id=request_id,
                                         outputs=[grpcclient.InferRequestedOutput(name) for name in self.outputs],
                                         enable_empty_final_response=True)
@@ -266,13 +285,32 @@ class TextSession:
         self.close(cancel=True)
 
     def close(self, cancel: bool = False) -> None:
-        """End the stream: cancelled if asked or if the session is not done, else half-closed and
-        read to its end. A stream whose requests have all ended is never cancelled: that can leave
-        tritonserver 2.51 holding moss_tts (perf/hold_repro/README.md)."""
+        """End the stream. Its requests still running (asked to cancel, or the session not done) are
+        stopped in-band first; then it is half-closed and read to its end. A gRPC cancel only when
+        the STOPs are not answered in time: a cancel can wedge or crash tritonserver 2.51, and one
+        of a stream whose requests have all ended can leave it holding moss_tts
+        (perf/hold_repro/README.md)."""
         if self._client is not None:
             client, self._client = self._client, None
-            client.stop_stream(cancel_requests=cancel or not self._is_done)
-            client.close()
+            try:
+                stopped = not (cancel or not self._is_done) or self._stopped(client)
+            except InferenceServerException:  # the stream had already failed: nothing left to stop
+                stopped = False
+            finally:
+                client.stop_stream(cancel_requests=not stopped)
+                client.close()
+
+    def _stopped(self, client, wait_s: float = STOP_WAIT_S) -> bool:
+        """A STOP for each request sent whose final flag has not come; True once every request's
+        final (error or flag) and every STOP's own have come within `wait_s`."""
+        with self._lock:
+            running = [i for i in self._sent_ids if i not in self._final_ids]
+            expected = len(self._sent_ids) + len(running)
+        for request_id in running:
+            client.async_stream_infer(self.model, stop_inputs(request_id), request_id=f"{request_id}.stop",
+                                      enable_empty_final_response=True)
+        with self._came:
+            return self._came.wait_for(lambda: self._finals >= expected, timeout=wait_s)
 
     def __enter__(self) -> "TextSession":
         return self

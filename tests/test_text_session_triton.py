@@ -95,20 +95,29 @@ def test_whole_and_word_by_word_give_the_same_segments_and_codes(triton):
     all_free(triton)
 
 
-def cancel_after_first_chunk(url: str) -> None:
-    """A long session cancelled by its client once its first audio (one frame) came."""
+def cancel_after_first_chunk(url: str) -> float:
+    """A long session cancelled by its client once its first audio (one frame) came: the seconds
+    cancel() took."""
     session = TTSClient(url).text_session(seed=1, max_frames=1900, ignore_stop=True, first_chunk_frames=1,
                                           chunk_frames=1)
     session.send_text("A long first sentence. And a second one ")
     assert next(session.chunks()).audio.shape == (2, SPF)
+    started = time.monotonic()
     session.cancel()
+    return time.monotonic() - started
 
 
 def test_cancel_mid_session_frees_everything(triton):
+    """The cancel is an in-band STOP of the running request (the ledger counts it), answered well
+    within the client's wait (no gRPC cancel followed)."""
+    from client.tts_client import STOP_WAIT_S
+
     before = triton.settled_metrics()
-    cancel_after_first_chunk(triton.grpc_url)
-    cancelled = 'moss_tts_sessions{stat="cancelled"}'
-    triton.wait_for_metrics(lambda m: m[cancelled] > before[cancelled])
+    took = cancel_after_first_chunk(triton.grpc_url)
+    assert took < STOP_WAIT_S - 1.0, f"cancel() took {took:.1f} s: the gRPC cancel fallback?"
+    cancelled, stopped = 'moss_tts_sessions{stat="cancelled"}', 'moss_tts_requests{stat="stopped"}'
+    after = triton.wait_for_metrics(lambda m: m[cancelled] > before[cancelled] and m[stopped] > before[stopped])
+    assert after[cancelled] > before[cancelled] and after[stopped] == before[stopped] + 1
     all_free(triton)
 
 
