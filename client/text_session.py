@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from client.tts_client import STOP_WAIT_S, InferenceServerException, build_inputs, stop_inputs
+from client.tts_client import STOP_WAIT_S, InferenceServerException, build_inputs, send_stop
 from moss_tts.contract import tensors as contract
 from moss_tts.contract.session_requests import SessionRequests
 
@@ -172,8 +172,7 @@ class TextSession:
             running = [i for i in self._sent_ids if i not in self._final_ids]
             expected = len(self._sent_ids) + len(running)
         for request_id in running:
-            client.async_stream_infer(self.model, stop_inputs(request_id), request_id=f"{request_id}.stop",
-                                      enable_empty_final_response=True)
+            send_stop(client, self.model, request_id)
         with self._came:
             return self._came.wait_for(lambda: self._finals >= expected, timeout=wait_s)
 

@@ -77,14 +77,19 @@ def stop_inputs(request_id: str) -> list[grpcclient.InferInput]:
     return [option_input("TEXT", ""), option_input("STOP", request_id)]
 
 
+def send_stop(client: grpcclient.InferenceServerClient, model: str, request_id: str) -> None:
+    """The STOP of request `request_id` on the client's open stream, its empty final asked for."""
+    client.async_stream_infer(model, stop_inputs(request_id), request_id=contract.stop_request_id(request_id),
+                              enable_empty_final_response=True)
+
+
 def stopped(client: grpcclient.InferenceServerClient, events: "queue.Queue", model: str, request_id: str,
             wait_s: float = STOP_WAIT_S) -> bool:
     """Stop the running request `request_id` on the client's open stream: send the STOP, then read
     the stream's `events` (the callback's (result, error) pairs) until both final responses (the
     stopped request's, an error or a final flag, and the STOP's own) have come. False when they did
     not come within `wait_s` (the caller cancels then)."""
-    client.async_stream_infer(model, stop_inputs(request_id), request_id=f"{request_id}.stop",
-                              enable_empty_final_response=True)
+    send_stop(client, model, request_id)
     deadline, finals = time.monotonic() + wait_s, 0
     try:
         while finals < 2:

@@ -106,5 +106,12 @@ class CallReader:
         return bool(done)
 
 
+async def queued_requests(requests: asyncio.Queue):
+    """A `stream_infer` call's request iterator: each request put in `requests`, in order, until None,
+    which half-closes the call (half-closing early would end the stream before its responses)."""
+    while (request := await requests.get()) is not None:
+        yield request
+
+
 def is_final(result) -> bool:
     return result.get_response().parameters["triton_final_response"].bool_param

@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 from moss_tts.contract import tensors as contract
 
 from . import errors
-from .call_reader import ENDINGS, CallEnded, CallReader, is_final, keep
+from .call_reader import ENDINGS, CallEnded, CallReader, is_final, keep, queued_requests
 
 # tritonclient's own message-size options, plus a reconnect backoff capped at 1 s: gRPC's default
 # backoff grows to 120 s, so a shim started before tritonserver answered 503 for ~24 s after the
@@ -97,7 +97,7 @@ def stop_request(model: str, request_id: str) -> dict:
     """The in-band STOP of request `request_id` (TEXT empty, as moss_tts's config requires TEXT),
     under an id of its own; its empty final response is asked for, so the client sees it end."""
     return {"model_name": model, "inputs": build_inputs({"TEXT": "", "STOP": request_id}),
-            "request_id": f"{request_id}.stop", "parameters": {"triton_enable_empty_final_response": True}}
+            "request_id": contract.stop_request_id(request_id), "parameters": {"triton_enable_empty_final_response": True}}
 
 
 class AudioStream:
@@ -115,31 +115,20 @@ class AudioStream:
                  stop_wait_s: float = STOP_WAIT_S):
         self._timeout = response_timeout_s
         self._stop_wait_s = stop_wait_s
-        self._closed = asyncio.Event()
-        self._stop = asyncio.Event()  # set (before _closed) when the request is to be stopped in-band
+        self._model = model
         self._finished = False
         # How aclose() ended a running request: "stopped" (its STOP answered), "cancelled" (the gRPC
         # fallback), "call ended" (the server ended the call meanwhile), None (it had ended by
         # itself, or aclose() was not called).
         self.ended_by: Optional[str] = None
         self._ending: Optional[asyncio.Task] = None
-        request_id = uuid.uuid4().hex  # what a STOP names; unguessable, so no other client can stop it
-
-        async def requests():
-            yield {"model_name": model, "inputs": inputs, "outputs": AUDIO_ONLY, "request_id": request_id,
-                   "parameters": {"triton_enable_empty_final_response": True}}
-            # Half-closing early would end the stream before the responses; a stop comes first.
-            stop, closed = asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._closed.wait())
-            try:
-                await asyncio.wait((stop, closed), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-                closed.cancel()
-            if self._stop.is_set() and not self._closed.is_set():
-                yield stop_request(model, request_id)
-                await self._closed.wait()
-
-        self._call = client.stream_infer(requests())
+        self._request_id = uuid.uuid4().hex  # what a STOP names; unguessable, so no other client can stop it
+        # The call's requests: this one, then maybe its STOP, then None, the half-close.
+        self._requests: asyncio.Queue = asyncio.Queue()
+        self._requests.put_nowait({"model_name": model, "inputs": inputs, "outputs": AUDIO_ONLY,
+                                   "request_id": self._request_id,
+                                   "parameters": {"triton_enable_empty_final_response": True}})
+        self._call = client.stream_infer(queued_requests(self._requests))
         self._reader = CallReader(self._call)
 
     def __aiter__(self) -> "AudioStream":
@@ -171,7 +160,7 @@ class AudioStream:
                                  f"the request was stopped") from None
         except CallEnded as ended:
             self._finished = True
-            self._closed.set()
+            self._requests.put_nowait(None)
             if isinstance(ended.cause, grpc.aio.AioRpcError):
                 raise errors.from_grpc(ended.cause) from None
             raise errors.internal("tritonserver closed the stream without a final response") from None
@@ -179,7 +168,7 @@ class AudioStream:
     async def _end(self) -> None:
         """Once the request has ended: half-close the stream and let the reader read it to its
         status (once); only a server that does not end it within END_TIMEOUT_S gets it cancelled."""
-        self._closed.set()
+        self._requests.put_nowait(None)
         if not await self._reader.until_status(END_TIMEOUT_S):
             self._call.cancel()
 
@@ -200,7 +189,7 @@ class AudioStream:
 
     async def _end_request(self, stop: bool) -> None:
         if stop:
-            self._stop.set()
+            self._requests.put_nowait(stop_request(self._model, self._request_id))
             # Two finals since the call began: the request's own (a final flag or an error, maybe
             # already read) and the STOP's. The reader counts them, whoever reads the queue.
             if await self._reader.until_finals(2, self._stop_wait_s):

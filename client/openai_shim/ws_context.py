@@ -37,7 +37,7 @@ from . import errors
 from .audio_format import seconds
 from .audio_output import NO_AUDIO, AudioOutput
 from .errors import ApiError
-from .call_reader import ENDINGS, CallEnded, CallReader, keep
+from .call_reader import ENDINGS, CallEnded, CallReader, keep, queued_requests
 from .session_options import SessionOptions
 from .triton_stream import AUDIO_ONLY, END_TIMEOUT_S, STOP_WAIT_S, build_inputs, stop_request
 from .ws_protocol import POLICY, SOCKET_GONE, ProtocolViolation, error_event
@@ -95,7 +95,7 @@ class SpeechContext:
         HTTP stream's). The stream opens here, before any text is complete, not with the first
         request: 128 sessions completing their first sentence at once would each open a stream in
         that instant, on the shim and on tritonserver's gRPC front end, before its request goes."""
-        self.call = self.connection.app.state.triton.stream(self._request_stream())
+        self.call = self.connection.app.state.triton.stream(queued_requests(self.requests))
         self.reader = CallReader(self.call)
         self.forwarder = asyncio.ensure_future(self._forward())
         if self.context_id is not None:
@@ -149,11 +149,6 @@ class SpeechContext:
         self.requests.put_nowait({"model_name": app.state.triton.model, "inputs": build_inputs(values),
                                   "request_id": request_id, "outputs": AUDIO_ONLY,
                                   "parameters": {"triton_enable_empty_final_response": True}})
-
-    async def _request_stream(self):
-        while (request := await self.requests.get()) is not None:
-            yield request
-        # half-closing early would end the stream before the responses: stay open until done
 
     # --- ending -----------------------------------------------------------------------------------
 

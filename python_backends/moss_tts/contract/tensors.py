@@ -30,6 +30,13 @@ SAMPLES_PER_FRAME = 3840  # SAMPLE_RATE / FRAME_RATE
 MAX_TEXT_CHARS = 20000
 MAX_SESSION_ID_CHARS = 128  # SESSION_ID: a client-chosen string (a uuid4 is 36)
 MAX_REQUEST_ID_CHARS = 256  # STOP names a request by its gRPC request id
+
+
+def stop_request_id(request_id: str) -> str:
+    """The id a client gives the STOP of request `request_id` (its final response tells the two apart)."""
+    return f"{request_id}.stop"
+
+
 # A text session's voice is its first request's: these inputs are refused on a later one.
 SESSION_VOICE_INPUTS = ("REFERENCE_AUDIO", "REFERENCE_CODES", "REFERENCE_TEXT", "MODE")
 MAX_REFERENCE_SECONDS = 100.0

@@ -26,8 +26,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..pipeline.synthesis_request import parse_stop_input
 from ..contract.errors import error_text
+from ..pipeline.synthesis_request import parse_stop_input
 from ..sessions.relay import read_message, write_message
 from .request_ledger import RequestLedger, TrackedSender
 from .stall_watch import StallWatch
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 # How long a STOP that found nothing still stops a request of its id that comes later (several
 # instances only: RequestLedger.stop). Longer than a client waits for the STOP's answer (5 s).
 REMEMBER_S = 10.0
-
-
 STOP_ASK_S = 1.0  # all the instances together; a client waits 5 s for its STOP's answer
 
 
@@ -85,8 +83,10 @@ class StopRequests:
             return False
         self.ledger.classify(sender, "stop")
         try:  # from here the STOP gets exactly one final, whatever fails
-            peers = self._has_peers()
-            if self.ledger.stop(request_id, by=sender, remember_s=REMEMBER_S if peers else 0.0) or not peers:
+            # The instances' sockets are looked at only when this one runs no such request: a
+            # single instance (the served layout) answers without touching the directory.
+            if (self.ledger.stop(request_id, by=sender) or not self._has_peers()
+                    or self.ledger.stop(request_id, by=sender, remember_s=REMEMBER_S)):
                 self._final(sender)
             else:
                 threading.Thread(target=self._ask_peers, args=(sender, request_id), name="moss-tts-stop",
