@@ -73,7 +73,7 @@ def build(args) -> tuple[torch.nn.Module, torch.device]:
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
     # The form the vocoder serves (and what the offline section times): codec.serving_form_().
-    return loaded_codec(args, device).serving_form_(args.fusion, args.ring_kernel), device
+    return loaded_codec(args, device).serving_form_(args.fusion, args.ring_kernel, args.small_gemm_rows), device
 
 
 def loaded_codec(args, device: torch.device) -> torch.nn.Module:
@@ -107,6 +107,7 @@ def fidelity(codec, args, device: torch.device, shape: tuple[int, int]) -> dict:
     snr = [10 * math.log10(expected[i].square().sum().item() / max(error[i].square().sum().item(), 1e-30))
            for i in range(rows)]
     return {"rows": rows, "frames": frames, "fusion": args.fusion, "ring_kernel": args.ring_kernel,
+            "small_gemm_rows": args.small_gemm_rows,
             "max_rel_diff": max(rel_diff_per_row(got, expected)), "snr_db_min": min(snr),
             "snr_db_mean": statistics.fmean(snr)}
 
@@ -429,7 +430,7 @@ def profile_round(steps: Steps, rows: int, codebook_size: int, seed: int = 11) -
 def table(results: dict) -> str:
     meta = results["meta"]
     lines = [f"vocoder on {meta['device_name']} ({meta['codec']}, fusion {meta['fusion']}, ring kernel "
-             f"{meta['ring_kernel']})"]
+             f"{meta['ring_kernel']}, small-GEMM rows {meta.get('small_gemm_rows', 0)})"]
     if results.get("capture"):
         c = results["capture"]
         lines.append(f"capture: {c['graphs']} graphs in {c['seconds']:.1f} s, pool {c['pool_gib']:.2f} GiB "
@@ -500,6 +501,9 @@ def parse_args(argv):
                     help="codec.serving_form_'s ring_kernel for every section: how streaming attention runs its "
                          "RoPE, attention and ring write (split: three kernels, fused: one; default: the one "
                          "served). The attention sweep times both either way")
+    ap.add_argument("--small-gemm-rows", type=int, default=0,
+                    help="codec.serving_form_'s small_gemm_rows: steps of at most this many tokens at a stage run "
+                         "each layer's GEMMs as kernels/fused_linear.py's (default 0: off, as served)")
     ap.add_argument("--fidelity", default="", help="ROWSxFRAMES: also decode that many random codes offline and "
                     "compare the audio with the fp32 reference of the same weights")
     ap.add_argument("--splitk", choices=("on", "off"), default="on",
@@ -529,9 +533,11 @@ def main(argv=None) -> int:
                         "moss_tts": sys.modules["moss_tts"].__file__,
                         "fusion": args.fusion, "splitk": args.splitk,
                         "fusion_running": sorted({m.fusion for m in codec.modules() if hasattr(m, "fusion")}),
-                        "ring_kernel": args.ring_kernel,
+                        "ring_kernel": args.ring_kernel, "small_gemm_rows": args.small_gemm_rows,
                         "ring_kernel_running": sorted({m.ring_kernel for m in codec.modules()
                                                        if hasattr(m, "ring_kernel")}),
+                        "small_gemm_rows_running": sorted({m.small_gemm_rows for m in codec.modules()
+                                                           if hasattr(m, "small_gemm_rows")}),
                         "codec": "tiny fp32" if args.tiny else
                         "real-size bf16", "codec_build_s": time.perf_counter() - start,
                         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},

@@ -33,8 +33,11 @@ INTERPRETER_CASES = {
     "n_major_weight": (37, 80, 96, SMALL, 0.0, True),
     "mean_far_from_zero": (37, 64, 96, SMALL, 1000.0, False),  # moments without cancellation
     "table_tiles": (37, 64, 96, None, 0.0, True),  # 64-row tiles, K < BLOCK_K
+    "table_small_tiles": (9, 64, 40, None, 0.0, False),  # 16-row tiles (a few tokens), nn.Linear's layout
 }
-MODES = {"plain": (False, False), "norm": (True, False), "norm_gelu": (True, True), "gelu": (False, True)}
+# mode -> (LayerNorm prologue, GELU epilogue, residual epilogue)
+MODES = {"plain": (False, False, False), "norm": (True, False, False), "norm_gelu": (True, True, False),
+         "gelu": (False, True, False), "residual": (False, False, True), "norm_residual": (True, False, True)}
 FP32_TOLERANCE = 1e-5  # max |diff| / max |reference|: fp32 on both sides, only the order of sums differs
 # Rows around 1000 with std 2: fp32 resolves x to 6e-5 there, so two correct ways of summing
 # differ by ~4e-5; the moments as E[x^2] - E[x]^2 would be off by ~3e-2 (cancellation).
@@ -51,17 +54,27 @@ def make_inputs(m, k, n, mean=0.0, dtype=torch.float32, device="cpu", seed=0):
     return tuple(t.to(device, dtype) for t in (x, weight, gamma, beta))
 
 
+def make_residual(m, n, dtype=torch.float32, seed=1):
+    return (torch.randn(m, n, generator=torch.Generator().manual_seed(seed)) * 3).to(dtype)
+
+
 def case_error(case, mode: str, dtype=torch.float32) -> float:
+    """The kernel against the torch reference; with a residual, against addmm_ into a copy of it,
+    and the kernel must have written the sum into the residual it was given (in place)."""
     m, k, n, config, mean, n_major = case
-    has_norm, gelu = MODES[mode]
+    has_norm, gelu, has_residual = MODES[mode]
     x, weight, gamma, beta = make_inputs(m, k, n, mean, dtype)
     norm = (gamma, beta) if has_norm else (None, None)
     if n_major:
         weight = prepare_weight(weight)
     assert is_supported(x, weight)
-    got = fused_linear(x, weight, *norm, 1e-5, gelu, config)
+    residual = make_residual(m, n, dtype) if has_residual else None
+    expected = reference_fused_linear(x, weight, *norm, 1e-5, gelu,
+                                      None if residual is None else residual.clone())
+    got = fused_linear(x, weight, *norm, 1e-5, gelu, config, residual)
     assert got.shape == (m, n) and got.dtype == dtype
-    return relative_error(got, reference_fused_linear(x, weight, *norm, 1e-5, gelu))
+    assert residual is None or got is residual
+    return relative_error(got, expected)
 
 
 def fp16_ulps(case) -> float:
@@ -123,9 +136,33 @@ def test_norm_weight_without_bias_is_refused():
 
 
 def test_the_table_covers_every_row_count():
-    for rows in (1, 64, 65, 1024, 1025, 10**7):
+    for rows in (1, 16, 17, 64, 65, 1024, 1025, 10**7):
         for has_norm in (False, True):
-            assert gemm_config(rows, has_norm).block_m in (64, 128)
+            assert gemm_config(rows, has_norm).block_m in (16, 64, 128)
+            assert gemm_config(rows, has_norm).block_m >= min(rows, 64)  # a tile covers a few tokens at once
+
+
+def test_residual_on_the_cpu_is_addmm_into_it_in_place():
+    x, weight, gamma, beta = make_inputs(5, 16, 8)
+    residual = make_residual(5, 8)
+    expected = residual.clone().addmm_(F.layer_norm(x, (16,), gamma, beta, 1e-5), weight.t())
+    got = fused_linear(x, weight, gamma, beta, residual=residual)
+    assert got is residual and torch.equal(got, expected)
+
+
+def test_a_bad_residual_is_refused_with_what_to_fix():
+    x, weight, _, _ = make_inputs(5, 16, 8)
+    with pytest.raises(ValueError, match="no GELU"):
+        fused_linear(x, weight, gelu=True, residual=make_residual(5, 8))
+    with pytest.raises(ValueError, match=r"shape \(5, 8\)"):
+        fused_linear(x, weight, residual=make_residual(5, 9))
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_linear(x, weight, residual=make_residual(8, 5).t())
+    with pytest.raises(ValueError, match="torch.float32"):
+        fused_linear(x, weight, residual=make_residual(5, 8, torch.float16))
+    shared = torch.zeros(5, 24)
+    with pytest.raises(ValueError, match="overlaps"):  # x and the residual in one buffer
+        fused_linear(shared[:, :16], weight, residual=shared.view(-1)[:40].view(5, 8))
 
 
 # ------------------------------------------------------------------ GPU, the codec's shapes, bf16
@@ -142,7 +179,7 @@ ACCURACY_SLACK = 1.1  # mean error vs the fp32 oracle, kernel over torch
 
 def codec_case(d, ff, mode, rows, n_major=True):
     """The kernel's inputs for one of the layer's GEMMs: (x, weight, norm, gelu)."""
-    has_norm, gelu = MODES[mode]
+    has_norm, gelu, _ = MODES[mode]
     k, n = (ff, d) if mode == "plain" else (d, 3 * d if mode == "norm" else ff)  # plain: ffn[2]'s shape
     x, weight, gamma, beta = make_inputs(rows, k, n, dtype=torch.bfloat16, device="cuda")
     weight = prepare_weight(weight) if n_major else weight
@@ -165,6 +202,23 @@ def test_gpu_bf16_matches_torch_and_is_as_accurate(d, ff, mode, rows, n_major):
     exact = F.gelu(exact) if gelu else exact
     kernel_error = (got.float() - exact).abs().mean().item()
     torch_error = (torch_chain.float() - exact).abs().mean().item()
+    assert kernel_error <= ACCURACY_SLACK * torch_error, (kernel_error, torch_error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [2, 16, 64, 640])
+@pytest.mark.parametrize("d, ff", CODEC_SHAPES)
+def test_gpu_bf16_residual_add_matches_addmm_and_is_as_accurate(d, ff, rows):
+    """ffn[2] + residual in nn.Linear's layout, as the small-GEMM path runs it, against the serving
+    form's addmm_ (cuBLAS, beta = 1): one rounding of the fp32 sum on both sides."""
+    x, weight, _, _ = codec_case(d, ff, "plain", rows, n_major=False)
+    residual = make_residual(rows, d, torch.bfloat16).cuda()
+    torch_sum = residual.clone().addmm_(x, weight.t())
+    got = fused_linear(x, weight, residual=residual)
+    assert got is residual and relative_error(got, torch_sum) <= BF16_TOLERANCE
+    exact = make_residual(rows, d, torch.bfloat16).cuda().float() + x.float() @ weight.float().t()
+    kernel_error = (got.float() - exact).abs().mean().item()
+    torch_error = (torch_sum.float() - exact).abs().mean().item()
     assert kernel_error <= ACCURACY_SLACK * torch_error, (kernel_error, torch_error)
 
 

@@ -144,7 +144,7 @@ def ptxas_report(ptx: str, tmp_path) -> str:
 
 
 def compile_fused_linear(config: fl.GemmConfig, has_norm: bool, gelu: bool, dtype: str = "bf16", n_major: bool = True,
-                         even_k: bool = True):
+                         even_k: bool = True, residual: bool = False):
     """As the codec launches it: strides and sizes multiples of 16, W's unit stride specialized."""
     tensor = f"*{dtype}"
     signature = {"x_ptr": tensor, "w_ptr": tensor, "y_ptr": tensor, "gamma_ptr": tensor, "beta_ptr": tensor,
@@ -152,7 +152,8 @@ def compile_fused_linear(config: fl.GemmConfig, has_norm: bool, gelu: bool, dtyp
                  "eps": "fp32"}
     unit_stride = "stride_wn" if n_major else "stride_wk"
     del signature[unit_stride]
-    constants = {unit_stride: 1, "HAS_NORM": has_norm, "HAS_GELU": gelu, "EVEN_K": even_k, "BLOCK_M": config.block_m,
+    constants = {unit_stride: 1, "HAS_NORM": has_norm, "HAS_GELU": gelu, "HAS_RESIDUAL": residual, "EVEN_K": even_k,
+                 "BLOCK_M": config.block_m,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m}
     divisible = [name for name in ("x_ptr", "w_ptr", "y_ptr", "gamma_ptr", "beta_ptr", "N", "K", "stride_xm",
                                    "stride_wk", "stride_wn", "stride_ym") if name in signature]
@@ -177,6 +178,19 @@ def test_fused_linear_tiles_compile_without_spills_or_serialized_wgmma(kind, row
     assert "0 bytes spill stores" in report and "C7515" not in report, report
     if kind == "norm" and config.block_m >= 64:  # the normalized tile feeds wgmma from registers
         assert "ttng.warp_group_dot" in kernel.asm["ttgir"]
+
+
+# The small-GEMM path (codec.transformer, small_gemm_rows): every few-token tile of the table in
+# the four uses a layer makes of it, with W in nn.Linear's layout (K-contiguous), as it serves.
+SMALL_GEMM_CASES = [(rows, config, use) for kind, table in fl.CONFIG_TABLE.items() for rows, config in table
+                    if rows <= 64 for use in (("in_proj", "ffn0") if kind == "norm" else ("residual",))]
+
+
+@pytest.mark.parametrize("rows, config, use", SMALL_GEMM_CASES, ids=[f"{r}-{u}" for r, _, u in SMALL_GEMM_CASES])
+def test_small_gemm_tiles_compile_without_spills_for_nn_linear_layout(rows, config, use, tmp_path):
+    kernel = compile_fused_linear(config, use != "residual", use == "ffn0", n_major=False, residual=use == "residual")
+    report = ptxas_report(kernel.asm["ptx"], tmp_path)
+    assert "0 bytes spill stores" in report, report
 
 
 def test_fused_linear_compiles_for_float32_nn_linear_layout_and_ragged_k():

@@ -68,7 +68,8 @@ class MossAudioCodec(nn.Module):
     def codebook_size(self) -> int:
         return self.config.quantizer.codebook_size
 
-    def serving_form_(self, fusion: str = "none", ring_kernel: str = DEFAULT_RING_KERNEL) -> "MossAudioCodec":
+    def serving_form_(self, fusion: str = "none", ring_kernel: str = DEFAULT_RING_KERNEL,
+                      small_gemm_rows: int = 0) -> "MossAudioCodec":
         """The form the vocoder serves: the same function in fewer passes and kernels per step.
         - every transformer layer folds its LayerScale into the weights that end its residual
           branches (TransformerLayer.fold_layer_scale_), so the adds run inside the GEMMs;
@@ -80,20 +81,26 @@ class MossAudioCodec(nn.Module):
           kernels cannot run (CPU) the layers stay as loaded; the fusion that runs is logged;
         - every attention layer runs its streaming steps with `ring_kernel` (codec.transformer
           RING_KERNELS: the split kernels or the fused one; Attention.use_ring_kernel_); where
-          no Triton kernel runs (CPU) the torch reference runs either way; logged as well.
+          no Triton kernel runs (CPU) the torch reference runs either way; logged as well;
+        - on a GPU, steps of at most `small_gemm_rows` tokens at a stage run every layer's GEMMs as
+          kernels/fused_linear.py's (TransformerLayer.small_gemm_; 0 = never), logged.
         Rounding differs from the loaded form, and the quantizer's on-disk names (original0/1)
         are gone from state_dict. Idempotent; returns self."""
         if ring_kernel not in RING_KERNELS:  # before any layer changes
             raise ValueError(f"ring_kernel must be one of {RING_KERNELS}, got {ring_kernel!r}")
-        running, ring_running = set(), set()
+        if small_gemm_rows < 0:
+            raise ValueError(f"small_gemm_rows must be >= 0 (0 = off), got {small_gemm_rows}")
+        running, ring_running, small_running = set(), set(), set()
         for module in self.modules():
             if isinstance(module, TransformerLayer):
                 module.fold_layer_scale_()
                 running.add(module.fuse_(fusion))
                 ring_running.add(module.self_attn.use_ring_kernel_(ring_kernel))
+                small_running.add(module.small_gemm_(small_gemm_rows))
         self.quantizer.freeze_weight_norm_()
-        log.info("codec serving form: fusion %s asked, %s runs; ring kernel %s asked, %s runs", fusion,
-                 ", ".join(sorted(running)) or "none", ring_kernel, ", ".join(sorted(ring_running)) or "none")
+        log.info("codec serving form: fusion %s asked, %s runs; ring kernel %s asked, %s runs; small-GEMM rows %d "
+                 "asked, %s run", fusion, ", ".join(sorted(running)) or "none", ring_kernel,
+                 ", ".join(sorted(ring_running)) or "none", small_gemm_rows, ", ".join(map(str, sorted(small_running))))
         return self
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:

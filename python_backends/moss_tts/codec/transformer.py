@@ -25,6 +25,11 @@ On a GPU the serving form may run the norms and the GELU otherwise (`fuse_`, FUS
 - "gelu", "norm_gelu": kernels/fused_linear.py's Triton GEMM with the GELU in its epilogue and
   (norm_gelu) each LayerNorm in the GEMM after it. Exact GELU, but on the H200 that GEMM is
   still slower than cuBLAS plus torch's passes (perf/RESULTS.md, issue 34).
+A step of at most `small_gemm_rows` tokens (TransformerLayer.small_gemm_; 0 = never) runs each
+layer's four GEMMs as kernels/fused_linear.py's, whatever the fusion: norm1+in_proj,
+out_proj+residual, norm2+ffn[0]+exact GELU, ffn[2]+residual. At a few tokens every GEMM is bound by
+latency, and this is 7 graph nodes a layer with the attention's 3 instead of ~10 (no LayerNorm
+kernels, no split-K reduces). The choice is by shape, so each captured graph has one form.
 A streaming layer's RoPE, attention and ring write run as `ring_kernel` says (RING_KERNELS,
 Attention.use_ring_kernel_): "split", window_attention's three kernels, or "fused", one kernel
 (kernels/fused_window_attention.py): ~184 graph nodes fewer per codec step. Same results, bit for bit.
@@ -110,6 +115,7 @@ class TransformerLayer(nn.Module):
         self.layer_scale_2 = LayerScale(s.d_model, s.layer_scale)
         self.scale_folded = False
         self.fusion = "none"  # fuse_: how the norms and the GELU run (FUSIONS)
+        self.small_gemm_rows = 0  # small_gemm_: steps of at most this many tokens run four fused GEMMs
 
     @torch.no_grad()
     def fold_layer_scale_(self) -> None:
@@ -151,7 +157,22 @@ class TransformerLayer(nn.Module):
         self.fusion = fusion
         return fusion
 
+    @torch.no_grad()
+    def small_gemm_(self, rows: int) -> int:
+        """Serving form on a GPU: steps of at most `rows` tokens (x's rows, a graph's static shape)
+        run the layer's GEMMs as four fused_linear kernels (module docstring); 0 = never. Needs the
+        folded LayerScale (the residual adds run in the GEMMs) and the Triton kernel (CUDA, or the
+        interpreter); otherwise nothing changes. Returns the rows that run."""
+        if rows < 0:
+            raise ValueError(f"small_gemm_rows must be >= 0 (0 = off), got {rows}")
+        weights = (self.self_attn.in_proj.weight, self.self_attn.out_proj.weight, self.ffn[0].weight, self.ffn[2].weight)
+        if self.scale_folded and all(fused_linear.is_supported(w.new_empty(1, w.shape[1]), w) for w in weights):
+            self.small_gemm_rows = rows
+        return self.small_gemm_rows
+
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
+        if x.numel() <= self.small_gemm_rows * x.shape[-1]:
+            return self._small_gemm_forward(x, rope, ring)
         attn, ffn, n1, n2, fusion = self.self_attn, self.ffn, self.norm1, self.norm2, self.fusion
         if fusion == "norm_gelu":
             qkv = fused_linear.fused_linear(x, attn.in_proj.weight, n1.weight, n1.bias, n1.eps)
@@ -169,6 +190,14 @@ class TransformerLayer(nn.Module):
         else:
             hidden = ffn[1](ffn[0](self._norm(n2, x)))
         return self._residual(x, hidden, ffn[2], self.layer_scale_2)
+
+    def _small_gemm_forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None) -> torch.Tensor:
+        """forward in four fused_linear GEMMs, the residual adds in place into x (as addmm_ does)."""
+        attn, ffn, n1, n2 = self.self_attn, self.ffn, self.norm1, self.norm2
+        qkv = fused_linear.fused_linear(x, attn.in_proj.weight, n1.weight, n1.bias, n1.eps)
+        fused_linear.fused_linear(attn.attend_qkv(qkv, rope, ring), attn.out_proj.weight, residual=x)
+        hidden = fused_linear.fused_linear(x, ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True)
+        return fused_linear.fused_linear(hidden, ffn[2].weight, residual=x)
 
     def _norm(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
         if self.fusion in NORM_KERNEL_FUSIONS:

@@ -1,4 +1,5 @@
-"""The codec's projections with their LayerNorm and GELU inside the GEMM: y = gelu?(norm?(x) @ W^T).
+"""The codec's projections with their LayerNorm, GELU or residual add inside the GEMM:
+y = gelu?(norm?(x) @ W^T), or r += x @ W^T in place (the residual stream r, as addmm_ with beta 1).
 
 A codec layer runs LayerNorm -> in_proj and LayerNorm -> ffn[0] -> GELU; torch spends a
 bandwidth-bound kernel on each norm and on the GELU, each reading and writing a full activation
@@ -10,7 +11,16 @@ does all of it:
   (gamma * ((a - mean) * rstd) + beta, torch's order) and ROUNDS it to x's dtype before tl.dot,
   so the GEMM multiplies the very values F.layer_norm would have written, up to fp32 rounding;
 - exact (erf) GELU on the fp32 accumulator, as nn.GELU(), then one rounding to x's dtype (torch
-  rounds the linear output first, then the GELU: the two differ by one rounding).
+  rounds the linear output first, then the GELU: the two differ by one rounding);
+- residual epilogue: the program adds its tile of r (fp32) to the accumulator and stores the sum
+  back into r, one rounding, as cuBLAS does for the serving form's addmm_ (beta = 1) into the
+  residual stream. Each program reads and writes only its own tile, so in place is safe; x must
+  not overlap r.
+Why a residual epilogue (issue 34): at a few tokens a stage (a 1-row x 2-frame step: 2-64 rows)
+every codec GEMM is bound by latency, not by its FLOPs, and the layer is ~10 graph nodes (two
+LayerNorms, four cuBLAS GEMMs, each residual GEMM with a split-K reduce of its own). Run as four
+of these kernels (norm1+in_proj, out_proj+residual, norm2+ffn[0]+GELU, ffn[2]+residual) the
+layer is seven nodes with the attention's three (codec.transformer, `small_gemm_rows`).
 What the norm costs on Hopper (from the sm_90 TTGIR; H200 timings in bench_codec_gemm.py): the
 normalized tile reaches wgmma from registers, and Triton 3.6 cannot move the shared-to-register
 layout conversion above the rounding, so each A tile makes one extra round trip through shared
@@ -63,11 +73,16 @@ class GemmConfig:
 # - Many rows, norm: the normalized A tile lives in registers beside the accumulators; at 128x256
 #   ptxas spills (with GELU) or serializes the wgmmas (without), at 128x128 it does neither. A
 #   BLOCK_K of 128 serializes them too (64 rows and 128).
+# - At most 16 rows (the small-GEMM path's first stages): 16-row tiles (mma.sync; wgmma needs 64
+#   rows a warpgroup), so 48 of every 64 tile rows are not padding; 32-column tiles for twice the
+#   programs over W. Provisional as well: bench_codec_gemm.py --sweep times them.
 CONFIG_TABLE: dict[str, tuple[tuple[int, GemmConfig], ...]] = {
-    "plain": ((64, GemmConfig(64, 64, 128, 4, 4)),
+    "plain": ((16, GemmConfig(16, 32, 128, 4, 4)),
+              (64, GemmConfig(64, 64, 128, 4, 4)),
               (1024, GemmConfig(128, 128, 64, 8, 4)),
               (2**62, GemmConfig(128, 256, 64, 8, 3))),
-    "norm": ((64, GemmConfig(64, 64, 64, 4, 4)),
+    "norm": ((16, GemmConfig(16, 32, 64, 4, 4)),
+             (64, GemmConfig(64, 64, 64, 4, 4)),
              (2**62, GemmConfig(128, 128, 64, 8, 3))),
 }
 
@@ -83,15 +98,18 @@ def gemm_config(num_rows: int, has_norm: bool) -> GemmConfig:
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                  norm_bias: torch.Tensor | None = None, eps: float = 1e-5, gelu: bool = False,
-                 config: GemmConfig | None = None) -> torch.Tensor:
+                 config: GemmConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K], weight [N, K] (nn.Linear's, bias-free) -> [..., N] in x's dtype:
     gelu?(layer_norm?(x) @ weight^T). The LayerNorm (over K) runs when norm_weight is given
-    (norm_bias with it, as nn.LayerNorm keeps both); gelu is the exact erf form. `config`
-    overrides the table's tiles (benchmarks, tests)."""
+    (norm_bias with it, as nn.LayerNorm keeps both); gelu is the exact erf form. With `residual`
+    ([..., N] like the output, contiguous, x's dtype, not overlapping x) the product is added to
+    it in place and `residual` is returned (no GELU then). `config` overrides the table's tiles
+    (benchmarks, tests)."""
     _check_norm(norm_weight, norm_bias)
+    _check_residual(x, weight, gelu, residual)
     if is_supported(x, weight):
-        return _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config)
-    return reference_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu)
+        return _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config, residual)
+    return reference_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, residual)
 
 
 def is_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -117,40 +135,60 @@ def _check_norm(norm_weight, norm_bias) -> None:
                          "or neither for no norm")
 
 
+def _check_residual(x, weight, gelu, residual) -> None:
+    if residual is None:
+        return
+    if gelu:
+        raise ValueError("fused_linear: a residual add takes no GELU (the codec adds the GEMM's output as it is)")
+    if residual.shape != (*x.shape[:-1], weight.shape[0]) or residual.dtype != x.dtype or not residual.is_contiguous():
+        raise ValueError(f"fused_linear: residual must be contiguous {x.dtype} of shape {(*x.shape[:-1], weight.shape[0])}, "
+                         f"got {residual.dtype} {tuple(residual.shape)}")
+    x_end = x.data_ptr() + x.numel() * x.element_size()
+    r_end = residual.data_ptr() + residual.numel() * residual.element_size()
+    if x.numel() and residual.numel() and x.data_ptr() < r_end and residual.data_ptr() < x_end:
+        raise ValueError("fused_linear: x overlaps the residual it is added to")
+
+
 # ------------------------------------------------------------------------------------ reference
 def reference_fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                            norm_bias: torch.Tensor | None = None, eps: float = 1e-5,
-                           gelu: bool = False) -> torch.Tensor:
-    """Same contract in plain torch, the modules' own ops: the CPU path and the tests' oracle."""
+                           gelu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract in plain torch, the modules' own ops (with `residual`: the serving form's
+    addmm_ into it): the CPU path and the tests' oracle."""
     _check_norm(norm_weight, norm_bias)
+    _check_residual(x, weight, gelu, residual)
     if norm_weight is not None:
         x = F.layer_norm(x, (x.shape[-1],), norm_weight, norm_bias, eps)
+    if residual is not None:
+        residual.view(-1, weight.shape[0]).addmm_(x.reshape(-1, x.shape[-1]), weight.t())
+        return residual
     y = F.linear(x, weight)
     return F.gelu(y) if gelu else y
 
 
 # ------------------------------------------------------------------------------------ Triton
-def _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config: GemmConfig | None):
+def _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config: GemmConfig | None, residual):
     n, k = weight.shape
     rows = x.reshape(-1, k)  # a view for the codec's contiguous activations
     m = rows.shape[0]
-    out = rows.new_empty(m, n)
+    out = rows.new_empty(m, n) if residual is None else residual.view(m, n)
     if m == 0:
-        return out.view(*x.shape[:-1], n)
+        return out.view(*x.shape[:-1], n) if residual is None else residual
     has_norm = norm_weight is not None
     c = config or gemm_config(m, has_norm)
     grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
     gamma, beta = (norm_weight, norm_bias) if has_norm else (weight, weight)  # never read without the norm
     _fused_linear_kernel[grid](
         rows, weight, out, gamma, beta, m, n, k, rows.stride(0), weight.stride(1), weight.stride(0), out.stride(0),
-        eps, HAS_NORM=has_norm, HAS_GELU=gelu, EVEN_K=k % c.block_k == 0, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        eps, HAS_NORM=has_norm, HAS_GELU=gelu, HAS_RESIDUAL=residual is not None, EVEN_K=k % c.block_k == 0, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
         BLOCK_K=c.block_k, GROUP_M=c.group_m, num_warps=c.num_warps, num_stages=c.num_stages)
-    return out.view(*x.shape[:-1], n)
+    return out.view(*x.shape[:-1], n) if residual is None else residual
 
 
 @jit
 def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stride_xm, stride_wk, stride_wn, stride_ym,
-                         eps, HAS_NORM: tl.constexpr, HAS_GELU: tl.constexpr, EVEN_K: tl.constexpr,
+                         eps, HAS_NORM: tl.constexpr, HAS_GELU: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                         EVEN_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          GROUP_M: tl.constexpr):
     """One [BLOCK_M, BLOCK_N] tile of y, programs in grouped order: GROUP_M row blocks walk the
@@ -197,7 +235,10 @@ def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stri
         acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # erf(y / sqrt(2))
 
     y = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+    in_bounds = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if HAS_RESIDUAL:  # y is the residual stream: this program's tile, read then written
+        acc += tl.load(y, mask=in_bounds, other=0.0).to(tl.float32)
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=in_bounds)
 
 
 @jit

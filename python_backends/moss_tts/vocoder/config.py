@@ -10,7 +10,7 @@ from typing import Mapping
 import torch
 
 from ..codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, FUSIONS, RING_KERNELS
-from ..contract.parameters import config_fields
+from ..contract.parameters import config_fields, parse_parameter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -88,6 +88,20 @@ def codec_ring_kernel(parameters: Mapping[str, str]) -> str:
     return _checked_ring_kernel("vocoder parameter ring_kernel", parameters.get("ring_kernel") or DEFAULT_RING_KERNEL)
 
 
+def codec_small_gemm_rows(parameters: Mapping[str, str]) -> int:
+    """The vocoder model's `small_gemm_rows` parameter (TransformerLayer.small_gemm_; absent: 0,
+    off), checked."""
+    name = "small_gemm_rows"
+    rows = parse_parameter(name, parameters[name], "int") if parameters.get(name) else 0
+    return _checked_small_gemm_rows(f"vocoder parameter {name}", rows)
+
+
+def _checked_small_gemm_rows(parameter: str, rows: int) -> int:
+    if rows < 0:
+        raise ValueError(f"{parameter} must be >= 0 (0 = off), got {rows}")
+    return rows
+
+
 def _checked_ring_kernel(parameter: str, ring_kernel: str) -> str:
     if ring_kernel not in RING_KERNELS:
         raise ValueError(f"{parameter} must be one of {', '.join(RING_KERNELS)}, got {ring_kernel!r}")
@@ -122,6 +136,10 @@ class VocoderPlacement:
     # in_process: how the codec's streaming attention runs its RoPE, attention and ring write
     # (codec.transformer.RING_KERNELS): "split" three kernels a layer, "fused" one.
     vocoder_ring_kernel: str = DEFAULT_RING_KERNEL
+    # in_process on a GPU: codec steps of at most this many tokens at a stage run each layer's
+    # GEMMs as four Triton kernels with the norms, GELU and residual adds inside (codec.transformer,
+    # TransformerLayer.small_gemm_): fewer graph nodes where the GEMMs are latency-bound. 0 = off.
+    vocoder_small_gemm_rows: int = 0
     # in_process on a GPU: "own" = the vocoder's rounds on a CUDA stream of their own, beside the
     # engine's steps (concurrent); "engine" = on the engine's stream, between its steps (serial):
     # small rounds' ~1,100 kernels then never interleave with a step's (issue 34, round 11). Two
@@ -134,6 +152,7 @@ class VocoderPlacement:
     def __post_init__(self):
         _checked_fusion("parameter vocoder_fusion", self.vocoder_fusion)
         _checked_ring_kernel("parameter vocoder_ring_kernel", self.vocoder_ring_kernel)
+        _checked_small_gemm_rows("parameter vocoder_small_gemm_rows", self.vocoder_small_gemm_rows)
         if self.vocoder_stream not in VOCODER_STREAMS:
             raise ValueError(f"parameter vocoder_stream must be one of {', '.join(VOCODER_STREAMS)}, "
                              f"got {self.vocoder_stream!r}")
