@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from moss_tts.codec import load_codec, tiny_codec_config_dict, write_codec_checkpoint
-from moss_tts.codec.transformer import DEFAULT_FUSION, TransformerLayer
+from moss_tts.codec.transformer import DEFAULT_FUSION, SMALL_GEMM_MAX_ROWS, TransformerLayer
 from moss_tts.kernels import fused_linear
 from moss_tts.vocoder.config import VocoderPlacement, codec_small_gemm_rows
 from test_codec import SPF, assert_close_to_peak, ring_kernel_audio
@@ -106,15 +106,16 @@ def test_on_the_cpu_nothing_changes():
     assert torch.equal(off.decode_step(codes, off.new_decode_state(1)), on.decode_step(codes, on.new_decode_state(1)))
 
 
-def test_bad_settings_are_refused_naming_the_parameter():
-    with pytest.raises(ValueError, match="small_gemm_rows must be >= 0"):
-        tiny_codecs(-1)
-    with pytest.raises(ValueError, match="vocoder_small_gemm_rows must be >= 0"):
-        VocoderPlacement(vocoder_small_gemm_rows=-2)
+@pytest.mark.parametrize("rows", [-1, SMALL_GEMM_MAX_ROWS + 1])
+def test_bad_settings_are_refused_naming_the_parameter(rows):
+    with pytest.raises(ValueError, match=r"small_gemm_rows must lie in \[0, 64\]"):
+        tiny_codecs(rows)
+    with pytest.raises(ValueError, match=r"parameter vocoder_small_gemm_rows must lie in \[0, 64\]"):
+        VocoderPlacement(vocoder_small_gemm_rows=rows)
+    with pytest.raises(ValueError, match=r"vocoder parameter small_gemm_rows must lie in \[0, 64\]"):
+        codec_small_gemm_rows({"small_gemm_rows": str(rows)})
     with pytest.raises(ValueError, match="small_gemm_rows='many' is not a valid int"):
         codec_small_gemm_rows({"small_gemm_rows": "many"})
-    with pytest.raises(ValueError, match="vocoder parameter small_gemm_rows must be >= 0"):
-        codec_small_gemm_rows({"small_gemm_rows": "-1"})
 
 
 def test_the_parameters_parse_and_default_to_off():

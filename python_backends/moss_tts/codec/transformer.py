@@ -59,6 +59,10 @@ DEFAULT_FUSION = "ln_lt_gelu"
 # vocoder model's ring_kernel): the split kernels. "fused" gave the same results bit for bit on
 # the H200 and measured no faster there (perf/RESULTS.md, issue 34 round 18).
 DEFAULT_RING_KERNEL = "split"
+# The most tokens a step may have at a stage for small_gemm_ to run it: the kernel's 16- and
+# 64-row tiles. Its 128-row tiles read nn.Linear's K-contiguous weights with serialized wgmmas in
+# in_proj (ptxas C7515), so larger steps stay with cuBLAS.
+SMALL_GEMM_MAX_ROWS = 64
 
 
 class Attention(nn.Module):
@@ -163,8 +167,8 @@ class TransformerLayer(nn.Module):
         run the layer's GEMMs as four fused_linear kernels (module docstring); 0 = never. Needs the
         folded LayerScale (the residual adds run in the GEMMs) and the Triton kernel (CUDA, or the
         interpreter); otherwise nothing changes. Returns the rows that run."""
-        if rows < 0:
-            raise ValueError(f"small_gemm_rows must be >= 0 (0 = off), got {rows}")
+        if not 0 <= rows <= SMALL_GEMM_MAX_ROWS:
+            raise ValueError(f"small_gemm_rows must lie in [0, {SMALL_GEMM_MAX_ROWS}] (0 = off), got {rows}")
         weights = (self.self_attn.in_proj.weight, self.self_attn.out_proj.weight, self.ffn[0].weight, self.ffn[2].weight)
         if self.scale_folded and all(fused_linear.is_supported(w.new_empty(1, w.shape[1]), w) for w in weights):
             self.small_gemm_rows = rows

@@ -9,7 +9,7 @@ from typing import Mapping
 
 import torch
 
-from ..codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, FUSIONS, RING_KERNELS
+from ..codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, FUSIONS, RING_KERNELS, SMALL_GEMM_MAX_ROWS
 from ..contract.parameters import config_fields, parse_parameter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -97,8 +97,8 @@ def codec_small_gemm_rows(parameters: Mapping[str, str]) -> int:
 
 
 def _checked_small_gemm_rows(parameter: str, rows: int) -> int:
-    if rows < 0:
-        raise ValueError(f"{parameter} must be >= 0 (0 = off), got {rows}")
+    if not 0 <= rows <= SMALL_GEMM_MAX_ROWS:
+        raise ValueError(f"{parameter} must lie in [0, {SMALL_GEMM_MAX_ROWS}] (0 = off), got {rows}")
     return rows
 
 
