@@ -12,6 +12,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from moss_tts.codec import (CodecConfig, CodecConfigError, MossAudioCodec, build_real_size_codec, load_codec,
                             real_codec_config_dict, tiny_codec_config_dict, write_codec_checkpoint)
@@ -371,6 +372,36 @@ def test_packed_steps_equal_each_stream_offline(codec, codes50, schedule, pad_fr
     for s, stream in enumerate(streams):
         assert state.frames[slots[s]] == cursors[s]
         assert_close_to_peak(torch.cat(outs[s], -1), codec.decode(stream[None, :cursors[s]])[0])
+
+
+class OpCounter(TorchDispatchMode):
+    """The aten ops run inside it (on the CPU, each would be a kernel on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("n_q", [1, 12, 32])
+def test_served_quantizer_decodes_from_one_table_the_same_function(ckpt, n_q):
+    """ResidualLFQ.freeze_decode_table_: every codebook's entries through both projections once,
+    in float64; a decode is then a gather and a sum (4 aten ops, whatever n_q) instead of ~50, and
+    gives the loaded form's output up to fp32 rounding order. The table is no checkpoint tensor."""
+    loaded, served = (load_codec(ckpt).quantizer, load_codec(ckpt).serving_form_().quantizer)
+    assert served.decode_table is not None and not any("decode_" in name for name in served.state_dict())
+    table = served.decode_table
+    served.freeze_decode_table_()  # idempotent
+    assert served.decode_table is table and table.shape == (32 * 1024, 16) and table.dtype == torch.float32
+    codes = torch.randint(0, 1024, (3, 7, n_q), generator=torch.Generator().manual_seed(n_q))
+    codes[0, 0] = 1023  # each codebook's last entry: the table rows just before the next codebook's
+    with OpCounter() as counter:
+        got = served.decode(codes)
+    assert len(counter.ops) <= 4, counter.ops
+    assert_close_to_peak(got, loaded.decode(codes), rel=1e-6)
 
 
 def test_packed_step_refuses_codes_that_do_not_match_the_packing(codec, codes50):
