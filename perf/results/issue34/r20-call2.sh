@@ -3,7 +3,8 @@
 # here is GPU time). The codec's small-GEMM path (d763020, served off): do steps of a few tokens a
 # stage get cheaper when each layer's four GEMMs run as kernels/fused_linear.py's, with the
 # LayerNorms, the GELU and the residual adds inside (~7 graph nodes a layer instead of ~10)?
-# Round 8's 1 x 2 profile: 3.29 ms of kernels in a 3.72 ms step, GEMMs 2.16 ms of it (368 cuBLAS
+# Since 46f2331 the served quantizer decodes from one table (3 kernels a step instead of ~50), in
+# every run here. Round 8's 1 x 2 profile: 3.29 ms of kernels in a 3.72 ms step, GEMMs 2.16 ms of it (368 cuBLAS
 # GEMMs at ~5 us and 92 split-K reduces), LayerNorms 0.41 ms (184 x 2.2 us). Target: 1 x 2 <= 3.5 ms.
 # 1. GPU tests of the kernel and the path (bf16 and fp32 against cuBLAS / the served form);
 # 2. bench_codec_gemm at 2-64 tokens: the served chain against the fused kernel in nn.Linear's
@@ -19,14 +20,14 @@ PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 200 python3 perf/bench_c
   --reps 20 --iters 10 --out $R/codec_gemm_few_rows.json > $R/codec_gemm.log 2>&1
 grep -vE "^\s*$" $R/codec_gemm.log | head -52 | cut -c1-150
 call_mark "codec gemm done"
-vocoder() {  # small_gemm_rows, label
+vocoder() {  # small_gemm_rows, label, extra flags
   PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 585) python3 perf/bench_vocoder.py \
-    --shapes 1x2,4x2,16x10 --rounds 16,128 --iters 20 --skip offline,streaming --small-gemm-rows $1 \
+    --shapes 1x2,4x2,16x10 --rounds 16,128 --iters 20 --skip offline,streaming --small-gemm-rows $1 ${3:-} \
     --out $R/vocoder_sg$1_$2.json > $R/vocoder_sg$1_$2.log 2>&1
   echo "small_gemm_rows $1 ($2):"; grep -E "^ +[0-9]+ x|round of|equivalence|ERROR|Error" $R/vocoder_sg$1_$2.log | cut -c1-200
   call_mark "vocoder $1 $2 done"
 }
-vocoder 0 a; vocoder 64 a; vocoder 16 a
+vocoder 0 a; vocoder 64 a "--profile 1x2"; vocoder 16 a  # the profile: one eager 1 x 2 step's kernels
 if [ "$(call_left 585)" -gt 150 ]; then vocoder 64 b; fi
 if [ "$(call_left 585)" -gt 150 ]; then vocoder 0 b; fi
 cp $R/codec_gemm_few_rows.json $R/vocoder_sg*.json $OUT/ 2>/dev/null
