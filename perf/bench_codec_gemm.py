@@ -163,7 +163,7 @@ def ms_per_call(call, copies: list[Operands], device: torch.device, reps: int, i
 def measure(case: Case, dtype, device, reps: int, iters: int) -> dict:
     copies = make_operands(case, dtype, device)
     before = None if copies[0].residual is None else copies[0].residual.clone()
-    expected = torch_call(case, copies[0]).float()
+    expected = torch_call(case, copies[0]).float().clone()  # fp32 runs: .float() is the residual itself
     if before is not None:  # the residual ops add in place: the kernel starts from the same residual
         copies[0].residual.copy_(before)
     got = fused_call(case, copies[0]).float()

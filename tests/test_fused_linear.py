@@ -37,7 +37,9 @@ INTERPRETER_CASES = {
 }
 # mode -> (LayerNorm prologue, GELU epilogue, residual epilogue)
 MODES = {"plain": (False, False, False), "norm": (True, False, False), "norm_gelu": (True, True, False),
-         "gelu": (False, True, False), "residual": (False, False, True), "norm_residual": (True, False, True)}
+         "gelu": (False, True, False), "residual": (False, False, True), "norm_residual": (True, False, True),
+         "norm_gelu_tanh": (True, True, False)}
+TANH_MODES = ("norm_gelu_tanh",)  # F.gelu(approximate="tanh"), as the served cuBLASLt epilogue
 FP32_TOLERANCE = 1e-5  # max |diff| / max |reference|: fp32 on both sides, only the order of sums differs
 # Rows around 1000 with std 2: fp32 resolves x to 6e-5 there, so two correct ways of summing
 # differ by ~4e-5; the moments as E[x^2] - E[x]^2 would be off by ~3e-2 (cancellation).
@@ -69,9 +71,10 @@ def case_error(case, mode: str, dtype=torch.float32) -> float:
         weight = prepare_weight(weight)
     assert is_supported(x, weight)
     residual = make_residual(m, n, dtype) if has_residual else None
+    approximate = "tanh" if mode in TANH_MODES else "none"
     expected = reference_fused_linear(x, weight, *norm, 1e-5, gelu,
-                                      None if residual is None else residual.clone())
-    got = fused_linear(x, weight, *norm, 1e-5, gelu, config, residual)
+                                      None if residual is None else residual.clone(), approximate)
+    got = fused_linear(x, weight, *norm, 1e-5, gelu, config, residual, approximate)
     assert got.shape == (m, n) and got.dtype == dtype
     assert residual is None or got is residual
     return relative_error(got, expected)
@@ -163,6 +166,11 @@ def test_a_bad_residual_is_refused_with_what_to_fix():
     shared = torch.zeros(5, 24)
     with pytest.raises(ValueError, match="overlaps"):  # x and the residual in one buffer
         fused_linear(shared[:, :16], weight, residual=shared.view(-1)[:40].view(5, 8))
+    with pytest.raises(ValueError, match="overlaps"):  # past x's numel but inside its strided rows
+        fused_linear(shared[:, :16], weight, residual=shared.view(-1)[80:120].view(5, 8))
+    fused_linear(shared[:, :16], weight, residual=torch.zeros(5, 8))  # apart: fine
+    with pytest.raises(ValueError, match="approximate must be"):
+        fused_linear(x, weight, gelu=True, approximate="fast")
 
 
 # ------------------------------------------------------------------ GPU, the codec's shapes, bf16

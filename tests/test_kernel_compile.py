@@ -144,7 +144,7 @@ def ptxas_report(ptx: str, tmp_path) -> str:
 
 
 def compile_fused_linear(config: fl.GemmConfig, has_norm: bool, gelu: bool, dtype: str = "bf16", n_major: bool = True,
-                         even_k: bool = True, residual: bool = False):
+                         even_k: bool = True, residual: bool = False, tanh: bool = False):
     """As the codec launches it: strides and sizes multiples of 16, W's unit stride specialized."""
     tensor = f"*{dtype}"
     signature = {"x_ptr": tensor, "w_ptr": tensor, "y_ptr": tensor, "gamma_ptr": tensor, "beta_ptr": tensor,
@@ -152,7 +152,8 @@ def compile_fused_linear(config: fl.GemmConfig, has_norm: bool, gelu: bool, dtyp
                  "eps": "fp32"}
     unit_stride = "stride_wn" if n_major else "stride_wk"
     del signature[unit_stride]
-    constants = {unit_stride: 1, "HAS_NORM": has_norm, "HAS_GELU": gelu, "HAS_RESIDUAL": residual, "EVEN_K": even_k,
+    constants = {unit_stride: 1, "HAS_NORM": has_norm, "HAS_GELU": gelu, "GELU_TANH": tanh, "HAS_RESIDUAL": residual,
+                 "EVEN_K": even_k,
                  "BLOCK_M": config.block_m,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m}
     divisible = [name for name in ("x_ptr", "w_ptr", "y_ptr", "gamma_ptr", "beta_ptr", "N", "K", "stride_xm",
@@ -181,14 +182,18 @@ def test_fused_linear_tiles_compile_without_spills_or_serialized_wgmma(kind, row
 
 
 # The small-GEMM path (codec.transformer, small_gemm_rows): every few-token tile of the table in
-# the four uses a layer makes of it, with W in nn.Linear's layout (K-contiguous), as it serves.
-SMALL_GEMM_CASES = [(rows, config, use) for kind, table in fl.CONFIG_TABLE.items() for rows, config in table
-                    if rows <= 64 for use in (("in_proj", "ffn0") if kind == "norm" else ("residual",))]
+# the uses a layer makes of it (ffn0 with either GELU), with W in nn.Linear's layout (K-contiguous),
+# as it serves, and N-major (the weights the gelu / norm_gelu fusions repack).
+SMALL_GEMM_CASES = [(rows, config, use, n_major) for kind, table in fl.CONFIG_TABLE.items() for rows, config in table
+                    if rows <= 64 for use in (("in_proj", "ffn0", "ffn0_tanh") if kind == "norm" else ("residual",))
+                    for n_major in (False, True)]
 
 
-@pytest.mark.parametrize("rows, config, use", SMALL_GEMM_CASES, ids=[f"{r}-{u}" for r, _, u in SMALL_GEMM_CASES])
-def test_small_gemm_tiles_compile_without_spills_for_nn_linear_layout(rows, config, use, tmp_path):
-    kernel = compile_fused_linear(config, use != "residual", use == "ffn0", n_major=False, residual=use == "residual")
+@pytest.mark.parametrize("rows, config, use, n_major", SMALL_GEMM_CASES,
+                         ids=[f"{r}-{u}-{'n' if n else 'k'}" for r, _, u, n in SMALL_GEMM_CASES])
+def test_small_gemm_tiles_compile_without_spills(rows, config, use, n_major, tmp_path):
+    kernel = compile_fused_linear(config, use != "residual", use.startswith("ffn0"), n_major=n_major,
+                                  residual=use == "residual", tanh=use == "ffn0_tanh")
     report = ptxas_report(kernel.asm["ptx"], tmp_path)
     assert "0 bytes spill stores" in report, report
 

@@ -12,6 +12,7 @@ refused; on a GPU, bf16 audio stays within the codec's bf16 tolerance of the ser
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 from moss_tts.codec import load_codec, tiny_codec_config_dict, write_codec_checkpoint
 from moss_tts.codec.transformer import DEFAULT_FUSION, SMALL_GEMM_MAX_ROWS, TransformerLayer
 from moss_tts.kernels import fused_linear
+from moss_tts.kernels.window_attention import rope_table
 from moss_tts.vocoder.config import VocoderPlacement, codec_small_gemm_rows
 from test_codec import SPF, assert_close_to_peak, ring_kernel_audio
 from triton_interpreter import interpreter_json
@@ -39,7 +41,8 @@ def tiny_codecs(small_gemm_rows: int, device: str = "cpu", dtype=torch.float32, 
 
 
 def counted_calls(codec, run) -> tuple[torch.Tensor, int]:
-    """run(codec)'s result and how many fused_linear calls it made."""
+    """run(codec)'s result and how many fused_linear calls it made. Patches the module attribute:
+    only for the interpreter's single-threaded subprocess."""
     calls, original = [], fused_linear.fused_linear
 
     def counting(*args, **kwargs):
@@ -99,6 +102,7 @@ def test_interpreter_audio_is_the_same_with_the_path(interpreter_results, rows):
 
 
 # ------------------------------------------------------------------ CPU contract
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter runs the path on the CPU")
 def test_on_the_cpu_nothing_changes():
     off, on = tiny_codecs(64)
     assert {m.small_gemm_rows for m in on.modules() if isinstance(m, TransformerLayer)} == {0}
@@ -118,6 +122,36 @@ def test_bad_settings_are_refused_naming_the_parameter(rows):
         codec_small_gemm_rows({"small_gemm_rows": "many"})
 
 
+@pytest.mark.parametrize("fusion, approximate", [("none", "none"), ("ln", "none"), ("lt_gelu", "tanh"),
+                                                  ("ln_lt_gelu", "tanh"), ("norm_gelu", "none")])
+def test_the_path_computes_the_layers_own_gelu(monkeypatch, fusion, approximate):
+    """The cuBLASLt fusions compute the tanh GELU on larger steps, so the path does too on small
+    ones: a stream's audio must not depend on the size of the step it shared. (fused_linear's
+    torch reference stands in for the kernel here; the interpreter tests run the kernel.)"""
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("approximate", "none") if kwargs.get("gelu") else None)
+        return fused_linear.reference_fused_linear(*args, **kwargs)
+
+    layer = TransformerLayer(tiny_codec_config(0))
+    layer.fold_layer_scale_()
+    layer.fusion = fusion  # as fuse_ leaves it on a GPU
+    monkeypatch.setattr(fused_linear, "fused_linear", recording)
+    x = torch.randn(1, 2, layer.norm1.normalized_shape[0])
+    stage = tiny_codec_config(0)
+    rope = rope_table(torch.arange(2)[None], stage.head_dim, stage.max_period)
+    layer._small_gemm_forward(x, rope, None)
+    assert calls == [None, None, approximate, None]
+
+
+def tiny_codec_config(index: int):
+    """The tiny codec's decoder stage `index` (a TransformerStage)."""
+    from moss_tts.codec.config import CodecConfig, TransformerStage
+    config = CodecConfig.from_dict(tiny_codec_config_dict(), "tiny")
+    return [s for s in config.decoder if isinstance(s, TransformerStage)][index]
+
+
 def test_the_parameters_parse_and_default_to_off():
     assert codec_small_gemm_rows({}) == 0 and codec_small_gemm_rows({"small_gemm_rows": ""}) == 0
     assert codec_small_gemm_rows({"small_gemm_rows": " 64 "}) == 64
@@ -130,12 +164,12 @@ def test_the_parameters_parse_and_default_to_off():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_audio_stays_within_the_served_forms_tolerance(dtype):
     """The served fusion (tanh GELU in cuBLASLt's epilogue) against the same with every 1x2-step
-    stage on the small-GEMM path (exact GELU there): streamed and packed audio agree within the
-    codec's tolerance for the dtype; the GELUs differ by less than that."""
+    stage on the small-GEMM path (the same tanh GELU there): streamed and packed audio agree within
+    rounding (fp32) and the codec's bf16 tolerance."""
     off, on = tiny_codecs(64, "cuda", dtype, DEFAULT_FUSION)
     assert {m.small_gemm_rows for m in on.modules() if isinstance(m, TransformerLayer)} == {64}
     torch.manual_seed(1)
     codes = off.encode(0.3 * torch.randn(2, 2, 50 * SPF, device="cuda", dtype=dtype), n_quantizers=12)[0]
     expected = ring_kernel_audio(off, codes, "cuda").float()
     assert_close_to_peak(ring_kernel_audio(on, codes, "cuda").float(), expected,
-                         rel=1e-3 if dtype == torch.float32 else BF16_REL)
+                         rel=1e-4 if dtype == torch.float32 else BF16_REL)

@@ -187,7 +187,9 @@ class MossAudioCodec(nn.Module):
         their streams in place: each row's ring buffers are read at its slot and only its new
         keys are written back; other rows are not touched. No host-device synchronisation
         happens here, so the call can be CUDA-graph captured; codes and rows are not
-        range-checked for that reason.
+        range-checked for that reason: the caller checks them (vocoder/step_buffers.check_codes).
+        In the serving form a code past its codebook would read the next codebook's entries
+        (ResidualLFQ.freeze_decode_table_), not fail.
         """
         self._check_codes(codes)
         device = state.frames.device
@@ -213,7 +215,8 @@ class MossAudioCodec(nn.Module):
         lengths[i])*3840. rows [n] are the state rows (repeats only with length 0: padding).
         Every decoder op but attention works token by token, and attention keeps to each row's
         own tokens and ring (kernels/window_attention.py), so a row decodes exactly as it would
-        alone. Capturable like decode_step (nothing read back, nothing range-checked)."""
+        alone. Capturable like decode_step (nothing read back, nothing range-checked: the caller
+        checks codes, as for decode_step)."""
         if codes.dim() != 2 or codes.dtype not in (torch.long, torch.int32):
             raise ValueError(f"codes must be an integer tensor [N, n_q], got {codes.dtype} {tuple(codes.shape)}")
         self.quantizer.check_n_quantizers(codes.shape[-1])

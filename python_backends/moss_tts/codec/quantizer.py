@@ -86,15 +86,17 @@ class ResidualLFQ(nn.Module):
     @torch.no_grad()
     def freeze_decode_table_(self) -> None:
         """Serving form: decode by one gather-and-sum over a table of every codebook entry already
-        projected to the output (module docstring). Idempotent; not in state_dict."""
+        projected to the output (module docstring). Idempotent; not in state_dict, so weights
+        loaded after it are not in the table: call it last, as serving_form_ does, on the module
+        in its final device and fp32 (a .half() would make the table and decode fp16)."""
         if self.decode_table is not None:
             return
         rows = []
-        for i, quantizer in enumerate(self.quantizers):
+        for i, quantizer in enumerate(self.quantizers):  # one codebook's float64 at a time
             entries = _pointwise64(quantizer.out_proj, quantizer.codebook.weight.double())
             # output_proj is affine: its bias once, in codebook 0's rows (every decode reads one)
-            rows.append(_pointwise64(self.output_proj, entries, bias=i == 0))
-        self.decode_table = torch.cat(rows).float()
+            rows.append(_pointwise64(self.output_proj, entries, bias=i == 0).float())
+        self.decode_table = torch.cat(rows)
         self.decode_offsets = torch.arange(len(rows), device=self.decode_table.device) * self.config.codebook_size
 
     @torch.no_grad()

@@ -27,7 +27,9 @@ On a GPU the serving form may run the norms and the GELU otherwise (`fuse_`, FUS
   still slower than cuBLAS plus torch's passes (perf/RESULTS.md, issue 34).
 A step of at most `small_gemm_rows` tokens (TransformerLayer.small_gemm_; 0 = never) runs each
 layer's four GEMMs as kernels/fused_linear.py's, whatever the fusion: norm1+in_proj,
-out_proj+residual, norm2+ffn[0]+exact GELU, ffn[2]+residual. At a few tokens every GEMM is bound by
+out_proj+residual, norm2+ffn[0]+GELU, ffn[2]+residual. The GELU is the fusion's (tanh under the
+cuBLASLt fusions, else exact), so a layer computes one function on both paths and a stream's
+audio does not depend on the size of the step it shared. At a few tokens every GEMM is bound by
 latency, and this is 7 graph nodes a layer with the attention's 3 instead of ~10 (no LayerNorm
 kernels, no split-K reduces). The choice is by shape, so each captured graph has one form.
 A streaming layer's RoPE, attention and ring write run as `ring_kernel` says (RING_KERNELS,
@@ -175,7 +177,7 @@ class TransformerLayer(nn.Module):
         return self.small_gemm_rows
 
     def forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None = None) -> torch.Tensor:
-        if x.numel() <= self.small_gemm_rows * x.shape[-1]:
+        if self.small_gemm_rows and x.numel() <= self.small_gemm_rows * x.shape[-1]:
             return self._small_gemm_forward(x, rope, ring)
         attn, ffn, n1, n2, fusion = self.self_attn, self.ffn, self.norm1, self.norm2, self.fusion
         if fusion == "norm_gelu":
@@ -196,11 +198,15 @@ class TransformerLayer(nn.Module):
         return self._residual(x, hidden, ffn[2], self.layer_scale_2)
 
     def _small_gemm_forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None) -> torch.Tensor:
-        """forward in four fused_linear GEMMs, the residual adds in place into x (as addmm_ does)."""
+        """forward in four fused_linear GEMMs, the residual adds in place into x (as addmm_ does).
+        The GELU is the one the layer's fusion computes on larger steps (tanh under cuBLASLt's
+        epilogue, else exact), so a stream's audio does not depend on which path its step took."""
         attn, ffn, n1, n2 = self.self_attn, self.ffn, self.norm1, self.norm2
+        approximate = "tanh" if self.fusion in LT_GELU_FUSIONS else "none"
         qkv = fused_linear.fused_linear(x, attn.in_proj.weight, n1.weight, n1.bias, n1.eps)
         fused_linear.fused_linear(attn.attend_qkv(qkv, rope, ring), attn.out_proj.weight, residual=x)
-        hidden = fused_linear.fused_linear(x, ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True)
+        hidden = fused_linear.fused_linear(x, ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True,
+                                           approximate=approximate)
         return fused_linear.fused_linear(hidden, ffn[2].weight, residual=x)
 
     def _norm(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:

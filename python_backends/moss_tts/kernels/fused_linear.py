@@ -11,7 +11,9 @@ does all of it:
   (gamma * ((a - mean) * rstd) + beta, torch's order) and ROUNDS it to x's dtype before tl.dot,
   so the GEMM multiplies the very values F.layer_norm would have written, up to fp32 rounding;
 - exact (erf) GELU on the fp32 accumulator, as nn.GELU(), then one rounding to x's dtype (torch
-  rounds the linear output first, then the GELU: the two differ by one rounding);
+  rounds the linear output first, then the GELU: the two differ by one rounding); or, with
+  approximate="tanh", the tanh form (F.gelu's), as the served fusions' cuBLASLt epilogue computes
+  it, so a codec layer computes one function whichever of the two runs its step;
 - residual epilogue: the program adds its tile of r (fp32) to the accumulator and stores the sum
   back into r, one rounding, as cuBLAS does for the serving form's addmm_ (beta = 1) into the
   residual stream. Each program reads and writes only its own tile, so in place is safe; x must
@@ -98,18 +100,21 @@ def gemm_config(num_rows: int, has_norm: bool) -> GemmConfig:
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                  norm_bias: torch.Tensor | None = None, eps: float = 1e-5, gelu: bool = False,
-                 config: GemmConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+                 config: GemmConfig | None = None, residual: torch.Tensor | None = None,
+                 approximate: str = "none") -> torch.Tensor:
     """x [..., K], weight [N, K] (nn.Linear's, bias-free) -> [..., N] in x's dtype:
     gelu?(layer_norm?(x) @ weight^T). The LayerNorm (over K) runs when norm_weight is given
-    (norm_bias with it, as nn.LayerNorm keeps both); gelu is the exact erf form. With `residual`
+    (norm_bias with it, as nn.LayerNorm keeps both); gelu is the exact erf form, or F.gelu's tanh
+    form with approximate="tanh". With `residual`
     ([..., N] like the output, contiguous, x's dtype, not overlapping x) the product is added to
     it in place and `residual` is returned (no GELU then). `config` overrides the table's tiles
     (benchmarks, tests)."""
     _check_norm(norm_weight, norm_bias)
     _check_residual(x, weight, gelu, residual)
+    _check_approximate(approximate)
     if is_supported(x, weight):
-        return _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config, residual)
-    return reference_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, residual)
+        return _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config, residual, approximate)
+    return reference_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, residual, approximate)
 
 
 def is_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -135,6 +140,17 @@ def _check_norm(norm_weight, norm_bias) -> None:
                          "or neither for no norm")
 
 
+def _check_approximate(approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"fused_linear: approximate must be 'none' (exact GELU) or 'tanh', got {approximate!r}")
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte addresses a tensor's elements span, whatever its strides."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
 def _check_residual(x, weight, gelu, residual) -> None:
     if residual is None:
         return
@@ -143,31 +159,33 @@ def _check_residual(x, weight, gelu, residual) -> None:
     if residual.shape != (*x.shape[:-1], weight.shape[0]) or residual.dtype != x.dtype or not residual.is_contiguous():
         raise ValueError(f"fused_linear: residual must be contiguous {x.dtype} of shape {(*x.shape[:-1], weight.shape[0])}, "
                          f"got {residual.dtype} {tuple(residual.shape)}")
-    x_end = x.data_ptr() + x.numel() * x.element_size()
-    r_end = residual.data_ptr() + residual.numel() * residual.element_size()
-    if x.numel() and residual.numel() and x.data_ptr() < r_end and residual.data_ptr() < x_end:
+    (x_start, x_end), (r_start, r_end) = _extent(x), _extent(residual)
+    if x.numel() and residual.numel() and x_start < r_end and r_start < x_end:
         raise ValueError("fused_linear: x overlaps the residual it is added to")
 
 
 # ------------------------------------------------------------------------------------ reference
 def reference_fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                            norm_bias: torch.Tensor | None = None, eps: float = 1e-5,
-                           gelu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+                           gelu: bool = False, residual: torch.Tensor | None = None,
+                           approximate: str = "none") -> torch.Tensor:
     """Same contract in plain torch, the modules' own ops (with `residual`: the serving form's
     addmm_ into it): the CPU path and the tests' oracle."""
     _check_norm(norm_weight, norm_bias)
     _check_residual(x, weight, gelu, residual)
+    _check_approximate(approximate)
     if norm_weight is not None:
         x = F.layer_norm(x, (x.shape[-1],), norm_weight, norm_bias, eps)
     if residual is not None:
         residual.view(-1, weight.shape[0]).addmm_(x.reshape(-1, x.shape[-1]), weight.t())
         return residual
     y = F.linear(x, weight)
-    return F.gelu(y) if gelu else y
+    return F.gelu(y, approximate=approximate) if gelu else y
 
 
 # ------------------------------------------------------------------------------------ Triton
-def _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config: GemmConfig | None, residual):
+def _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config: GemmConfig | None, residual,
+                         approximate):
     n, k = weight.shape
     rows = x.reshape(-1, k)  # a view for the codec's contiguous activations
     m = rows.shape[0]
@@ -180,14 +198,16 @@ def _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config: G
     gamma, beta = (norm_weight, norm_bias) if has_norm else (weight, weight)  # never read without the norm
     _fused_linear_kernel[grid](
         rows, weight, out, gamma, beta, m, n, k, rows.stride(0), weight.stride(1), weight.stride(0), out.stride(0),
-        eps, HAS_NORM=has_norm, HAS_GELU=gelu, HAS_RESIDUAL=residual is not None, EVEN_K=k % c.block_k == 0, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        eps, HAS_NORM=has_norm, HAS_GELU=gelu, GELU_TANH=approximate == "tanh",
+        HAS_RESIDUAL=residual is not None, EVEN_K=k % c.block_k == 0, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
         BLOCK_K=c.block_k, GROUP_M=c.group_m, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.view(*x.shape[:-1], n) if residual is None else residual
 
 
 @jit
 def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stride_xm, stride_wk, stride_wn, stride_ym,
-                         eps, HAS_NORM: tl.constexpr, HAS_GELU: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                         eps, HAS_NORM: tl.constexpr, HAS_GELU: tl.constexpr, GELU_TANH: tl.constexpr,
+                         HAS_RESIDUAL: tl.constexpr,
                          EVEN_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          GROUP_M: tl.constexpr):
@@ -231,7 +251,12 @@ def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stri
             normed = gamma[None, :] * ((a.to(tl.float32) - mean[:, None]) * rstd[:, None]) + beta[None, :]
             a = normed.to(x_ptr.dtype.element_ty)  # the values F.layer_norm would have stored
         acc = tl.dot(a, b, acc, input_precision="ieee")  # "ieee": fp32 stays fp32, as in torch
-    if HAS_GELU:
+    if HAS_GELU and GELU_TANH:
+        # F.gelu(approximate="tanh"): 0.5 y (1 + tanh(u)) with u = sqrt(2 / pi) (y + 0.044715 y^3),
+        # which is y * sigmoid(2u) exactly (tl has no tanh; no 1 + tanh cancellation this way)
+        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = acc * tl.sigmoid(2.0 * inner)
+    elif HAS_GELU:
         acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # erf(y / sqrt(2))
 
     y = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
