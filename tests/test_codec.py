@@ -404,6 +404,27 @@ def test_served_quantizer_decodes_from_one_table_the_same_function(ckpt, n_q):
     assert_close_to_peak(got, loaded.decode(codes), rel=1e-6)
 
 
+@pytest.mark.gpu
+def test_served_quantizer_table_on_a_gpu_decodes_the_same_function_in_a_graph(ckpt):
+    """On CUDA, and captured: the table's decode (a gather and a sum) replays like its eager
+    self and gives the loaded form's output up to fp32 rounding order."""
+    loaded, served = (load_codec(ckpt, "cuda").quantizer, load_codec(ckpt, "cuda").serving_form_().quantizer)
+    codes = torch.randint(0, 1024, (4, 10, 12), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    expected = loaded.decode(codes)
+    static = codes.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        served.decode(static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = served.decode(static)
+    graph.replay()
+    assert torch.equal(out, served.decode(codes))
+    assert_close_to_peak(out, expected, rel=1e-6)
+
+
 def test_packed_step_refuses_codes_that_do_not_match_the_packing(codec, codes50):
     state = codec.new_decode_state(3)
     with pytest.raises(ValueError, match="packing covers 5 frames"):

@@ -15,6 +15,9 @@
 set -uo pipefail
 source perf/device_call.sh r20c2
 call_gpu_tests fused_linear small_gemm
+PYTHONPATH=python_backends:tests:. timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codec.py \
+  -k "quantizer or serving_form" > $R/gpu_tests_codec_served.txt 2>&1
+echo "gpu tests codec (quantizer table, serving form): $(tail -1 $R/gpu_tests_codec_served.txt)"
 call_mark "gpu tests done"
 PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 200 python3 perf/bench_codec_gemm.py --rows 2,4,8,16,32,64 \
   --reps 20 --iters 10 --out $R/codec_gemm_few_rows.json > $R/codec_gemm.log 2>&1
