@@ -54,10 +54,14 @@ EPS = 1e-5
 # programs), many rows by the tensor cores (wide tiles). Kept short: each compiles per kernel kind.
 FEW_ROWS = 64
 TINY_ROWS_MAX = 16  # at most this many: 16-row tiles (mma.sync), the small-GEMM path's first stages
+# Few rows read W with few programs when N is small (ffn[2] / out_proj: N = d, 24-80 programs of
+# 32 columns), so some candidates keep more of W in flight per program (256-deep K tiles, narrow
+# N): all compile for sm_90 without spills (at most 255 registers with the norm prologue).
 SWEEP_TINY = (GemmConfig(16, 32, 64, 4, 4), GemmConfig(16, 32, 128, 4, 4), GemmConfig(16, 64, 64, 4, 4),
-              GemmConfig(16, 64, 128, 4, 4), GemmConfig(16, 16, 128, 4, 4), GemmConfig(16, 32, 128, 2, 4))
+              GemmConfig(16, 64, 128, 4, 4), GemmConfig(16, 16, 128, 4, 4), GemmConfig(16, 32, 128, 2, 4),
+              GemmConfig(16, 16, 128, 2, 4), GemmConfig(16, 16, 256, 2, 4), GemmConfig(16, 32, 256, 4, 3))
 SWEEP_FEW = (GemmConfig(64, 32, 128, 4, 4), GemmConfig(64, 64, 64, 4, 4), GemmConfig(64, 64, 128, 4, 4),
-             GemmConfig(64, 128, 64, 4, 4))
+             GemmConfig(64, 128, 64, 4, 4), GemmConfig(64, 32, 256, 4, 3))
 SWEEP_MANY = (GemmConfig(64, 128, 64, 4, 4), GemmConfig(128, 128, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4),
               GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 256, 64, 8, 4))
 
