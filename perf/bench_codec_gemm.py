@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 
 from moss_tts.kernels import layer_norm
-from moss_tts.kernels.fused_linear import (GemmConfig, fused_linear, gemm_config, is_supported, kernel_kind,
-                                           prepare_weight, reference_fused_linear)
+from moss_tts.kernels.fused_linear import (CONFIG_TABLE, GemmConfig, fused_linear, gemm_config, is_supported,
+                                           kernel_kind, prepare_weight, reference_fused_linear)
 from perf.graph_timing import graph_ms
 
 CODEC_SHAPES = ((1280, 5120), (768, 3072))  # (d, ff)
@@ -59,9 +59,12 @@ TINY_ROWS_MAX = 16  # at most this many: 16-row tiles (mma.sync), the small-GEMM
 # N): all compile for sm_90 without spills (at most 255 registers with the norm prologue).
 SWEEP_TINY = (GemmConfig(16, 32, 64, 4, 4), GemmConfig(16, 32, 128, 4, 4), GemmConfig(16, 64, 64, 4, 4),
               GemmConfig(16, 64, 128, 4, 4), GemmConfig(16, 16, 128, 4, 4), GemmConfig(16, 32, 128, 2, 4),
-              GemmConfig(16, 16, 128, 2, 4), GemmConfig(16, 16, 256, 2, 4), GemmConfig(16, 32, 256, 4, 3))
+              GemmConfig(16, 16, 128, 2, 4), GemmConfig(16, 16, 256, 2, 4), GemmConfig(16, 32, 256, 4, 3),
+              GemmConfig(16, 32, 128, 4, 4, split_k=4), GemmConfig(16, 64, 128, 4, 4, split_k=4),
+              GemmConfig(16, 32, 128, 4, 4, split_k=8))
 SWEEP_FEW = (GemmConfig(64, 32, 128, 4, 4), GemmConfig(64, 64, 64, 4, 4), GemmConfig(64, 64, 128, 4, 4),
-             GemmConfig(64, 128, 64, 4, 4), GemmConfig(64, 32, 256, 4, 3))
+             GemmConfig(64, 128, 64, 4, 4), GemmConfig(64, 32, 256, 4, 3), GemmConfig(64, 32, 128, 4, 4, split_k=4),
+             GemmConfig(64, 64, 128, 4, 4, split_k=4))
 SWEEP_MANY = (GemmConfig(64, 128, 64, 4, 4), GemmConfig(128, 128, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4),
               GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 256, 64, 8, 4))
 
@@ -225,9 +228,23 @@ def format_table(table: dict[str, list[tuple[int, str]]]) -> str:
     lines = ["# least summed time per M, from perf/bench_codec_gemm.py --sweep", "CONFIG_TABLE = {"]
     for kind, entries in table.items():
         items = [f"({'2**62' if rows == 2**62 else rows}, GemmConfig({c.block_m}, {c.block_n}, {c.block_k}, "
-                 f"{c.num_warps}, {c.num_stages}))" for rows, c in ((r, by_name[t]) for r, t in entries)]
+                 f"{c.num_warps}, {c.num_stages}{f', split_k={c.split_k}' if c.split_k > 1 else ''}))"
+                 for rows, c in ((r, by_name[t]) for r, t in entries)]
         lines.append(f'    "{kind}": (' + ",\n".ljust(len(kind) + 11).join(items) + ",),")  # a tuple even of one
     return "\n".join(lines + ["}"])
+
+
+def table_with_sweep(results: dict) -> dict[str, tuple[tuple[int, GemmConfig], ...]]:
+    """fused_linear.CONFIG_TABLE with a sweep's choices (the JSON this script wrote with --sweep) up
+    to the most rows it swept, and the table's own entries above that: what bench_vocoder.py
+    --gemm-table serves, so a sweep of few rows is tried in the whole codec in the same call."""
+    by_name = {str(c): c for c in SWEEP_TINY + SWEEP_FEW + SWEEP_MANY}
+    most = max(s["rows"] for s in results["sweep"])
+    table = {}
+    for kind, entries in CONFIG_TABLE.items():
+        swept = [(min(rows, most), by_name[name]) for rows, name in results["table"].get(kind, [])]
+        table[kind] = tuple(swept + [(rows, config) for rows, config in entries if rows > most])
+    return table
 
 
 def parse_args(argv):

@@ -504,6 +504,9 @@ def parse_args(argv):
     ap.add_argument("--small-gemm-rows", type=int, default=0,
                     help="codec.serving_form_'s small_gemm_rows: steps of at most this many tokens at a stage run "
                          "each layer's GEMMs as kernels/fused_linear.py's (default 0: off, as served)")
+    ap.add_argument("--gemm-table", type=Path, default=None,
+                    help="a perf/bench_codec_gemm.py --sweep JSON: its tiles replace kernels/fused_linear.py's table "
+                         "up to the rows it swept (bench_codec_gemm.table_with_sweep), for this run only")
     ap.add_argument("--fidelity", default="", help="ROWSxFRAMES: also decode that many random codes offline and "
                     "compare the audio with the fp32 reference of the same weights")
     ap.add_argument("--splitk", choices=("on", "off"), default="on",
@@ -517,6 +520,10 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.gemm_table is not None:  # before any kernel runs: gemm_config reads the module's table
+        from moss_tts.kernels import fused_linear
+        from perf.bench_codec_gemm import table_with_sweep
+        fused_linear.CONFIG_TABLE = table_with_sweep(json.loads(args.gemm_table.read_text()))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("moss_tts").setLevel(logging.INFO)  # the capture's one log line
     shapes = parse_shapes(args.shapes)
@@ -534,6 +541,7 @@ def main(argv=None) -> int:
                         "fusion": args.fusion, "splitk": args.splitk,
                         "fusion_running": sorted({m.fusion for m in codec.modules() if hasattr(m, "fusion")}),
                         "ring_kernel": args.ring_kernel, "small_gemm_rows": args.small_gemm_rows,
+                        "gemm_table": None if args.gemm_table is None else str(args.gemm_table),
                         "ring_kernel_running": sorted({m.ring_kernel for m in codec.modules()
                                                        if hasattr(m, "ring_kernel")}),
                         "small_gemm_rows_running": sorted({m.small_gemm_rows for m in codec.modules()

@@ -30,3 +30,18 @@ def test_the_printed_table_is_config_table_source():
     exec(format_table(best_table(sweeps)), namespace)
     assert namespace["CONFIG_TABLE"] == {"norm": ((64, fl.GemmConfig(128, 128, 64, 8, 3)),
                                                   (2**62, fl.GemmConfig(64, 64, 64, 4, 4)))}
+
+
+def test_a_sweep_of_few_rows_replaces_only_those_rows_of_the_table():
+    """bench_vocoder.py --gemm-table: the sweep's tiles up to the most rows it swept (its last entry
+    capped there, split-K candidates included), the table's own above."""
+    from perf.bench_codec_gemm import SWEEP_TINY, table_with_sweep
+    split = next(c for c in SWEEP_TINY if c.split_k > 1)
+    results = {"sweep": [{"rows": 2}, {"rows": 16}],
+               "table": {"plain": [(2, str(SWEEP_TINY[0])), (2**62, str(split))], "norm": [(2**62, str(SWEEP_TINY[1]))]}}
+    table = table_with_sweep(results)
+    assert table["plain"][:2] == ((2, SWEEP_TINY[0]), (16, split))
+    assert table["norm"][0] == (16, SWEEP_TINY[1])
+    for kind in ("plain", "norm"):
+        assert [entry for entry in table[kind] if entry[0] > 16] == [e for e in fl.CONFIG_TABLE[kind] if e[0] > 16]
+    assert "split_k=" in format_table({"plain": [(2**62, str(split))]})

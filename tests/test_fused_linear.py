@@ -34,6 +34,9 @@ INTERPRETER_CASES = {
     "mean_far_from_zero": (37, 64, 96, SMALL, 1000.0, False),  # moments without cancellation
     "table_tiles": (37, 64, 96, None, 0.0, True),  # 64-row tiles, K < BLOCK_K
     "table_small_tiles": (9, 64, 40, None, 0.0, False),  # 16-row tiles (a few tokens), nn.Linear's layout
+    # split-K: three shares of one K tile each; four shares of 3 ragged K tiles (the last share empty)
+    "split_k": (9, 96, 40, GemmConfig(16, 16, 32, 4, 2, split_k=3), 0.0, False),
+    "split_k_ragged": (37, 80, 96, GemmConfig(16, 32, 32, 4, 2, split_k=4), 0.0, True),
 }
 # mode -> (LayerNorm prologue, GELU epilogue, residual epilogue)
 MODES = {"plain": (False, False, False), "norm": (True, False, False), "norm_gelu": (True, True, False),
@@ -94,8 +97,12 @@ def fp16_ulps(case) -> float:
 
 
 def interpreter_main() -> None:
+    from moss_tts.kernels import fused_linear as fl
     errors = {f"{name}/{mode}": case_error(case, mode) for name, case in INTERPRETER_CASES.items() for mode in MODES}
     errors.update({f"{name}/fp16_ulps": fp16_ulps(INTERPRETER_CASES[name]) for name in ("ragged_m", "ragged_k")})
+    # every split-K call leaves its arrival counters at zero for the next
+    errors["split_k_arrivals_left"] = sum(int(c.abs().sum()) for c in fl._ARRIVALS.values())
+    errors["split_k_calls_made"] = len(fl._ARRIVALS)
     print(json.dumps(errors))
 
 
@@ -109,6 +116,10 @@ def interpreter_errors() -> dict[str, float]:
 def test_interpreter_kernel_matches_reference(interpreter_errors, name, mode):
     tolerance = FAR_MEAN_TOLERANCE if name == "mean_far_from_zero" else FP32_TOLERANCE
     assert interpreter_errors[f"{name}/{mode}"] <= tolerance
+
+
+def test_interpreter_split_k_leaves_its_counters_at_zero(interpreter_errors):
+    assert interpreter_errors["split_k_calls_made"] == 1 and interpreter_errors["split_k_arrivals_left"] == 0
 
 
 # No bf16 case on the interpreter: Triton 3.6's interpreter multiplies bf16 tl.dot operands as
@@ -228,6 +239,21 @@ def test_gpu_bf16_residual_add_matches_addmm_and_is_as_accurate(d, ff, rows):
     kernel_error = (got.float() - exact).abs().mean().item()
     torch_error = (torch_sum.float() - exact).abs().mean().item()
     assert kernel_error <= ACCURACY_SLACK * torch_error, (kernel_error, torch_error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [2, 4, 8])
+@pytest.mark.parametrize("rows", [2, 16, 64])
+@pytest.mark.parametrize("d, ff", CODEC_SHAPES)
+def test_gpu_split_k_residual_is_deterministic_and_matches_addmm(d, ff, rows, split_k):
+    """ffn[2] + residual with its K shared by split_k programs: the last share sums the partials in
+    a fixed order, so 20 calls give one result bit for bit, within bf16 rounding of cuBLAS's."""
+    x, weight, _, _ = codec_case(d, ff, "plain", rows, n_major=False)
+    config = GemmConfig(16 if rows <= 16 else 64, 32, 128, 4, 4, split_k=split_k)
+    start = make_residual(rows, d, torch.bfloat16).cuda()
+    results = [fused_linear(x, weight, config=config, residual=start.clone()) for _ in range(20)]
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+    assert relative_error(results[0], start.clone().addmm_(x, weight.t())) <= BF16_TOLERANCE
 
 
 @pytest.mark.gpu

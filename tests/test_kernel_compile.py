@@ -147,16 +147,18 @@ def compile_fused_linear(config: fl.GemmConfig, has_norm: bool, gelu: bool, dtyp
                          even_k: bool = True, residual: bool = False, tanh: bool = False):
     """As the codec launches it: strides and sizes multiples of 16, W's unit stride specialized."""
     tensor = f"*{dtype}"
+    split = config.split_k > 1
     signature = {"x_ptr": tensor, "w_ptr": tensor, "y_ptr": tensor, "gamma_ptr": tensor, "beta_ptr": tensor,
+                 "partials_ptr": "*fp32" if split else tensor, "arrivals_ptr": "*i32" if split else tensor,
                  **{name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_wk", "stride_wn", "stride_ym")},
                  "eps": "fp32"}
     unit_stride = "stride_wn" if n_major else "stride_wk"
     del signature[unit_stride]
     constants = {unit_stride: 1, "HAS_NORM": has_norm, "HAS_GELU": gelu, "GELU_TANH": tanh, "HAS_RESIDUAL": residual,
                  "EVEN_K": even_k,
-                 "BLOCK_M": config.block_m,
+                 "SPLIT_K": config.split_k, "BLOCK_M": config.block_m,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m}
-    divisible = [name for name in ("x_ptr", "w_ptr", "y_ptr", "gamma_ptr", "beta_ptr", "N", "K", "stride_xm",
+    divisible = [name for name in ("x_ptr", "w_ptr", "y_ptr", "gamma_ptr", "beta_ptr", "partials_ptr", "N", "K", "stride_xm",
                                    "stride_wk", "stride_wn", "stride_ym") if name in signature]
     return compile_for_h200(fl._fused_linear_kernel, signature, constants, config.num_warps, config.num_stages,
                             tuple(divisible))
@@ -196,6 +198,19 @@ def test_small_gemm_tiles_compile_without_spills(rows, config, use, n_major, tmp
                                   residual=use == "residual", tanh=use == "ffn0_tanh")
     report = ptxas_report(kernel.asm["ptx"], tmp_path)
     assert "0 bytes spill stores" in report, report
+
+
+@pytest.mark.parametrize("use", ["residual", "ffn0_tanh"])
+def test_split_k_compiles_without_spills_with_its_release_acquire_atomic(use, tmp_path):
+    """Split-K (GemmConfig.split_k): the partials' barrier, then one acq_rel atomic at gpu scope,
+    and the last share's L1-bypassing loads, in the sm_90 PTX."""
+    config = fl.GemmConfig(16, 32, 128, 4, 4, split_k=4)
+    kernel = compile_fused_linear(config, use != "residual", use != "residual", n_major=False,
+                                  residual=use == "residual", tanh=use == "ffn0_tanh")
+    ptx = kernel.asm["ptx"]
+    assert "0 bytes spill stores" in ptxas_report(ptx, tmp_path)
+    assert "atom.global.gpu.acq_rel.add" in ptx and "bar.sync" in ptx and ".cg." in ptx, \
+        [line for line in ptx.splitlines() if "atom" in line or "ld.global" in line][:10]
 
 
 def test_fused_linear_compiles_for_float32_nn_linear_layout_and_ragged_k():

@@ -18,6 +18,12 @@ does all of it:
   back into r, one rounding, as cuBLAS does for the serving form's addmm_ (beta = 1) into the
   residual stream. Each program reads and writes only its own tile, so in place is safe; x must
   not overlap r.
+Split-K (GemmConfig.split_k > 1; only where the table or a caller asks): a few-token GEMM with a
+narrow output (the residual GEMMs: N = d) has too few tiles to keep HBM busy while reading W, so
+split_k programs share each tile's K range; their fp32 partials meet in a workspace and the last
+to arrive sums them in a fixed order and runs the epilogue, in the same kernel (no reduce kernel
+of its own, as cuBLAS's split-K has). The LayerNorm's moments are taken over the whole row by
+every share (x is a few rows).
 Why a residual epilogue (issue 34): at a few tokens a stage (a 1-row x 2-frame step: 2-64 rows)
 every codec GEMM is bound by latency, not by its FLOPs, and the layer is ~10 graph nodes (two
 LayerNorms, four cuBLAS GEMMs, each residual GEMM with a split-K reduce of its own). Run as four
@@ -51,6 +57,11 @@ import torch.nn.functional as F
 
 from .triton_setup import INTERPRET, jit, tl, triton
 
+# Over 300 lines (a kernel file): the kernel, its epilogue and moments helpers, its launcher with
+# the tile table and the split-K counters, and the torch reference the CPU runs and the tests
+# compare against share one contract (norm prologue, GELU forms, residual add, split-K); apart,
+# each file would restate it.
+
 
 @dataclass(frozen=True)
 class GemmConfig:
@@ -60,10 +71,16 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8  # row blocks that share one sweep over W's column blocks (L2 reuse of W)
+    # Programs that share one output tile's K (module docstring, "Split-K"); 1 = none
+    split_k: int = 1
+
+    def __post_init__(self):
+        if self.split_k < 1:
+            raise ValueError(f"GemmConfig: split_k must be >= 1, got {self.split_k}")
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
-                f" g{self.group_m}")
+                f" g{self.group_m}" + (f" k{self.split_k}" if self.split_k > 1 else ""))
 
 
 # (most rows, tiles) per kernel kind, first match wins. Provisional until an H200 sweep
@@ -184,6 +201,25 @@ def reference_fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: t
 
 
 # ------------------------------------------------------------------------------------ Triton
+MAX_SPLIT_TILES = 1 << 16  # output tiles a split-K call may have (the arrival counters per device)
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
+    """The device's split-K arrival counters, int32 zeros that every call leaves at zero. Made at a
+    device's first split-K call, which must not be under CUDA-graph capture (the codec runs every
+    step shape once before capturing it). One per device: split-K calls on one device must not run
+    on two streams at once (the codec's GEMMs run on the vocoder's stream only)."""
+    if tiles > MAX_SPLIT_TILES:
+        raise ValueError(f"fused_linear: split-K over {tiles} output tiles, more than {MAX_SPLIT_TILES}")
+    counters = _ARRIVALS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fused_linear: the first split-K call on a device must run outside CUDA-graph capture")
+        counters = _ARRIVALS[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+    return counters
+
+
 def _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config: GemmConfig | None, residual,
                          approximate):
     n, k = weight.shape
@@ -194,23 +230,26 @@ def _triton_fused_linear(x, weight, norm_weight, norm_bias, eps, gelu, config: G
         return out.view(*x.shape[:-1], n) if residual is None else residual
     has_norm = norm_weight is not None
     c = config or gemm_config(m, has_norm)
-    grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
+    tiles = triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n)
     gamma, beta = (norm_weight, norm_bias) if has_norm else (weight, weight)  # never read without the norm
-    _fused_linear_kernel[grid](
-        rows, weight, out, gamma, beta, m, n, k, rows.stride(0), weight.stride(1), weight.stride(0), out.stride(0),
-        eps, HAS_NORM=has_norm, HAS_GELU=gelu, GELU_TANH=approximate == "tanh",
+    if c.split_k > 1:
+        partials, arrivals = rows.new_empty(c.split_k, m, n, dtype=torch.float32), _arrivals(rows.device, tiles)
+    else:  # never read
+        partials, arrivals = out, out
+    _fused_linear_kernel[(tiles, c.split_k)](
+        rows, weight, out, gamma, beta, partials, arrivals, m, n, k, rows.stride(0), weight.stride(1),
+        weight.stride(0), out.stride(0), eps, HAS_NORM=has_norm, HAS_GELU=gelu, GELU_TANH=approximate == "tanh",
         HAS_RESIDUAL=residual is not None, EVEN_K=k % c.block_k == 0, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        BLOCK_K=c.block_k, GROUP_M=c.group_m, num_warps=c.num_warps, num_stages=c.num_stages)
+        BLOCK_K=c.block_k, GROUP_M=c.group_m, SPLIT_K=c.split_k, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.view(*x.shape[:-1], n) if residual is None else residual
 
 
 @jit
-def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stride_xm, stride_wk, stride_wn, stride_ym,
-                         eps, HAS_NORM: tl.constexpr, HAS_GELU: tl.constexpr, GELU_TANH: tl.constexpr,
-                         HAS_RESIDUAL: tl.constexpr,
-                         EVEN_K: tl.constexpr,
+def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, partials_ptr, arrivals_ptr, M, N, K, stride_xm,
+                         stride_wk, stride_wn, stride_ym, eps, HAS_NORM: tl.constexpr, HAS_GELU: tl.constexpr,
+                         GELU_TANH: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr):
+                         GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr):
     """One [BLOCK_M, BLOCK_N] tile of y, programs in grouped order: GROUP_M row blocks walk the
     column blocks together, so the W columns they share are read from L2, not HBM. W is read
     through both strides: Triton specializes a stride of 1, so either layout gets its own code."""
@@ -236,7 +275,14 @@ def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stri
     if HAS_NORM:
         mean, rstd = _row_moments(x_rows, K, eps, EVEN_K, BLOCK_M, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:  # this program's share of K, whole BLOCK_K tiles (the last shares may be short or empty)
+        share = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = tl.program_id(1) * share
+        k_hi = tl.minimum(K, k_lo + share)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + offs_k
         if EVEN_K:
             a = tl.load(x_rows + k[None, :])
@@ -251,6 +297,33 @@ def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stri
             normed = gamma[None, :] * ((a.to(tl.float32) - mean[:, None]) * rstd[:, None]) + beta[None, :]
             a = normed.to(x_ptr.dtype.element_ty)  # the values F.layer_norm would have stored
         acc = tl.dot(a, b, acc, input_precision="ieee")  # "ieee": fp32 stays fp32, as in torch
+
+    y = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    in_bounds = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT_K == 1:
+        _finish(acc, y, in_bounds, HAS_GELU, GELU_TANH, HAS_RESIDUAL)
+    else:
+        # Each share's partial sum to the workspace; the share that arrives last at this tile adds
+        # them in share order (the same sum whichever arrives last: deterministic, so graphed ==
+        # eager bit for bit), finishes the tile and resets the tile's arrival count to 0 for the
+        # next call. The barrier, then one release-acquire atomic, make every thread's partial
+        # visible to the last share (CUTLASS's semaphore pattern); its loads bypass L1 (.cg).
+        tile = (offs_m.to(tl.int64)[:, None] * N + offs_n[None, :])
+        tl.store(partials_ptr + tl.program_id(1) * M * N + tile, acc, mask=in_bounds)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrivals_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for share_index in range(SPLIT_K):
+                total += tl.load(partials_ptr + share_index * M * N + tile, mask=in_bounds, other=0.0,
+                                 cache_modifier=".cg")
+            _finish(total, y, in_bounds, HAS_GELU, GELU_TANH, HAS_RESIDUAL)
+            tl.atomic_xchg(arrivals_ptr + pid, 0, sem="relaxed", scope="gpu")
+
+
+@jit
+def _finish(acc, y, in_bounds, HAS_GELU: tl.constexpr, GELU_TANH: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The tile's epilogue on its fp32 sum: the GELU, or the residual add, and one rounding."""
     if HAS_GELU and GELU_TANH:
         # F.gelu(approximate="tanh"): 0.5 y (1 + tanh(u)) with u = sqrt(2 / pi) (y + 0.044715 y^3),
         # which is y * sigmoid(2u) exactly (tl has no tanh; no 1 + tanh cancellation this way)
@@ -258,12 +331,9 @@ def _fused_linear_kernel(x_ptr, w_ptr, y_ptr, gamma_ptr, beta_ptr, M, N, K, stri
         acc = acc * tl.sigmoid(2.0 * inner)
     elif HAS_GELU:
         acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # erf(y / sqrt(2))
-
-    y = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
-    in_bounds = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if HAS_RESIDUAL:  # y is the residual stream: this program's tile, read then written
         acc += tl.load(y, mask=in_bounds, other=0.0).to(tl.float32)
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=in_bounds)
+    tl.store(y, acc.to(y.dtype.element_ty), mask=in_bounds)
 
 
 @jit
