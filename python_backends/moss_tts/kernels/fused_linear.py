@@ -41,11 +41,9 @@ autotuning: the server captures CUDA graphs and must not benchmark at start-up. 
 allocation depend on shapes only, nothing is read back to the host: capturable. On CPU (no
 Triton) `reference_fused_linear` runs; it is also the tests' oracle.
 
-Proposed integration (not wired yet: the lead measures first), in the serving form: the
-fold step also runs `w.data = prepare_weight(w)` on in_proj.weight and ffn[0].weight; then
-TransformerLayer.forward calls fused_linear(x, in_proj.weight, norm1.weight, norm1.bias, 1e-5)
-where it called self_attn.in_proj(self.norm1(x)) (attend takes qkv), and fused_linear(x,
-ffn[0].weight, norm2.weight, norm2.bias, 1e-5, gelu=True) for ffn[1](ffn[0](norm2(x))).
+Where it runs (codec.transformer): the `gelu` / `norm_gelu` fusions (every step; slower than
+cuBLAS on the H200 at large steps, so not served) and the small-GEMM path (`small_gemm_rows`:
+steps of a few tokens, all four GEMMs of a layer; off until measured on a GPU).
 """
 
 from __future__ import annotations
