@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Round 20, call 1 (a fresh H200, carry .device and .whl; ~9.5 min). r19-call1.sh's choice by the
+# host probe, with this round's code (the served quantizer table):
+# - a fast host (probe <= 45 ms): the 330 s mixed soak (the second soak run), stall
+#   snapshots armed as in round 19;
+# - a slow host (no throughput target can show there): the small-GEMM path's GPU tests and its
+#   A/B instead (r20-call2.sh's core: small_gemm_rows 0 / 64, alternating), host-independent.
+set -uo pipefail
+source perf/device_call.sh r20c1
+call_setup &
+SETUP=$!
+python3 perf/host_probe.py --out $R/host_probe.json 2>&1 | tail -1
+wait $SETUP
+PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$R/host_probe.json'))['python_ms']))")
+if [ "$PROBE_MS" -le 45 ]; then
+  echo "fast host ($PROBE_MS ms): the 330 s soak"
+  RECORD=0:4:gil RESPONSE_TIMEOUT=30 timeout $(call_left 585) bash perf/h200_scaling.sh soak 330 2>&1 | tail -12
+  cp $W/results/soak.json $OUT/ 2>/dev/null
+  grep -h "work stalled\|moves again" $W/server_soak.log $W/results/server_soak.log 2>/dev/null | head -5
+else
+  echo "slow host ($PROBE_MS ms): the small-GEMM path instead"
+  call_gpu_tests fused_linear small_gemm
+  PYTHONPATH=python_backends:tests:. timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codec.py \
+    -k "quantizer or serving_form" > $R/gpu_tests_codec_served.txt 2>&1
+  echo "gpu tests codec (quantizer table, serving form): $(tail -1 $R/gpu_tests_codec_served.txt)"
+  for run in 0:a 64:a 0:b 64:b; do
+    rows=${run%%:*}; label=${run##*:}
+    [ "$(call_left 585)" -gt 140 ] || break
+    PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 585) python3 perf/bench_vocoder.py \
+      --shapes 1x2,4x2,16x10 --rounds 16,128 --iters 20 --skip offline,streaming --small-gemm-rows $rows \
+      --out $R/vocoder_sg${rows}_$label.json > $R/vocoder_sg${rows}_$label.log 2>&1
+    echo "small_gemm_rows $rows ($label):"; grep -E "^ +[0-9]+ x|round of|equivalence|ERROR|Error" $R/vocoder_sg${rows}_$label.log | cut -c1-200
+    call_mark "vocoder $rows $label done"
+  done
+  cp $R/vocoder_sg*.json $OUT/ 2>/dev/null
+fi
+call_mark "done"
