@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 20, call 1 (a fresh H200, carry .device and .whl; ~9.5 min). r19-call1.sh's choice by the
+# Round 20, call 1 (a fresh H200, carry .device; .whl where it fits; ~9.5 min). r19-call1.sh's choice by the
 # host probe, with this round's code (the served quantizer table):
 # - a fast host (probe <= 45 ms): the 330 s mixed soak (the second soak run), stall
 #   snapshots armed as in round 19;
@@ -14,7 +14,10 @@ wait $SETUP
 PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$R/host_probe.json'))['python_ms']))")
 if [ "$PROBE_MS" -le 45 ]; then
   echo "fast host ($PROBE_MS ms): the 330 s soak"
-  RECORD=0:4:gil RESPONSE_TIMEOUT=30 timeout $(call_left 585) bash perf/h200_scaling.sh soak 330 2>&1 | tail -12
+  # py-spy's GIL record of the soak's start only where its wheel was carried (.whl): the tree and
+  # the device pack alone are ~64 MiB, the carry limit
+  RECORD=$(ls .whl/py_spy-*.whl >/dev/null 2>&1 && echo 0:4:gil) RESPONSE_TIMEOUT=30 \
+    timeout $(call_left 585) bash perf/h200_scaling.sh soak 330 2>&1 | tail -12
   cp $W/results/soak.json $OUT/ 2>/dev/null
   grep -h "work stalled\|moves again" $W/server_soak.log $W/results/server_soak.log 2>/dev/null | head -5
 else
