@@ -18,7 +18,8 @@ from .config import CodecConfig, PatchStage, TransformerStage
 from .patch import Patch, deinterleave, interleave
 from .quantizer import ResidualLFQ
 from .streaming import CodecDecodeState, Packing
-from .transformer import DEFAULT_RING_KERNEL, RING_KERNELS, SMALL_GEMM_MAX_ROWS, ProjectedTransformer, TransformerLayer
+from .transformer import (DEFAULT_RING_KERNEL, RING_KERNELS, ProjectedTransformer, TransformerLayer,
+                          check_small_gemm_rows)
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,7 @@ class MossAudioCodec(nn.Module):
         are gone from state_dict. Idempotent; returns self."""
         if ring_kernel not in RING_KERNELS:  # before any layer changes
             raise ValueError(f"ring_kernel must be one of {RING_KERNELS}, got {ring_kernel!r}")
-        if not 0 <= small_gemm_rows <= SMALL_GEMM_MAX_ROWS:  # before any layer changes
-            raise ValueError(f"small_gemm_rows must lie in [0, {SMALL_GEMM_MAX_ROWS}] (0 = off), got {small_gemm_rows}")
+        check_small_gemm_rows(small_gemm_rows)  # before any layer changes
         running, ring_running, small_running = set(), set(), set()
         for module in self.modules():
             if isinstance(module, TransformerLayer):

@@ -67,6 +67,13 @@ DEFAULT_RING_KERNEL = "split"
 SMALL_GEMM_MAX_ROWS = 64
 
 
+def check_small_gemm_rows(rows: int, parameter: str = "small_gemm_rows") -> int:
+    """`rows` if it is a small_gemm_ setting (0 = off), else ValueError naming `parameter`."""
+    if not 0 <= rows <= SMALL_GEMM_MAX_ROWS:
+        raise ValueError(f"{parameter} must lie in [0, {SMALL_GEMM_MAX_ROWS}] (0 = off), got {rows}")
+    return rows
+
+
 class Attention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, context: int):
         super().__init__()
@@ -169,8 +176,7 @@ class TransformerLayer(nn.Module):
         run the layer's GEMMs as four fused_linear kernels (module docstring); 0 = never. Needs the
         folded LayerScale (the residual adds run in the GEMMs) and the Triton kernel (CUDA, or the
         interpreter); otherwise nothing changes. Returns the rows that run."""
-        if not 0 <= rows <= SMALL_GEMM_MAX_ROWS:
-            raise ValueError(f"small_gemm_rows must lie in [0, {SMALL_GEMM_MAX_ROWS}] (0 = off), got {rows}")
+        check_small_gemm_rows(rows)
         weights = (self.self_attn.in_proj.weight, self.self_attn.out_proj.weight, self.ffn[0].weight, self.ffn[2].weight)
         if self.scale_folded and all(fused_linear.is_supported(w.new_empty(1, w.shape[1]), w) for w in weights):
             self.small_gemm_rows = rows

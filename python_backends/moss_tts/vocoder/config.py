@@ -9,7 +9,7 @@ from typing import Mapping
 
 import torch
 
-from ..codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, FUSIONS, RING_KERNELS, SMALL_GEMM_MAX_ROWS
+from ..codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, FUSIONS, RING_KERNELS, check_small_gemm_rows
 from ..contract.parameters import config_fields, parse_parameter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -93,13 +93,7 @@ def codec_small_gemm_rows(parameters: Mapping[str, str]) -> int:
     off), checked."""
     name = "small_gemm_rows"
     rows = parse_parameter(name, parameters[name], "int") if parameters.get(name) else 0
-    return _checked_small_gemm_rows(f"vocoder parameter {name}", rows)
-
-
-def _checked_small_gemm_rows(parameter: str, rows: int) -> int:
-    if not 0 <= rows <= SMALL_GEMM_MAX_ROWS:
-        raise ValueError(f"{parameter} must lie in [0, {SMALL_GEMM_MAX_ROWS}] (0 = off), got {rows}")
-    return rows
+    return check_small_gemm_rows(rows, f"vocoder parameter {name}")
 
 
 def _checked_ring_kernel(parameter: str, ring_kernel: str) -> str:
@@ -152,7 +146,7 @@ class VocoderPlacement:
     def __post_init__(self):
         _checked_fusion("parameter vocoder_fusion", self.vocoder_fusion)
         _checked_ring_kernel("parameter vocoder_ring_kernel", self.vocoder_ring_kernel)
-        _checked_small_gemm_rows("parameter vocoder_small_gemm_rows", self.vocoder_small_gemm_rows)
+        check_small_gemm_rows(self.vocoder_small_gemm_rows, "parameter vocoder_small_gemm_rows")
         if self.vocoder_stream not in VOCODER_STREAMS:
             raise ValueError(f"parameter vocoder_stream must be one of {', '.join(VOCODER_STREAMS)}, "
                              f"got {self.vocoder_stream!r}")
