@@ -67,6 +67,7 @@ SWEEP_FEW = (GemmConfig(64, 32, 128, 4, 4), GemmConfig(64, 64, 64, 4, 4), GemmCo
              GemmConfig(64, 64, 128, 4, 4, split_k=4))
 SWEEP_MANY = (GemmConfig(64, 128, 64, 4, 4), GemmConfig(128, 128, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4),
               GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 256, 64, 8, 4))
+CANDIDATES = {str(c): c for c in SWEEP_TINY + SWEEP_FEW + SWEEP_MANY}  # a sweep's results name tiles by str()
 
 
 @dataclass(frozen=True)
@@ -224,12 +225,11 @@ def format_rows(rows: list[dict]) -> str:
 
 def format_table(table: dict[str, list[tuple[int, str]]]) -> str:
     """The sweep's table as fused_linear.CONFIG_TABLE's source."""
-    by_name = {str(c): c for c in SWEEP_TINY + SWEEP_FEW + SWEEP_MANY}
     lines = ["# least summed time per M, from perf/bench_codec_gemm.py --sweep", "CONFIG_TABLE = {"]
     for kind, entries in table.items():
         items = [f"({'2**62' if rows == 2**62 else rows}, GemmConfig({c.block_m}, {c.block_n}, {c.block_k}, "
                  f"{c.num_warps}, {c.num_stages}{f', split_k={c.split_k}' if c.split_k > 1 else ''}))"
-                 for rows, c in ((r, by_name[t]) for r, t in entries)]
+                 for rows, c in ((r, CANDIDATES[t]) for r, t in entries)]
         lines.append(f'    "{kind}": (' + ",\n".ljust(len(kind) + 11).join(items) + ",),")  # a tuple even of one
     return "\n".join(lines + ["}"])
 
@@ -238,11 +238,10 @@ def table_with_sweep(results: dict) -> dict[str, tuple[tuple[int, GemmConfig], .
     """fused_linear.CONFIG_TABLE with a sweep's choices (the JSON this script wrote with --sweep) up
     to the most rows it swept, and the table's own entries above that: what bench_vocoder.py
     --gemm-table serves, so a sweep of few rows is tried in the whole codec in the same call."""
-    by_name = {str(c): c for c in SWEEP_TINY + SWEEP_FEW + SWEEP_MANY}
     most = max(s["rows"] for s in results["sweep"])
     table = {}
     for kind, entries in CONFIG_TABLE.items():
-        swept = [(min(rows, most), by_name[name]) for rows, name in results["table"].get(kind, [])]
+        swept = [(min(rows, most), CANDIDATES[name]) for rows, name in results["table"].get(kind, [])]
         table[kind] = tuple(swept + [(rows, config) for rows, config in entries if rows > most])
     return table
 
