@@ -15,6 +15,13 @@
 #                     $R/gpu_tests_T.txt; waits for them and prints each file's last line
 #   call_levels       a line per level of each bench_single_*.json (file, mode, concurrency, audio-s/s,
 #                     first audio p50 / p95, RTF p95, streams with an underrun, failures)
+#   call_host_probe   call_setup in the background beside perf/host_probe.py ($R/host_probe.json);
+#                     sets PROBE_MS, one core's Python probe in ms (~30 fast hosts, ~70 slow ones)
+#   call_served_codec_gpu_tests  test_codec.py's GPU tests of the codec's serving form (the
+#                     quantizer table included) into $R/gpu_tests_codec_served.txt; prints its last line
+#   call_small_gemm_vocoder ROWS LABEL [FLAGS...]  one perf/bench_vocoder.py run of the small-GEMM
+#                     A/B (1x2, 4x2, 16x10 steps; rounds of 16 and 128 rows) at small_gemm_rows ROWS,
+#                     into $R/vocoder_sgROWS_LABEL.{json,log}, within the call's 585 s; prints its lines
 T0=$SECONDS
 W=/tmp/moss-scale
 R=$W/results/${1:?source perf/device_call.sh NAME}
@@ -46,4 +53,26 @@ call_levels() {
   for f in $W/results/bench_single_*.json; do python3 -c "import json,sys; [print(sys.argv[1].split('/')[-1], l['mode'], \
 l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p50'), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), \
 l['streams_with_underruns'], l['failures']) for l in json.load(open(sys.argv[1]))]" $f; done
+}
+call_host_probe() {
+  call_setup &
+  local setup=$!
+  python3 perf/host_probe.py --out "$R/host_probe.json" 2>&1 | tail -1
+  wait $setup
+  PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$R/host_probe.json'))['python_ms']))")
+}
+call_served_codec_gpu_tests() {
+  PYTHONPATH=python_backends:tests:. timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codec.py \
+    -k "quantizer or serving_form" > "$R/gpu_tests_codec_served.txt" 2>&1
+  echo "gpu tests codec (quantizer table, serving form): $(tail -1 "$R/gpu_tests_codec_served.txt")"
+}
+call_small_gemm_vocoder() {
+  local rows=$1 label=$2
+  shift 2
+  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout "$(call_left 585)" python3 perf/bench_vocoder.py \
+    --shapes 1x2,4x2,16x10 --rounds 16,128 --iters 20 --skip offline,streaming --small-gemm-rows "$rows" "$@" \
+    --out "$R/vocoder_sg${rows}_$label.json" > "$R/vocoder_sg${rows}_$label.log" 2>&1
+  echo "small_gemm_rows $rows ($label):"
+  grep -E "^ +[0-9]+ x|round of|equivalence|ERROR|Error" "$R/vocoder_sg${rows}_$label.log" | cut -c1-200
+  call_mark "vocoder $rows $label done"
 }

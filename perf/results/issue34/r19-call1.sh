@@ -11,11 +11,7 @@
 #   fused's machine) and the engine's decode step.
 set -uo pipefail
 source perf/device_call.sh r19c1
-call_setup &
-SETUP=$!
-python3 perf/host_probe.py --out $R/host_probe.json 2>&1 | tail -1
-wait $SETUP
-PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$R/host_probe.json'))['python_ms']))")
+call_host_probe
 if [ "$PROBE_MS" -le 45 ]; then
   echo "fast host ($PROBE_MS ms): the 330 s soak"
   RECORD=0:4:gil RESPONSE_TIMEOUT=30 timeout $(call_left 585) bash perf/h200_scaling.sh soak 330 2>&1 | tail -12

@@ -7,11 +7,7 @@
 #   A/B instead (r20-call2.sh's core: small_gemm_rows 0 / 64, alternating), host-independent.
 set -uo pipefail
 source perf/device_call.sh r20c1
-call_setup &
-SETUP=$!
-python3 perf/host_probe.py --out $R/host_probe.json 2>&1 | tail -1
-wait $SETUP
-PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$R/host_probe.json'))['python_ms']))")
+call_host_probe
 if [ "$PROBE_MS" -le 45 ]; then
   echo "fast host ($PROBE_MS ms): the 330 s soak"
   # py-spy's GIL record of the soak's start only where its wheel was carried (.whl): the tree and
@@ -23,17 +19,10 @@ if [ "$PROBE_MS" -le 45 ]; then
 else
   echo "slow host ($PROBE_MS ms): the small-GEMM path instead"
   call_gpu_tests fused_linear small_gemm
-  PYTHONPATH=python_backends:tests:. timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codec.py \
-    -k "quantizer or serving_form" > $R/gpu_tests_codec_served.txt 2>&1
-  echo "gpu tests codec (quantizer table, serving form): $(tail -1 $R/gpu_tests_codec_served.txt)"
+  call_served_codec_gpu_tests
   for run in 0:a 64:a 0:b 64:b; do
-    rows=${run%%:*}; label=${run##*:}
     [ "$(call_left 585)" -gt 140 ] || break
-    PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 585) python3 perf/bench_vocoder.py \
-      --shapes 1x2,4x2,16x10 --rounds 16,128 --iters 20 --skip offline,streaming --small-gemm-rows $rows \
-      --out $R/vocoder_sg${rows}_$label.json > $R/vocoder_sg${rows}_$label.log 2>&1
-    echo "small_gemm_rows $rows ($label):"; grep -E "^ +[0-9]+ x|round of|equivalence|ERROR|Error" $R/vocoder_sg${rows}_$label.log | cut -c1-200
-    call_mark "vocoder $rows $label done"
+    call_small_gemm_vocoder ${run%%:*} ${run##*:}
   done
   cp $R/vocoder_sg*.json $OUT/ 2>/dev/null
 fi

@@ -15,22 +15,14 @@
 set -uo pipefail
 source perf/device_call.sh r20c2
 call_gpu_tests fused_linear small_gemm
-PYTHONPATH=python_backends:tests:. timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codec.py \
-  -k "quantizer or serving_form" > $R/gpu_tests_codec_served.txt 2>&1
-echo "gpu tests codec (quantizer table, serving form): $(tail -1 $R/gpu_tests_codec_served.txt)"
+call_served_codec_gpu_tests
 call_mark "gpu tests done"
 PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 200 python3 perf/bench_codec_gemm.py --rows 2,4,8,16,32,64 \
   --reps 20 --iters 10 --out $R/codec_gemm_few_rows.json > $R/codec_gemm.log 2>&1
 grep -vE "^\s*$" $R/codec_gemm.log | head -52 | cut -c1-150
 call_mark "codec gemm done"
-vocoder() {  # small_gemm_rows, label, extra flags
-  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 585) python3 perf/bench_vocoder.py \
-    --shapes 1x2,4x2,16x10 --rounds 16,128 --iters 20 --skip offline,streaming --small-gemm-rows $1 ${3:-} \
-    --out $R/vocoder_sg$1_$2.json > $R/vocoder_sg$1_$2.log 2>&1
-  echo "small_gemm_rows $1 ($2):"; grep -E "^ +[0-9]+ x|round of|equivalence|ERROR|Error" $R/vocoder_sg$1_$2.log | cut -c1-200
-  call_mark "vocoder $1 $2 done"
-}
-vocoder 0 a; vocoder 64 a "--profile 1x2"; vocoder 16 a  # the profile: one eager 1 x 2 step's kernels
-if [ "$(call_left 585)" -gt 150 ]; then vocoder 64 b; fi
-if [ "$(call_left 585)" -gt 150 ]; then vocoder 0 b; fi
+call_small_gemm_vocoder 0 a; call_small_gemm_vocoder 64 a --profile 1x2  # the profile: one eager 1 x 2 step's kernels
+call_small_gemm_vocoder 16 a
+if [ "$(call_left 585)" -gt 150 ]; then call_small_gemm_vocoder 64 b; fi
+if [ "$(call_left 585)" -gt 150 ]; then call_small_gemm_vocoder 0 b; fi
 cp $R/codec_gemm_few_rows.json $R/vocoder_sg*.json $OUT/ 2>/dev/null

@@ -18,14 +18,8 @@ call_mark "sweep done"
 PYTHONPATH=python_backends:tests:. timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_linear.py \
   -k "split_k or residual" > $R/gpu_tests_split_k.txt 2>&1
 echo "gpu tests split-K / residual: $(tail -1 $R/gpu_tests_split_k.txt)"
-vocoder() {  # small_gemm_rows, label
-  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 585) python3 perf/bench_vocoder.py \
-    --shapes 1x2,4x2,16x10 --rounds 16,128 --iters 20 --skip offline,streaming --small-gemm-rows $1 \
-    --gemm-table $R/codec_gemm_sweep_few_rows.json --out $R/vocoder_swept_sg$1_$2.json > $R/vocoder_swept_sg$1_$2.log 2>&1
-  echo "small_gemm_rows $1 ($2, swept table):"; grep -E "^ +[0-9]+ x|round of|equivalence|ERROR|Error" $R/vocoder_swept_sg$1_$2.log | cut -c1-200
-  call_mark "vocoder $1 $2 done"
-}
-vocoder 64 a; vocoder 0 a
-if [ "$(call_left 585)" -gt 150 ]; then vocoder 64 b; fi
-if [ "$(call_left 585)" -gt 150 ]; then vocoder 0 b; fi
-cp $R/codec_gemm_sweep_few_rows.json $R/vocoder_swept_*.json $OUT/ 2>/dev/null
+swept() { call_small_gemm_vocoder "$1" "swept_$2" --gemm-table "$R/codec_gemm_sweep_few_rows.json"; }
+swept 64 a; swept 0 a
+if [ "$(call_left 585)" -gt 150 ]; then swept 64 b; fi
+if [ "$(call_left 585)" -gt 150 ]; then swept 0 b; fi
+cp $R/codec_gemm_sweep_few_rows.json $R/vocoder_sg*.json $OUT/ 2>/dev/null
