@@ -15,7 +15,7 @@
 #                     $R/gpu_tests_T.txt; waits for them and prints each file's last line
 #   call_levels       a line per level of each bench_single_*.json (file, mode, concurrency, audio-s/s,
 #                     first audio p50 / p95, RTF p95, streams with an underrun, failures)
-#   call_host_probe   call_setup in the background beside perf/host_probe.py ($R/host_probe.json);
+#   call_host_probe   call_setup, whose perf/host_probe.py writes $W/results/host_probe.json;
 #                     sets PROBE_MS, one core's Python probe in ms (~30 fast hosts, ~70 slow ones)
 #   call_served_codec_gpu_tests  test_codec.py's GPU tests of the codec's serving form (the
 #                     quantizer table included) into $R/gpu_tests_codec_served.txt; prints its last line
@@ -55,11 +55,11 @@ l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p50'), l['ttfa
 l['streams_with_underruns'], l['failures']) for l in json.load(open(sys.argv[1]))]" $f; done
 }
 call_host_probe() {
-  call_setup &
-  local setup=$!
-  python3 perf/host_probe.py --out "$R/host_probe.json" 2>&1 | tail -1
-  wait $setup
-  PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$R/host_probe.json'))['python_ms']))")
+  # After setup, not beside it: round 20's probe ran beside the checkpoint's generation and read
+  # 65 ms on a host whose own setup probe read 34 (a fast host taken for a slow one)
+  call_setup
+  PROBE_MS=$(python3 -c "import json; print(int(json.load(open('$W/results/host_probe.json'))['python_ms']))")
+  echo "host probe: $PROBE_MS ms"
 }
 call_served_codec_gpu_tests() {
   PYTHONPATH=python_backends:tests:. timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codec.py \
