@@ -3,16 +3,13 @@
 # fresh H200) measured the small-GEMM path as provisioned LOSING: 1 x 2 graphed 5.46 ms at
 # small_gemm_rows 64 against 3.90 ms at 0 (4 x 2: 5.43 against 4.65; 16 x 10 and the rounds level).
 # This is r20-call3.sh's question with the profile added: do swept tiles (split-K included) win per
-# GEMM, and does the path then win a step? Also the host probe, after setup (r20's was taken beside
-# setup and misread a fast host as slow), so that call 2 knows whether the soak can show anything.
-# 1. setup and the host probe;
-# 2. bench_codec_gemm --sweep at 2-64 tokens: every candidate tile per codec GEMM, the served chain
+# GEMM, and does the path then win a step? No setup: nothing here reads the checkpoint.
+# 1. bench_codec_gemm --sweep at 2-64 tokens: every candidate tile per codec GEMM, the served chain
 #    beside them;
-# 3. bench_vocoder with the swept table at small_gemm_rows 64 (with the profile of one eager 1 x 2
+# 2. bench_vocoder with the swept table at small_gemm_rows 64 (with the profile of one eager 1 x 2
 #    step) against 0, alternating, twice if time is left.
 set -uo pipefail
 source perf/device_call.sh r21c1
-call_host_probe
 PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 270 python3 perf/bench_codec_gemm.py --rows 2,4,8,16,32,64 \
   --reps 20 --iters 10 --sweep --out $R/codec_gemm_sweep_few_rows.json > $R/codec_gemm_sweep.log 2>&1
 grep -A12 "^CONFIG_TABLE\|least summed" $R/codec_gemm_sweep.log | head -16
