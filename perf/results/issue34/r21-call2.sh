@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Round 21, call 2 (the machine of call 1 where still held, else a fresh H200: needs_h200, the soak
-# does not fit 78 GiB; carry .device; ~9.5 min). The issue's second 330 s mixed soak at 256 streams
-# (round 17's met the target once: 935.4 audio-s/s) on a fast host only (probe <= 45 ms); on a slow
-# one it would show the host, not the code, so the call stops after the probe.
+# Round 21, call 2 (carry .device; ~5 min; any host). Call 1 (H100) swept the fused kernel's tiles
+# at 2-64 tokens: at <= 16 tokens the best tiles match or beat the served chain (LayerNorm + cuBLAS)
+# per GEMM (d 768: in_proj 6.2-7.0 against 7.5 us, the residual GEMMs 6.8 against 7.9 with
+# split-K), at 32-64 they lose badly (norm GEMMs 12-22 against 8-11 us), so small_gemm_rows 64
+# lost (1 x 2: 4.68-4.75 ms against 4.03-4.18). Here: the same swept table (carried as
+# r21-codec-gemm-sweep-h100-call1.json) at small_gemm_rows 16 and 8, against 0, alternating.
 set -uo pipefail
 source perf/device_call.sh r21c2
-call_host_probe
-if [ "$PROBE_MS" -gt 45 ]; then echo "slow host ($PROBE_MS ms): no soak"; exit 0; fi
-RECORD=$(ls .whl/py_spy-*.whl >/dev/null 2>&1 && echo 0:4:gil) RESPONSE_TIMEOUT=30 \
-  timeout $(call_left 585) bash perf/h200_scaling.sh soak 330 2>&1 | tail -12
-cp $W/results/soak.json $OUT/ 2>/dev/null
-grep -h "work stalled\|moves again" $W/server_soak.log $W/results/server_soak.log 2>/dev/null | head -5
+TABLE=perf/results/issue34/r21-codec-gemm-sweep-h100-call1.json
+swept() { call_small_gemm_vocoder "$1" "swept_$2" --gemm-table "$TABLE"; }
+swept 16 a; swept 0 a; swept 16 b; swept 0 b
+if [ "$(call_left 585)" -gt 60 ]; then swept 8 a; fi
+cp $R/vocoder_sg*.json $OUT/ 2>/dev/null
 call_mark "done"
