@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Round 21, call 3 (carry .device; ~3 min; the budget's last ~380 s). The engine's decode step at
-# batch 256 (target <= 7.5 ms; round 7: 7.90, not re-measured since) with the kernel profile of one
-# graphed step: round 5's profile is the newest, and the next CPU work on the engine starts from it.
+# Round 21, call 3 (carry .device; ~5 min; any host). Call 2 (H100, r21-call2.sh) swept the fused kernel's tiles
+# at 2-64 tokens: at <= 16 tokens the best tiles match or beat the served chain (LayerNorm + cuBLAS)
+# per GEMM (d 768: in_proj 6.2-7.0 against 7.5 us, the residual GEMMs 6.8 against 7.9 with
+# split-K), at 32-64 they lose badly (norm GEMMs 12-22 against 8-11 us), so small_gemm_rows 64
+# lost (1 x 2: 4.68-4.75 ms against 4.03-4.18). Here: the same swept table (carried as
+# r21-h100-codec-gemm-sweep-call2.json) at small_gemm_rows 16 and 8, against 0, alternating.
 set -uo pipefail
 source perf/device_call.sh r21c3
-PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 220 python3 perf/bench_engine.py --batches 256 \
-  --skip equivalence,offline,latency,probe,naive,prefix,fp32,split --out $R/engine > $R/engine.log 2>&1
-grep -E "step|256|profile|ERROR" $R/engine.log | head -12 | cut -c1-400
-cp $R/engine/bench.json $OUT/engine_bench.json 2>/dev/null
-cp $R/engine/profile_graph.txt $R/engine/profile_eager.txt $OUT/ 2>/dev/null
+TABLE=perf/results/issue34/r21-h100-codec-gemm-sweep-call2.json
+swept() { call_small_gemm_vocoder "$1" "swept_$2" --gemm-table "$TABLE"; }
+swept 16 a; swept 0 a; swept 16 b; swept 0 b
+if [ "$(call_left 585)" -gt 60 ]; then swept 8 a; fi
+cp $R/vocoder_sg*.json $OUT/ 2>/dev/null
 call_mark "done"
