@@ -37,6 +37,9 @@ INTERPRETER_CASES = {
     # lengths that end inside a tile, splits that are whole tiles, wholly empty splits.
     **{f"block{block}_splits{splits}": (8, 2, 32, [150, 1, 65, 130, 37], 150, splits, "float32", f"block{block}")
        for block in (32, 128) for splits in (None, 1, 3)},
+    # DecodeConfig.heads_first: the same programs in another grid order, one slot's KV heads first
+    **{f"heads_first_splits{splits}": (8, 2, 32, [150, 1, 65, 130, 37], 150, splits, "float32", "heads_first")
+       for splits in (None, 1, 3)},
 }
 TOLERANCE = {"float32": 1e-4, "float16": 5e-3}
 
@@ -76,7 +79,8 @@ def interpreter_main() -> None:
         q, k, v, lens = make_inputs(heads, kv_heads, head_dim, lengths, max_len, getattr(torch, dtype),
                                     strided=extra == "strided")
         scale = 0.3 if extra == "scale" else None
-        config = DecodeConfig(block_n=int(extra[5:])) if extra.startswith("block") else DecodeConfig()
+        config = DecodeConfig(block_n=int(extra[5:])) if extra.startswith("block") else \
+            DecodeConfig(heads_first=extra == "heads_first")
         out = decode_attention(q, k, v, lens, max_len, scale, num_splits=splits, config=config)
         errors[name] = max_error(out, q, k, v, lens, max_len, scale)
     print(json.dumps(errors))
@@ -169,6 +173,15 @@ def test_gpu_forced_splits(num_splits):
     q, k, v, lengths = real_inputs(4, 1024)
     out = decode_attention(q, k, v, lengths, 1024, num_splits=num_splits)
     assert max_error(out, q, k, v, lengths, 1024) <= BF16_TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_slots", [4, 256])
+def test_gpu_heads_first_is_the_same_result(num_slots):
+    # the same programs in another launch order: bit for bit the default grid's output
+    q, k, v, lengths = real_inputs(num_slots, 1024)
+    assert torch.equal(decode_attention(q, k, v, lengths, 1024, config=DecodeConfig(heads_first=True)),
+                       decode_attention(q, k, v, lengths, 1024))
 
 
 @pytest.mark.gpu

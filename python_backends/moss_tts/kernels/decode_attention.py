@@ -30,12 +30,16 @@ COMBINE_WARPS = 4  # the split combine's launch (not in DecodeConfig: the sweep 
 class DecodeConfig:
     """The kernel's launch shape. block_n: keys per inner-loop tile (split lengths are multiples
     of it); programs_per_sm: split programs per SM to aim for (an H200 sweep found 3-4 best at
-    S=16); num_warps, num_stages: Triton's. perf/bench_decode_attention.py sweeps them."""
+    S=16); num_warps, num_stages: Triton's. heads_first: program ids walk one slot's KV heads before
+    the next slot, so programs launched together read neighbouring 256-byte pieces of the same
+    cache rows (a row holds every KV head of a slot, 2 KB at the backbone's shape) instead of one
+    piece each of eight slots' rows. perf/bench_decode_attention.py sweeps them."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     programs_per_sm: int = 3
+    heads_first: bool = False
 
     def __post_init__(self):
         if self.block_n < 16 or self.block_n & (self.block_n - 1) or self.num_warps < 1 or self.num_stages < 1 \
@@ -119,12 +123,14 @@ def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, 
     part_acc = q.new_empty(num_slots, heads, parts, head_dim, dtype=torch.float32)
     part_max = q.new_empty(num_slots, heads, parts, dtype=torch.float32)
     part_sum = q.new_empty(num_slots, heads, parts, dtype=torch.float32)
-    _split_kernel[(num_slots, kv_heads, num_splits)](
+    grid = (kv_heads, num_slots, num_splits) if config.heads_first else (num_slots, kv_heads, num_splits)
+    _split_kernel[grid](
         q, k_cache, v_cache, lengths, out, part_acc, part_max, part_sum,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         max_len, split_len, heads, num_splits, qk_scale,
         GROUPS=groups, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(groups)), BLOCK_N=config.block_n,
-        HEAD_DIM=head_dim, DIRECT=num_splits == 1, num_warps=config.num_warps, num_stages=config.num_stages)
+        HEAD_DIM=head_dim, DIRECT=num_splits == 1, HEADS_FIRST=config.heads_first, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     if num_splits > 1:
         _combine_kernel[(num_slots, heads)](
             part_acc, part_max, part_sum, out, *out.stride(), heads, num_splits,
@@ -140,10 +146,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
                   stride_os, stride_oh, stride_od,
                   max_len, split_len, num_heads, num_splits, qk_scale,
                   GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, HEADS_FIRST: tl.constexpr):
     """One (slot, kv head, split): online softmax over keys [split*split_len, min(length, next split))."""
-    slot = tl.program_id(0).to(tl.int64)  # slot * stride_kn passes 2**31 in a full-size cache
-    kv_head = tl.program_id(1)
+    if HEADS_FIRST:  # DecodeConfig.heads_first: the grid is (kv_heads, S, splits)
+        slot = tl.program_id(1).to(tl.int64)
+        kv_head = tl.program_id(0)
+    else:
+        slot = tl.program_id(0).to(tl.int64)  # slot * stride_kn passes 2**31 in a full-size cache
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
     # clamped so a stale length can never read past the window the caller sized
     length = tl.minimum(tl.load(lengths_ptr + slot), max_len).to(tl.int32)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Next round, call 2 (prepared in round 21, not run; carry .device; ~4 min; an H200: the engine
+# target is an H200's). Round 21's H100 profile of the engine's step at batch 256 (9.32 ms of
+# kernels, r21-h100-engine-256-profile-graph-call4.txt): decode attention is the largest item,
+# 3.03 ms (84 us a layer); round 8's H200 sweep left it at 60.7 us a layer, 3.74 TB/s of ~4.8.
+# DecodeConfig.heads_first (round 21, served off) launches one slot's 8 KV-head programs together,
+# so they read the same 2 KB cache rows instead of 256-byte pieces of 8 slots' rows. Here:
+# 1. its GPU tests (bit for bit the slot-major grid's output);
+# 2. bench_decode_attention at 256 and 128 slots, both orders, the default tile and its neighbours;
+# 3. the engine step at 256 (bench_engine) for the figure beside round 7's 7.90 ms.
+set -uo pipefail
+source perf/device_call.sh r22c2
+PYTHONPATH=python_backends:tests:. timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_decode_attention.py > $R/gpu_tests_decode_attention.txt 2>&1
+echo "gpu tests decode attention: $(tail -1 $R/gpu_tests_decode_attention.txt)"
+PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 200 python3 perf/bench_decode_attention.py --batches 256,128 \
+  --blocks 32,64 --warps 4,8 --stages 2,3 --splits 0 --orders slots,heads --out $R/decode_attention.json \
+  > $R/decode_attention.log 2>&1
+grep -E "^best|default|Error" $R/decode_attention.log | head -12
+PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 150 python3 perf/bench_engine.py --batches 256 \
+  --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --out $R/engine > $R/engine.log 2>&1
+grep -E "decode step" $R/engine.log | head -3 | cut -c1-200
+cp $R/decode_attention.json $OUT/ 2>/dev/null; cp $R/engine/bench.json $OUT/engine_bench.json 2>/dev/null
+call_mark "done"
