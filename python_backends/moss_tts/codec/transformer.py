@@ -32,6 +32,9 @@ cuBLASLt fusions, else exact), so a layer computes one function on both paths an
 audio does not depend on the size of the step it shared. At a few tokens every GEMM is bound by
 latency, and this is 7 graph nodes a layer with the attention's 3 instead of ~10 (no LayerNorm
 kernels, no split-K reduces). The choice is by shape, so each captured graph has one form.
+Served off: fewer nodes did not make the step faster, since the fused kernels read the weights
+slower than cuBLAS (1 x 2 step 5.46 ms at 64 rows against 3.90 on the H200; perf/RESULTS.md,
+issue 34 round 21).
 A streaming layer's RoPE, attention and ring write run as `ring_kernel` says (RING_KERNELS,
 Attention.use_ring_kernel_): "split", window_attention's three kernels, or "fused", one kernel
 (kernels/fused_window_attention.py): ~184 graph nodes fewer per codec step. Same results, bit for bit.

@@ -43,7 +43,8 @@ Triton) `reference_fused_linear` runs; it is also the tests' oracle.
 
 Where it runs (codec.transformer): the `gelu` / `norm_gelu` fusions (every step; slower than
 cuBLAS on the H200 at large steps, so not served) and the small-GEMM path (`small_gemm_rows`:
-steps of a few tokens, all four GEMMs of a layer; off until measured on a GPU).
+steps of a few tokens, all four GEMMs of a layer; off: measured slower than cuBLAS's chain, which
+reads these weights faster, e.g. 8.0 µs a call against ~5; perf/RESULTS.md, issue 34 round 21).
 """
 
 from __future__ import annotations
