@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Next round, call 3 (prepared in round 21, not run; carry .device; ~6 min; any host, an H200 for
+# figures against the 1 x 2 target). The codec's weights pulled into L2 one GEMM ahead at few-token
+# steps (codec/weight_prefetch.py, kernels/l2_prefetch.py; bench-only, no served parameter yet).
+# Round 21 measured the 1 x 2 step's GEMMs reading their weights at ~0.5-1.2 TB/s (cuBLAS, 3-13 MB
+# each, ~5-11 us) and the small-GEMM path no faster. Here a side stream's bulk prefetches should
+# turn those reads into L2 hits.
+# 1. GPU tests (the audio bit for bit the same, eager and graphed; the plan on a real weight);
+# 2. bench_vocoder at l2_prefetch_rows 0 / 64 (every stage of a 1 x 2 step; with the profile of one
+#    eager 1 x 2 step) / 256 (4 x 2 and the first stages of 16 x 10 too), alternating, then 0 / 64
+#    again while time is left.
+set -uo pipefail
+source perf/device_call.sh r22c3
+PYTHONPATH=python_backends:tests:. timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_l2_prefetch.py > $R/gpu_tests_l2_prefetch.txt 2>&1
+echo "gpu tests l2 prefetch: $(tail -1 $R/gpu_tests_l2_prefetch.txt)"
+prefetch() { call_small_gemm_vocoder 0 "pf$1_$2" --l2-prefetch-rows "$1" "${@:3}"; }
+prefetch 0 a; prefetch 64 a --profile 1x2; prefetch 256 a
+if [ "$(call_left 585)" -gt 100 ]; then prefetch 0 b; fi
+if [ "$(call_left 585)" -gt 60 ]; then prefetch 64 b; fi
+cp $R/vocoder_sg*.json $OUT/ 2>/dev/null
+call_mark "done"
