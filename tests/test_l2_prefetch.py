@@ -22,7 +22,7 @@ import torch
 
 from moss_tts.codec import load_codec, tiny_codec_config_dict, write_codec_checkpoint
 from moss_tts.codec import weight_prefetch
-from moss_tts.codec.transformer import Transformer
+from moss_tts.codec.transformer import Transformer, TransformerLayer
 from moss_tts.kernels import l2_prefetch
 from triton_interpreter import interpreter_json
 
@@ -146,15 +146,16 @@ def stage_runs(codec, codes) -> list[tuple[int, int]]:
     return runs
 
 
-def expected_log(codec, runs: list[tuple[int, int]], rows: int) -> list[tuple]:
+def expected_log(codec, runs: list[tuple[int, int]], rows: int, small_rows: int = 0) -> list[tuple]:
     """The module docstring's order: per fitting stage, per layer, the side stream waits for the
     main one before each point and asks for out_proj and ffn[0], then ffn[2], then the next
     layer's in_proj (none after the last layer); the main stream joins the side one at the
-    stage's end."""
+    stage's end. Stages whose steps take the small-GEMM path (at most `small_rows` tokens) ask for
+    nothing and join nothing."""
     stages = [m for m in codec.modules() if isinstance(m, Transformer)]
     log = []
     for index, tokens in runs:
-        if tokens > rows:
+        if tokens > rows or tokens <= small_rows:
             continue
         layers = list(stages[index].layers)
         for i, layer in enumerate(layers):
@@ -179,6 +180,36 @@ def test_a_step_asks_for_each_gemm_weight_in_order_and_joins_once_a_stage(record
     with torch.no_grad():
         codec.decode_step(codes, codec.new_decode_state(1))
     assert log == expected_log(codec, runs, 8)
+    assert_every_join_follows_a_fork(log)
+
+
+def assert_every_join_follows_a_fork(log: list[tuple]) -> None:
+    """A join with no fork since the last one would wait, in a capture, on work outside it."""
+    forked = False
+    for entry in log:
+        if entry == ("wait", "side", "main"):
+            forked = True
+        elif entry == ("wait", "main", "side"):
+            assert forked, log
+            forked = False
+    assert not forked, "a fork never joined"
+
+
+@pytest.mark.parametrize("small_rows", [4, 8])
+def test_stages_on_the_small_gemm_path_neither_fork_nor_join(recorded, monkeypatch, small_rows):
+    codec, log = recorded
+    # the small-GEMM path runs only on a GPU or the interpreter: a stub that leaves x as it is
+    monkeypatch.setattr(TransformerLayer, "_small_gemm_forward", lambda self, x, rope, ring: x)
+    for layer in (m for m in codec.modules() if isinstance(m, TransformerLayer)):
+        monkeypatch.setattr(layer, "small_gemm_rows", small_rows)
+    codes = torch.zeros(1, 2, 12, dtype=torch.long)
+    runs = stage_runs(codec, codes)
+    log.clear()
+    with torch.no_grad():
+        codec.decode_step(codes, codec.new_decode_state(1))
+    assert log == expected_log(codec, runs, 8, small_rows)
+    assert_every_join_follows_a_fork(log)
+    assert (log == []) == (small_rows == 8)  # 4: the stages of 5-8 tokens still prefetch
 
 
 def test_a_large_step_asks_for_nothing(recorded):

@@ -32,9 +32,8 @@ cuBLASLt fusions, else exact), so a layer computes one function on both paths an
 audio does not depend on the size of the step it shared. At a few tokens every GEMM is bound by
 latency, and this is 7 graph nodes a layer with the attention's 3 instead of ~10 (no LayerNorm
 kernels, no split-K reduces). The choice is by shape, so each captured graph has one form.
-Served off: the fused kernels read the weights slower than cuBLAS (1 x 2 step 5.46 ms at 64 rows
-against 3.90 on the H200; perf/RESULTS.md, issue 34 round 21). Steps of few tokens may also pull
-each GEMM's weights into L2 ahead of it (codec/weight_prefetch.py; off unless asked).
+Served off: slower than cuBLAS (1 x 2 step 5.46 ms at 64 rows against 3.90, H200; RESULTS.md round
+21). Few-token steps may pull GEMM weights into L2 ahead instead (codec/weight_prefetch.py, off).
 A streaming layer's RoPE, attention and ring write run as `ring_kernel` says (RING_KERNELS,
 Attention.use_ring_kernel_): "split", window_attention's three kernels, or "fused", one kernel
 (kernels/fused_window_attention.py): ~184 graph nodes fewer per codec step. Same results, bit for bit.
@@ -246,11 +245,12 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(s) for _ in range(s.num_layers))
 
     def forward(self, x: torch.Tensor, rope: Rope, rings: list[Ring] | None = None) -> torch.Tensor:
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, None if rings is None else rings[i])
-        prefetch = self.layers[0].prefetch if len(self.layers) else None
-        if prefetch is not None and prefetch.applies(x):
-            prefetch.join()  # weight_prefetch: the side stream back before the stage ends
+        try:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, rope, None if rings is None else rings[i])
+        finally:  # weight_prefetch: the side stream back before the stage ends, if it forked
+            if len(self.layers) and self.layers[0].prefetch is not None:
+                self.layers[0].prefetch.join()
         return x
 
 

@@ -34,12 +34,31 @@ cuda = torch.cuda  # the stream calls, by this name so that the CPU tests swap i
 MAX_ROWS = 256  # most tokens a stage's step may have to prefetch for; above, the GEMMs are compute-bound
 
 
-class LayerPrefetch:
-    """One layer's three prefetch points (module docstring) on a side stream shared by its stage."""
+class SideStream:
+    """A stage's side stream, and whether it forked from the main stream since its last join: a
+    join with no fork before it would wait, inside a graph capture, on work outside the capture
+    (a stage whose steps took the small-GEMM path issues nothing, yet ends the same way)."""
 
-    def __init__(self, rows: int, stream: "torch.cuda.Stream", points: tuple[tuple[torch.Tensor, ...], ...]):
-        self.rows = rows
+    def __init__(self, stream: "torch.cuda.Stream"):
         self.stream = stream
+        self.forked = False
+
+    def fork(self) -> None:
+        self.stream.wait_stream(cuda.current_stream(self.stream.device))
+        self.forked = True
+
+    def join(self) -> None:
+        if self.forked:
+            cuda.current_stream(self.stream.device).wait_stream(self.stream)
+            self.forked = False
+
+
+class LayerPrefetch:
+    """One layer's three prefetch points (module docstring) on its stage's SideStream."""
+
+    def __init__(self, rows: int, side: SideStream, points: tuple[tuple[torch.Tensor, ...], ...]):
+        self.rows = rows
+        self.side = side
         self.points = points
 
     def applies(self, x: torch.Tensor) -> bool:
@@ -50,13 +69,14 @@ class LayerPrefetch:
         weights = self.points[point]
         if not weights:
             return
-        self.stream.wait_stream(cuda.current_stream(self.stream.device))
-        with cuda.stream(self.stream):
+        self.side.fork()  # no earlier than the main stream's work so far
+        with cuda.stream(self.side.stream):
             for weight in weights:
                 l2_prefetch.prefetch(weight)
 
     def join(self) -> None:
-        cuda.current_stream(self.stream.device).wait_stream(self.stream)
+        """The main stream waits for the side stream, if it forked (the stage's end)."""
+        self.side.join()
 
 
 def attach(layers: list["TransformerLayer"], rows: int) -> int:
@@ -71,12 +91,12 @@ def attach(layers: list["TransformerLayer"], rows: int) -> int:
             layer.prefetch = None
         return 0
     # the highest priority: a prefetch that comes late is worth nothing, and its few programs
-    # take almost no SM time from the stream they serve
-    stream = cuda.Stream(weights[0].device, priority=-1)
+    # take almost no SM time from the stream they serve (eager runs; a graph's replay keeps none)
+    side = SideStream(cuda.Stream(weights[0].device, priority=-1))
     for i, layer in enumerate(layers):
         attn, ffn = layer.self_attn, layer.ffn
         following = (layers[i + 1].self_attn.in_proj.weight,) if i + 1 < len(layers) else ()
-        layer.prefetch = LayerPrefetch(rows, stream, ((attn.out_proj.weight, ffn[0].weight), (ffn[2].weight,),
+        layer.prefetch = LayerPrefetch(rows, side, ((attn.out_proj.weight, ffn[0].weight), (ffn[2].weight,),
                                                       following))
     return rows
 

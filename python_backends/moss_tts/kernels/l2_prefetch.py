@@ -79,6 +79,7 @@ def _prefetch_kernel(src_ptr, nbytes, starts_ptr, sizes_ptr, CHUNK: tl.constexpr
     it whole granules."""
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
+    nbytes = nbytes.to(tl.int64)  # an i32 nbytes near 2**31 would overflow in cdiv
     num_chunks = tl.cdiv(nbytes, CHUNK)
     offs = tl.arange(0, BLOCK)
     for first in range(pid * BLOCK, num_chunks, num_programs * BLOCK):
