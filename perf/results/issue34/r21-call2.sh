@@ -2,8 +2,9 @@
 # Round 21, call 2 (carry .device; ~9.5 min; any host). Round 21's call 1 (r20-call1.sh on a
 # fresh H200) measured the small-GEMM path as provisioned LOSING: 1 x 2 graphed 5.46 ms at
 # small_gemm_rows 64 against 3.90 ms at 0 (4 x 2: 5.43 against 4.65; 16 x 10 and the rounds level).
-# This is r20-call3.sh's question with the profile added: do swept tiles (split-K included) win per
-# GEMM, and does the path then win a step? No setup: nothing here reads the checkpoint.
+# This is round 20's prepared call 3 (its split-K GPU tests ran in call 1) with a profile added:
+# do swept tiles (split-K included) win per GEMM, and does the path then win a step? No setup:
+# nothing here reads the checkpoint.
 # 1. bench_codec_gemm --sweep at 2-64 tokens: every candidate tile per codec GEMM, the served chain
 #    beside them;
 # 2. bench_vocoder with the swept table at small_gemm_rows 64 (with the profile of one eager 1 x 2
