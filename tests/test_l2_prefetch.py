@@ -74,9 +74,15 @@ def test_cpu_tensors_are_not_prefetched():
     l2_prefetch.prefetch(t)  # a no-op, not an error
 
 
-def tiny_codec(device: str = "cpu", dtype=torch.float32, fusion: str = "none"):
+def tiny_codec(device: str = "cpu", dtype=torch.float32, fusion: str = "none", layers: int = 1):
+    """The tiny codec in its serving form, with `layers` layers in every transformer stage (2: a
+    layer that has a next one, whose in_proj point 2 asks for)."""
+    config = tiny_codec_config_dict()
+    for stage in config["encoder_kwargs"] + config["decoder_kwargs"]:
+        if stage["module_type"] == "Transformer":
+            stage["num_layers"] = layers
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = write_codec_checkpoint(Path(tmp), tiny_codec_config_dict(), seed=0)
+        ckpt = write_codec_checkpoint(Path(tmp), config, seed=0)
         return load_codec(ckpt, device, dtype).serving_form_(fusion)
 
 
@@ -125,7 +131,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(weight_prefetch, "cuda", fake_cuda)  # this module's name for torch.cuda only
     monkeypatch.setattr(l2_prefetch, "is_supported", lambda t: True)
     monkeypatch.setattr(l2_prefetch, "prefetch", lambda t: log.append(("prefetch", current[0].name, id(t))))
-    codec = tiny_codec()
+    codec = tiny_codec(layers=2)
     assert codec.l2_prefetch_(8) == 8
     return codec, log
 
@@ -176,6 +182,8 @@ def test_a_step_asks_for_each_gemm_weight_in_order_and_joins_once_a_stage(record
     # some stages prefetch and some do not
     assert any(tokens <= 8 for _, tokens in runs) and any(tokens > 8 for _, tokens in runs)
     assert log == expected_log(codec, runs, 8)  # the hooks' run: the same step
+    next_in_proj = {id(m.layers[1].self_attn.in_proj.weight) for m in codec.modules() if isinstance(m, Transformer)}
+    assert next_in_proj & {entry[2] for entry in log if entry[0] == "prefetch"}  # point 2 ran
     log.clear()
     with torch.no_grad():
         codec.decode_step(codes, codec.new_decode_state(1))
