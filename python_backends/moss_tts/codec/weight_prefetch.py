@@ -94,13 +94,13 @@ def attach(layers: list["TransformerLayer"], rows: int) -> int:
     # take almost no SM time from the stream they serve (eager runs; a graph's replay keeps none)
     side = SideStream(cuda.Stream(weights[0].device, priority=-1))
     for i, layer in enumerate(layers):
-        attn, ffn = layer.self_attn, layer.ffn
-        following = (layers[i + 1].self_attn.in_proj.weight,) if i + 1 < len(layers) else ()
-        layer.prefetch = LayerPrefetch(rows, side, ((attn.out_proj.weight, ffn[0].weight), (ffn[2].weight,),
-                                                      following))
+        _, out_proj, up, down = weights[4 * i: 4 * i + 4]
+        following = (weights[4 * i + 4],) if i + 1 < len(layers) else ()  # the next layer's in_proj
+        layer.prefetch = LayerPrefetch(rows, side, ((out_proj, up), (down,), following))
     return rows
 
 
 def _gemm_weights(layer: "TransformerLayer") -> tuple[torch.Tensor, ...]:
+    """in_proj, out_proj, ffn[0], ffn[2]: the layer's GEMM weights in the order they run."""
     attn, ffn = layer.self_attn, layer.ffn
     return attn.in_proj.weight, attn.out_proj.weight, ffn[0].weight, ffn[2].weight

@@ -31,9 +31,15 @@ def is_supported(t: torch.Tensor) -> bool:
     """True when a bulk prefetch can run here: triton importable, t on a CUDA device of sm_90 or
     later, its bytes one dense run (contiguous, or a contiguous matrix's transpose, as
     fused_linear.prepare_weight stores some weights), 16-byte aligned, a multiple of 16 long."""
+    return _bulk_bytes(t) is not None
+
+
+def _bulk_bytes(t: torch.Tensor) -> torch.Tensor | None:
+    """t's bytes as the flat uint8 view the kernel reads, or None where `is_supported` is False."""
     if triton is None or INTERPRET or not t.is_cuda or torch.cuda.get_device_capability(t.device) < (9, 0):
-        return False
-    return _dense(t) is not None and t.data_ptr() % 16 == 0 and (t.numel() * t.element_size()) % 16 == 0
+        return None
+    raw = _dense(t)
+    return raw if raw is not None and t.data_ptr() % 16 == 0 and raw.numel() % 16 == 0 else None
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor | None:
@@ -47,26 +53,26 @@ def _dense(t: torch.Tensor) -> torch.Tensor | None:
 
 def prefetch(t: torch.Tensor) -> None:
     """Ask for t's bytes in L2 on the current stream (a no-op where `is_supported` is False)."""
-    if t.numel() and is_supported(t):
-        _launch(t, None, None, "bulk")
+    raw = _bulk_bytes(t)
+    if raw is not None and raw.numel():
+        _launch(raw, None, None, "bulk")
 
 
 def plan(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(starts, sizes) in bytes of the chunks `prefetch` would ask for, computed by the kernel
     itself (MODE "plan"): what the tests check, on the interpreter or a GPU. t as `prefetch`
     takes it, on any device the kernel runs on."""
-    nbytes = t.numel() * t.element_size()
-    chunks = triton.cdiv(nbytes, CHUNK_BYTES)
+    raw = _dense(t)
+    chunks = triton.cdiv(raw.numel(), CHUNK_BYTES)
     starts = torch.full((chunks,), -1, dtype=torch.int64, device=t.device)
     sizes = torch.full((chunks,), -1, dtype=torch.int32, device=t.device)
-    _launch(t, starts, sizes, "plan")
+    _launch(raw, starts, sizes, "plan")
     return starts, sizes
 
 
-def _launch(t: torch.Tensor, starts, sizes, mode: str) -> None:
-    raw = _dense(t)
-    nbytes = raw.numel()
-    _prefetch_kernel[(NUM_PROGRAMS,)](raw, nbytes, starts if starts is not None else raw,
+def _launch(raw: torch.Tensor, starts, sizes, mode: str) -> None:
+    """The kernel over `raw` (a tensor's bytes, _dense's view)."""
+    _prefetch_kernel[(NUM_PROGRAMS,)](raw, raw.numel(), starts if starts is not None else raw,
                                       sizes if sizes is not None else raw, CHUNK=CHUNK_BYTES, BLOCK=BLOCK,
                                       MODE=mode, num_warps=4)
 
