@@ -42,7 +42,7 @@ import torch
 from moss_tts.contract.sampling_params import ChannelParams, SamplingParams
 from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest, Finished, backbone, frame, step
 from moss_tts.engine.slot_state import param_rows
-from moss_tts.kernels import fused
+from moss_tts.kernels import decode_attention, fused
 from moss_tts.kernels.fused import Fusions
 from moss_tts.kernels.graph_capture import capture_graph
 from moss_tts.model.config import MossTTSConfig, real_model_config_dict
@@ -449,7 +449,8 @@ def _sync(model) -> None:
 
 def table(results: dict) -> str:
     lines = ["", "=" * 78, f"MOSS-TTS-Local engine benchmark  {results['meta']['device']}  "
-             f"{results['meta']['frames']} frames/request, prompt {results['meta']['prompt_rows']} rows"]
+             f"{results['meta']['frames']} frames/request, prompt {results['meta']['prompt_rows']} rows, "
+             f"decode attention grid {results['meta'].get('decode_order', 'slots')}"]
     if "equivalence" in results:
         e = results["equivalence"]
         lines.append(f"equivalence  graphed == eager engine: {e['graphed_equals_eager']} "
@@ -531,6 +532,8 @@ def parse_args(argv):
     ap.add_argument("--max-seq-len", type=int, default=0,
                     help="engine max_seq_len (default: prompt rows + frames + 122, windows 256 and 384)")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
+    ap.add_argument("--decode-order", choices=("slots", "heads"), default="slots",
+                    help="the decode attention's grid order for every step of this run (DecodeConfig.heads_first)")
     return ap.parse_args(argv)
 
 
@@ -552,6 +555,10 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     torch.manual_seed(0)
+    # The grid order of every decode attention in this run (served: slots). decode_attention reads
+    # its module's DEFAULT_CONFIG at each call, so an A/B of the step is one process per order
+    decode_attention.DEFAULT_CONFIG = replace(decode_attention.DEFAULT_CONFIG,
+                                              heads_first=args.decode_order == "heads")
     start = time.perf_counter()
     model, device = build(args)
     results = {"meta": {"device": device, "torch": torch.__version__,
@@ -560,7 +567,7 @@ def main(argv=None) -> int:
                         # in first on every Python's path, whatever PYTHONPATH says (an A/B of two
                         # trees must source it in each; issue 34, sixth round)
                         "moss_tts": sys.modules["moss_tts"].__file__,
-                        "frames": args.frames,
+                        "frames": args.frames, "decode_order": args.decode_order,
                         "prompt_rows": args.prompt_rows, "model_build_s": time.perf_counter() - start},
                "errors": {}}
     config = EngineConfig(max_running_requests=max(batches), max_queue=1024,

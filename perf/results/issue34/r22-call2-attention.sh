@@ -7,7 +7,8 @@
 # so they read the same 2 KB cache rows instead of 256-byte pieces of 8 slots' rows. Here:
 # 1. its GPU tests (bit for bit the slot-major grid's output);
 # 2. bench_decode_attention at 256 and 128 slots, both orders, the default tile and its neighbours;
-# 3. the engine step at 256 (bench_engine) for the figure beside round 7's 7.90 ms.
+# 3. the engine step at 256 (bench_engine) in each order, alternating (--decode-order, one process
+#    each), for the figure beside round 7's 7.90 ms.
 set -uo pipefail
 source perf/device_call.sh r22c2
 PYTHONPATH=python_backends:tests:. timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
@@ -17,8 +18,16 @@ PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 200 python3 perf/bench_d
   --blocks 32,64 --warps 4,8 --stages 2,3 --splits 0 --orders slots,heads --out $R/decode_attention.json \
   > $R/decode_attention.log 2>&1
 grep -E "^best|default|Error" $R/decode_attention.log | head -12
-PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 150 python3 perf/bench_engine.py --batches 256 \
-  --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --out $R/engine > $R/engine.log 2>&1
-grep -E "decode step" $R/engine.log | head -3 | cut -c1-200
-cp $R/decode_attention.json $OUT/ 2>/dev/null; cp $R/engine/bench.json $OUT/engine_bench.json 2>/dev/null
+engine() {  # ORDER LABEL: one process per grid order (bench_engine --decode-order)
+  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout "$(call_left 585)" python3 perf/bench_engine.py --batches 256 \
+    --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --decode-order "$1" \
+    --out $R/engine_$1_$2 > $R/engine_$1_$2.log 2>&1
+  echo "engine $1 $2: $(grep -E "decode step|ERROR" $R/engine_$1_$2.log | head -2 | cut -c1-160)"
+  cp $R/engine_$1_$2/bench.json $OUT/engine_$1_$2.json 2>/dev/null
+  call_mark "engine $1 $2"
+}
+engine slots a; engine heads a
+if [ "$(call_left 585)" -gt 130 ]; then engine slots b; fi
+if [ "$(call_left 585)" -gt 100 ]; then engine heads b; fi
+cp $R/decode_attention.json $OUT/ 2>/dev/null
 call_mark "done"

@@ -52,17 +52,18 @@ DEFAULT_CONFIG = DecodeConfig()
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
                      max_len: int, scale: float | None = None, num_splits: int | None = None,
-                     config: DecodeConfig = DEFAULT_CONFIG) -> torch.Tensor:
+                     config: DecodeConfig | None = None) -> torch.Tensor:
     """q [S, heads, d]; k_cache/v_cache [N >= S, max_seq_len, kv_heads, d] (slot-major, may be the
     whole per-layer cache; slot s = row s); lengths [S] int64 on the device: slot s attends to its rows
     [0, lengths[s]) (lengths >= 1); max_len (Python int) bounds every length (the caller's window
     bucket) and may pick the split count. Returns [S, heads, d] in q.dtype.
     Default scale 1/sqrt(d). num_splits forces the split count (tests); None picks it from S and max_len.
-    config: the kernel's launch shape (the default everywhere but benchmarks and tests).
+    config: the kernel's launch shape; None reads DEFAULT_CONFIG at the call, not at import, so a
+    benchmark can A/B a whole engine step by setting it (perf/bench_engine.py --decode-order).
     """
     if not is_supported(q, k_cache):
         return reference_attention(q, k_cache, v_cache, lengths, max_len, scale)
-    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config)
+    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config or DEFAULT_CONFIG)
 
 
 def is_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
