@@ -450,7 +450,7 @@ def _sync(model) -> None:
 def table(results: dict) -> str:
     lines = ["", "=" * 78, f"MOSS-TTS-Local engine benchmark  {results['meta']['device']}  "
              f"{results['meta']['frames']} frames/request, prompt {results['meta']['prompt_rows']} rows, "
-             f"decode attention grid {results['meta'].get('decode_order', 'slots')}"]
+             f"decode attention grid {results['meta'].get('decode_order', 'slots (before round 22)')}"]
     if "equivalence" in results:
         e = results["equivalence"]
         lines.append(f"equivalence  graphed == eager engine: {e['graphed_equals_eager']} "
@@ -532,7 +532,7 @@ def parse_args(argv):
     ap.add_argument("--max-seq-len", type=int, default=0,
                     help="engine max_seq_len (default: prompt rows + frames + 122, windows 256 and 384)")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
-    ap.add_argument("--decode-order", choices=("slots", "heads"), default="slots",
+    ap.add_argument("--decode-order", choices=("slots", "heads"), default="heads",
                     help="the decode attention's grid order for every step of this run (DecodeConfig.heads_first)")
     return ap.parse_args(argv)
 
@@ -555,7 +555,7 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     torch.manual_seed(0)
-    # The grid order of every decode attention in this run (served: slots). decode_attention reads
+    # The grid order of every decode attention in this run (served: heads). decode_attention reads
     # its module's DEFAULT_CONFIG at each call, so an A/B of the step is one process per order
     decode_attention.DEFAULT_CONFIG = replace(decode_attention.DEFAULT_CONFIG,
                                               heads_first=args.decode_order == "heads")

@@ -72,11 +72,8 @@ def build(args) -> tuple[torch.nn.Module, torch.device]:
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
-    # The form the vocoder serves (and what the offline section times): codec.serving_form_(),
-    # and --l2-prefetch-rows (not a served setting yet) on top.
-    codec = loaded_codec(args, device).serving_form_(args.fusion, args.ring_kernel, args.small_gemm_rows)
-    codec.l2_prefetch_(args.l2_prefetch_rows)
-    return codec, device
+    # The form the vocoder serves (and what the offline section times): codec.serving_form_().
+    return loaded_codec(args, device).serving_form_(args.fusion, args.ring_kernel, args.small_gemm_rows), device
 
 
 def loaded_codec(args, device: torch.device) -> torch.nn.Module:
@@ -433,8 +430,7 @@ def profile_round(steps: Steps, rows: int, codebook_size: int, seed: int = 11) -
 def table(results: dict) -> str:
     meta = results["meta"]
     lines = [f"vocoder on {meta['device_name']} ({meta['codec']}, fusion {meta['fusion']}, ring kernel "
-             f"{meta['ring_kernel']}, small-GEMM rows {meta.get('small_gemm_rows', 0)}, L2 prefetch rows "
-             f"{meta.get('l2_prefetch_rows_running', 0)})"]
+             f"{meta['ring_kernel']}, small-GEMM rows {meta.get('small_gemm_rows', 0)})"]
     if results.get("capture"):
         c = results["capture"]
         lines.append(f"capture: {c['graphs']} graphs in {c['seconds']:.1f} s, pool {c['pool_gib']:.2f} GiB "
@@ -508,10 +504,6 @@ def parse_args(argv):
     ap.add_argument("--small-gemm-rows", type=int, default=0,
                     help="codec.serving_form_'s small_gemm_rows: steps of at most this many tokens at a stage run "
                          "each layer's GEMMs as kernels/fused_linear.py's (default 0: off, as served)")
-    ap.add_argument("--l2-prefetch-rows", type=int, default=0,
-                    help="codec.l2_prefetch_: steps of at most this many tokens at a stage pull each GEMM's weights "
-                         "into L2 one GEMM ahead on a side stream (codec/weight_prefetch.py; default 0: off, as "
-                         "served)")
     ap.add_argument("--gemm-table", type=Path, default=None,
                     help="a perf/bench_codec_gemm.py --sweep JSON: its tiles replace kernels/fused_linear.py's table "
                          "up to the rows it swept (bench_codec_gemm.table_with_sweep), for this run only")
@@ -554,9 +546,6 @@ def main(argv=None) -> int:
                                                        if hasattr(m, "ring_kernel")}),
                         "small_gemm_rows_running": sorted({m.small_gemm_rows for m in codec.modules()
                                                            if hasattr(m, "small_gemm_rows")}),
-                        "l2_prefetch_rows": args.l2_prefetch_rows,
-                        "l2_prefetch_rows_running": max((m.prefetch.rows for m in codec.modules()
-                                                         if getattr(m, "prefetch", None) is not None), default=0),
                         "codec": "tiny fp32" if args.tiny else
                         "real-size bf16", "codec_build_s": time.perf_counter() - start,
                         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},

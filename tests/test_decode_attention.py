@@ -37,7 +37,8 @@ INTERPRETER_CASES = {
     # lengths that end inside a tile, splits that are whole tiles, wholly empty splits.
     **{f"block{block}_splits{splits}": (8, 2, 32, [150, 1, 65, 130, 37], 150, splits, "float32", f"block{block}")
        for block in (32, 128) for splits in (None, 1, 3)},
-    # DecodeConfig.heads_first: the same programs in another grid order, one slot's KV heads first
+    # DecodeConfig.heads_first (served since round 22; the block cases run it too): one slot's KV heads
+    # first. Every other case runs the slot-major grid (heads_first=False)
     **{f"heads_first_splits{splits}": (8, 2, 32, [150, 1, 65, 130, 37], 150, splits, "float32", "heads_first")
        for splits in (None, 1, 3)},
 }
@@ -178,10 +179,12 @@ def test_gpu_forced_splits(num_splits):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_slots", [4, 256])
 def test_gpu_heads_first_is_the_same_result(num_slots):
-    # the same programs in another launch order: bit for bit the default grid's output
+    # the same programs in another launch order: the served grid (heads first, the default since
+    # round 22) gives the slot-major grid's output bit for bit
     q, k, v, lengths = real_inputs(num_slots, 1024)
-    assert torch.equal(decode_attention(q, k, v, lengths, 1024, config=DecodeConfig(heads_first=True)),
-                       decode_attention(q, k, v, lengths, 1024))
+    assert DecodeConfig().heads_first
+    assert torch.equal(decode_attention(q, k, v, lengths, 1024),
+                       decode_attention(q, k, v, lengths, 1024, config=DecodeConfig(heads_first=False)))
 
 
 @pytest.mark.gpu

@@ -18,7 +18,6 @@ from moss_tts.kernels import block_copy as bc
 from moss_tts.kernels import fused_linear as fl
 from moss_tts.kernels import fused_window_attention as fwa
 from moss_tts.kernels import gated_silu as gs
-from moss_tts.kernels import l2_prefetch as lp
 from moss_tts.kernels import layer_norm as ln
 from moss_tts.kernels import prefill_attention as pa
 from moss_tts.kernels import step_qkv as sq
@@ -307,13 +306,3 @@ def test_block_copy_kernel_compiles_for_the_h200_with_vector_loads():
     kernel = compile_for_h200(bc._copy_blocks_kernel, signature, {"BLOCK": bc.BLOCK}, bc.NUM_WARPS, 3,
                               ("src_k", "src_v", "dst_k", "dst_v", "size", *strides))
     assert "v4" in kernel.asm["ptx"]  # 16-byte loads and stores
-
-
-def test_l2_prefetch_kernel_compiles_to_predicated_bulk_prefetches():
-    # the instruction is inline PTX whose result nothing reads: it must survive (is_pure=False),
-    # and lanes past the last chunk must be predicated off, not sent to bytes past the tensor
-    kernel = compile_for_h200(lp._prefetch_kernel, {"src_ptr": "*u8", "nbytes": "i32", "starts_ptr": "*u8",
-                                                    "sizes_ptr": "*u8"},
-                              {"CHUNK": lp.CHUNK_BYTES, "BLOCK": lp.BLOCK, "MODE": "bulk"}, 4, 1)
-    assert kernel.asm["cubin"]
-    assert "@p cp.async.bulk.prefetch.L2.global" in kernel.asm["ptx"]

@@ -14,13 +14,12 @@ import logging
 import torch
 from torch import nn
 
-from . import weight_prefetch
 from .config import CodecConfig, PatchStage, TransformerStage
 from .patch import Patch, deinterleave, interleave
 from .quantizer import ResidualLFQ
 from .streaming import CodecDecodeState, Packing
-from .transformer import (DEFAULT_RING_KERNEL, RING_KERNELS, ProjectedTransformer, Transformer,
-                          TransformerLayer, check_small_gemm_rows)
+from .transformer import (DEFAULT_RING_KERNEL, RING_KERNELS, ProjectedTransformer, TransformerLayer,
+                          check_small_gemm_rows)
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +105,6 @@ class MossAudioCodec(nn.Module):
                  "asked, %s run", fusion, ", ".join(sorted(running)) or "none", ring_kernel,
                  ", ".join(sorted(ring_running)) or "none", small_gemm_rows, ", ".join(map(str, sorted(small_running))))
         return self
-
-    def l2_prefetch_(self, rows: int) -> int:
-        """Steps of at most `rows` tokens at a stage pull each GEMM's weights into L2 one GEMM ahead,
-        on a side stream (codec/weight_prefetch.py; 0 = never). A benchmark's setting, not yet a
-        served one. CUDA on sm_90 or later only; elsewhere nothing changes. Returns the rows that
-        run, logged."""
-        running = {weight_prefetch.attach(list(module.layers), rows) for module in self.modules()
-                   if isinstance(module, Transformer)}
-        log.info("codec L2 prefetch: rows %d asked, %s run", rows, ", ".join(map(str, sorted(running))) or "none")
-        return min(running, default=0)
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:
         for param in stack.parameters():

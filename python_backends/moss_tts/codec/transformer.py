@@ -32,8 +32,9 @@ cuBLASLt fusions, else exact), so a layer computes one function on both paths an
 audio does not depend on the size of the step it shared. At a few tokens every GEMM is bound by
 latency, and this is 7 graph nodes a layer with the attention's 3 instead of ~10 (no LayerNorm
 kernels, no split-K reduces). The choice is by shape, so each captured graph has one form.
-Served off: slower than cuBLAS (1 x 2 step 5.46 ms at 64 rows against 3.90, H200; RESULTS.md round
-21). Few-token steps may pull GEMM weights into L2 ahead instead (codec/weight_prefetch.py, off).
+Served off: fewer nodes did not make the step faster, since the fused kernels read the weights
+slower than cuBLAS (1 x 2 step 5.46 ms at 64 rows against 3.90 on the H200; perf/RESULTS.md,
+issue 34 round 21).
 A streaming layer's RoPE, attention and ring write run as `ring_kernel` says (RING_KERNELS,
 Attention.use_ring_kernel_): "split", window_attention's three kernels, or "fused", one kernel
 (kernels/fused_window_attention.py): ~184 graph nodes fewer per codec step. Same results, bit for bit.
@@ -131,7 +132,6 @@ class TransformerLayer(nn.Module):
         self.scale_folded = False
         self.fusion = "none"  # fuse_: how the norms and the GELU run (FUSIONS)
         self.small_gemm_rows = 0  # small_gemm_: steps of at most this many tokens run four fused GEMMs
-        self.prefetch = None  # a weight_prefetch.LayerPrefetch (attach): weights into L2 one GEMM ahead
 
     @torch.no_grad()
     def fold_layer_scale_(self) -> None:
@@ -189,16 +189,11 @@ class TransformerLayer(nn.Module):
         if self.small_gemm_rows and x.numel() <= self.small_gemm_rows * x.shape[-1]:
             return self._small_gemm_forward(x, rope, ring)
         attn, ffn, n1, n2, fusion = self.self_attn, self.ffn, self.norm1, self.norm2, self.fusion
-        prefetch = self.prefetch if self.prefetch is not None and self.prefetch.applies(x) else None
-        if prefetch:
-            prefetch.issue(0)
         if fusion == "norm_gelu":
             qkv = fused_linear.fused_linear(x, attn.in_proj.weight, n1.weight, n1.bias, n1.eps)
         else:
             qkv = attn.in_proj(self._norm(n1, x))
         x = self._residual(x, attn.attend_qkv(qkv, rope, ring), attn.out_proj, self.layer_scale_1)
-        if prefetch:
-            prefetch.issue(1)
         if fusion == "norm_gelu":
             hidden = fused_linear.fused_linear(x, ffn[0].weight, n2.weight, n2.bias, n2.eps, gelu=True)
         elif fusion == "gelu":
@@ -209,8 +204,6 @@ class TransformerLayer(nn.Module):
                                              use_gelu=True).view(*normed.shape[:-1], -1)
         else:
             hidden = ffn[1](ffn[0](self._norm(n2, x)))
-        if prefetch:
-            prefetch.issue(2)
         return self._residual(x, hidden, ffn[2], self.layer_scale_2)
 
     def _small_gemm_forward(self, x: torch.Tensor, rope: Rope, ring: Ring | None) -> torch.Tensor:
@@ -245,12 +238,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(s) for _ in range(s.num_layers))
 
     def forward(self, x: torch.Tensor, rope: Rope, rings: list[Ring] | None = None) -> torch.Tensor:
-        try:
-            for i, layer in enumerate(self.layers):
-                x = layer(x, rope, None if rings is None else rings[i])
-        finally:  # weight_prefetch: the side stream back before the stage ends, if it forked
-            if len(self.layers) and self.layers[0].prefetch is not None:
-                self.layers[0].prefetch.join()
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, None if rings is None else rings[i])
         return x
 
 

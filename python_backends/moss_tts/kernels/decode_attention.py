@@ -33,13 +33,16 @@ class DecodeConfig:
     S=16); num_warps, num_stages: Triton's. heads_first: program ids walk one slot's KV heads before
     the next slot, so programs launched together read neighbouring 256-byte pieces of the same
     cache rows (a row holds every KV head of a slot, 2 KB at the backbone's shape) instead of one
-    piece each of eight slots' rows. perf/bench_decode_attention.py sweeps them."""
+    piece each of eight slots' rows. Served since round 22: on an H100 the kernel took 0.8-2.2%
+    less at 256 slots (level at 128 in the served mix) and the engine's step at 256 9.50/9.51 ms
+    against 9.58/9.59; the output is the same bit for bit (perf/RESULTS.md, issue 34).
+    perf/bench_decode_attention.py sweeps them."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     programs_per_sm: int = 3
-    heads_first: bool = False
+    heads_first: bool = True
 
     def __post_init__(self):
         if self.block_n < 16 or self.block_n & (self.block_n - 1) or self.num_warps < 1 or self.num_stages < 1 \
