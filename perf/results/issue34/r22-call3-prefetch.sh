@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Next round, call 3 (prepared in round 21, not run; carry .device; ~6 min; any host, an H200 for
+# Round 22, call 3 (prepared in round 21; RAN in round 22 on an H100, 277 s: the prefetch measured no
+# faster at 1 x 2 and its capture test failed, so its code was REMOVED in 7a86e20 and this script no
+# longer runs on main: perf/RESULTS.md, round 22). Carry .device; ~6 min; any host, an H200 for
 # figures against the 1 x 2 target). The codec's weights pulled into L2 one GEMM ahead at few-token
 # steps (codec/weight_prefetch.py, kernels/l2_prefetch.py; bench-only, no served parameter yet).
 # Round 21 measured the 1 x 2 step's GEMMs reading their weights at ~0.5-1.2 TB/s (cuBLAS, 3-13 MB
