@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Round 22, call 2 (prepared in round 21; ran in round 22 on an H100, 200 s: heads first faster, now
-# served; perf/RESULTS.md; carry .device; ~4 min; an H200: the engine target is an H200's).
-# Round 21's H100 profile of the engine's step at batch 256 (9.32 ms of kernels, r21-h100-engine-256-profile-graph-call4.txt): decode attention is the largest item,
-# 3.03 ms (84 us a layer); round 8's H200 sweep left it at 60.7 us a layer, 3.74 TB/s of ~4.8.
-# DecodeConfig.heads_first (round 21, served off) launches one slot's 8 KV-head programs together,
-# so they read the same 2 KB cache rows instead of 256-byte pieces of 8 slots' rows. Here:
+# served; perf/RESULTS.md; carry .device; ~4 min; an H200: the engine target is an H200's). Round
+# 21's H100 profile of the engine's step at batch 256 (9.32 ms of kernels,
+# r21-h100-engine-256-profile-graph-call4.txt): decode attention is the largest item, 3.03 ms (84 us
+# a layer); round 8's H200 sweep left it at 60.7 us a layer, 3.74 TB/s of ~4.8.
+# DecodeConfig.heads_first (round 21, served off) launches one slot's 8 KV-head programs together, so
+# they read the same 2 KB cache rows instead of 256-byte pieces of 8 slots' rows. Here:
 # 1. its GPU tests (bit for bit the slot-major grid's output);
 # 2. bench_decode_attention at 256 and 128 slots, both orders, the default tile and its neighbours;
 # 3. the engine step at 256 (bench_engine) in each order, alternating (--decode-order, one process
