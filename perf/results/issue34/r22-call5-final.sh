@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 22, call 5 (carry .device; ~4 min; the budget's last minutes): the final code (heads-first
+# Round 22, call 5 (carry .device; <= 290 s: the budget's last minutes): the final code (heads-first
 # decode grid served, the L2 prefetch removed) on a fresh call. The GPU tests of the decode
 # attention (the served grid == the slot-major grid bit for bit), the engine (graphed == eager) and
 # the codec's serving form; then the engine step at 256 in the served order and the old one,
@@ -7,9 +7,8 @@
 set -uo pipefail
 source perf/device_call.sh r22c5
 call_gpu_tests decode_attention gpu_engine
-call_served_codec_gpu_tests
 engine() {  # ORDER LABEL
-  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout "$(call_left 585)" python3 perf/bench_engine.py --batches 256 \
+  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout "$(call_left 290)" python3 perf/bench_engine.py --batches 256 \
     --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --decode-order "$1" \
     --out $R/engine_$1_$2 > $R/engine_$1_$2.log 2>&1
   echo "engine $1 $2: $(grep -E "decode step|ERROR" $R/engine_$1_$2.log | head -2 | cut -c1-160)"
@@ -17,6 +16,6 @@ engine() {  # ORDER LABEL
   call_mark "engine $1 $2"
 }
 engine heads a
-if [ "$(call_left 585)" -gt 60 ]; then engine slots a; fi
-if [ "$(call_left 585)" -gt 60 ]; then engine heads b; fi
+if [ "$(call_left 290)" -gt 40 ]; then call_served_codec_gpu_tests; fi
+if [ "$(call_left 290)" -gt 60 ]; then engine slots a; fi
 call_mark "done"
