@@ -19,16 +19,8 @@ PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 200 python3 perf/bench_d
   --blocks 32,64 --warps 4,8 --stages 2,3 --splits 0 --orders slots,heads --out $R/decode_attention.json \
   > $R/decode_attention.log 2>&1
 grep -E "^best|default|Error" $R/decode_attention.log | head -12
-engine() {  # ORDER LABEL: one process per grid order (bench_engine --decode-order)
-  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout "$(call_left 585)" python3 perf/bench_engine.py --batches 256 \
-    --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --decode-order "$1" \
-    --out $R/engine_$1_$2 > $R/engine_$1_$2.log 2>&1
-  echo "engine $1 $2: $(grep -E "decode step|ERROR" $R/engine_$1_$2.log | head -2 | cut -c1-160)"
-  cp $R/engine_$1_$2/bench.json $OUT/engine_$1_$2.json 2>/dev/null
-  call_mark "engine $1 $2"
-}
-engine slots a; engine heads a
-if [ "$(call_left 585)" -gt 130 ]; then engine slots b; fi
-if [ "$(call_left 585)" -gt 100 ]; then engine heads b; fi
+call_engine_step slots a 585; call_engine_step heads a 585
+if [ "$(call_left 585)" -gt 130 ]; then call_engine_step slots b 585; fi
+if [ "$(call_left 585)" -gt 100 ]; then call_engine_step heads b 585; fi
 cp $R/decode_attention.json $OUT/ 2>/dev/null
 call_mark "done"

@@ -7,15 +7,7 @@
 set -uo pipefail
 source perf/device_call.sh r22c5
 call_gpu_tests decode_attention gpu_engine
-engine() {  # ORDER LABEL
-  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout "$(call_left 290)" python3 perf/bench_engine.py --batches 256 \
-    --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --decode-order "$1" \
-    --out $R/engine_$1_$2 > $R/engine_$1_$2.log 2>&1
-  echo "engine $1 $2: $(grep -E "decode step|ERROR" $R/engine_$1_$2.log | head -2 | cut -c1-160)"
-  cp $R/engine_$1_$2/bench.json $OUT/engine_$1_$2.json 2>/dev/null
-  call_mark "engine $1 $2"
-}
-engine heads a
+call_engine_step heads a 290
 if [ "$(call_left 290)" -gt 40 ]; then call_served_codec_gpu_tests; fi
-if [ "$(call_left 290)" -gt 60 ]; then engine slots a; fi
+if [ "$(call_left 290)" -gt 60 ]; then call_engine_step slots a 290; fi
 call_mark "done"
