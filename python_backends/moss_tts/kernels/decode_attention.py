@@ -92,9 +92,11 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 def split_plan(num_slots: int, kv_heads: int, max_len: int, num_sms: int = DEFAULT_NUM_SMS,
-               num_splits: int | None = None, config: DecodeConfig = DEFAULT_CONFIG) -> tuple[int, int]:
+               num_splits: int | None = None, config: DecodeConfig | None = None) -> tuple[int, int]:
     """(num_splits, split_len): enough splits that S * kv_heads * num_splits >= programs_per_sm * num_sms,
-    at most one per block_n tile of the window, each a whole number of tiles."""
+    at most one per block_n tile of the window, each a whole number of tiles. config None: DEFAULT_CONFIG
+    at the call, as decode_attention reads it."""
+    config = config or DEFAULT_CONFIG
     block_n = config.block_n
     num_blocks = _cdiv(max_len, block_n)
     if num_splits is None:
