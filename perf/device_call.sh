@@ -22,10 +22,11 @@
 #   call_small_gemm_vocoder ROWS LABEL [FLAGS...]  one perf/bench_vocoder.py run of the small-GEMM
 #                     A/B (1x2, 4x2, 16x10 steps; rounds of 16 and 128 rows) at small_gemm_rows ROWS,
 #                     into $R/vocoder_sgROWS_LABEL.{json,log}, within the call's 585 s; prints its lines
-#   call_engine_step ORDER LABEL END  one perf/bench_engine.py run of the decode step at batch 256 with
-#                     the decode attention's grid ORDER (slots / heads: --decode-order; one process
-#                     per order), ending by END s into the call, into $R/engine_ORDER_LABEL{,.log} and
-#                     $OUT/engine_ORDER_LABEL.json; prints its line
+#   call_engine_step ORDER LABEL END [FLAGS...]  one perf/bench_engine.py run of the decode step at batch
+#                     256 with the decode attention's grid ORDER (slots / heads: --decode-order; one
+#                     process per order) and FLAGS (e.g. --decode-kv 4 --decode-block 16), ending by END
+#                     s into the call, into $R/engine_ORDER_LABEL{,.log} and $OUT/engine_ORDER_LABEL.json;
+#                     prints its line
 T0=$SECONDS
 W=/tmp/moss-scale
 R=$W/results/${1:?source perf/device_call.sh NAME}
@@ -82,8 +83,9 @@ call_small_gemm_vocoder() {
 }
 call_engine_step() {
   local order=$1 label=$2 end=$3
+  shift 3
   PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout "$(call_left "$end")" python3 perf/bench_engine.py --batches 256 \
-    --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --decode-order "$order" \
+    --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --decode-order "$order" "$@" \
     --out "$R/engine_${order}_$label" > "$R/engine_${order}_$label.log" 2>&1
   echo "engine $order $label: $(grep -E "decode step|ERROR" "$R/engine_${order}_$label.log" | head -2 | cut -c1-160)"
   cp "$R/engine_${order}_$label/bench.json" "$OUT/engine_${order}_$label.json" 2>/dev/null
