@@ -6,8 +6,7 @@ The decode step's attention took 2.22 ms of a 7.77 ms step at batch 256 (round 5
 61.8 µs a layer, ~3.7 TB/s over the cache rows it reads, of the H200's ~4.8. This times
 `kernels.decode_attention` at the backbone's shape (32 query heads over 8 KV heads of 128, bf16,
 slot-major caches of max_seq_len 2048 rows) for each `DecodeConfig` in a grid (keys per tile, warps,
-pipeline stages, forced splits, grid order: slot-major or `heads_first`, KV heads a program:
-`kv_per_program`), on two length mixes:
+pipeline stages, forced splits, grid order: slot-major or `heads_first`), on two length mixes:
   bench_engine   slot s at 150 + s x 134 / S rows (bench_engine.py's batch-256 step: mean ~217)
   served         94 + a uniform 0..112 frames (the served bench: 94 prompt rows, 112 frames)
 Each figure is the median of graph replays of 36 calls (one per layer, over 4 caches in turn so
@@ -60,10 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2,3,4")
     ap.add_argument("--splits", default="0,2", help="forced split counts; 0 = the plan's own")
-    ap.add_argument("--orders", default="slots,heads", help="grid orders: slots and/or heads "
-                    "(DecodeConfig.heads_first; served: heads)")
-    ap.add_argument("--kv-per-program", default="1", help="KV heads a program (DecodeConfig.kv_per_program); "
-                    "a tile of block x kv below 16 keys is skipped")
+    ap.add_argument("--orders", default="slots,heads", help="grid orders: slots (the default) and/or heads "
+                    "(DecodeConfig.heads_first)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -74,9 +71,7 @@ def main(argv=None) -> int:
                         "default": str(DEFAULT_CONFIG)},
                "runs": []}
     grid = list(itertools.product(*(map(int, a.split(",")) for a in (args.blocks, args.warps, args.stages)),
-                                  [order == "heads" for order in args.orders.split(",")],
-                                  map(int, args.kv_per_program.split(","))))
-    grid = [g for g in grid if g[0] * g[4] >= 16]
+                                  [order == "heads" for order in args.orders.split(",")]))
     splits = [int(s) or None for s in args.splits.split(",")]
     for batch in map(int, args.batches.split(",")):
         caches = [(torch.randn(batch + 1, MAX_SEQ_LEN, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16),
@@ -89,9 +84,8 @@ def main(argv=None) -> int:
             rows_read = int(lengths.sum())
             bytes_per_call = rows_read * KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
             lengths = lengths.to(device)
-            for (block, warps, stages, heads_first, kv), forced in itertools.product(grid, splits):
-                config = DecodeConfig(block_n=block, num_warps=warps, num_stages=stages, heads_first=heads_first,
-                                      kv_per_program=kv)
+            for (block, warps, stages, heads_first), forced in itertools.product(grid, splits):
+                config = DecodeConfig(block_n=block, num_warps=warps, num_stages=stages, heads_first=heads_first)
                 try:
                     us = time_config(q, caches, lengths, window, config, forced)
                 except Exception as exc:  # e.g. out of shared memory for a deep pipeline
@@ -99,13 +93,13 @@ def main(argv=None) -> int:
                     continue
                 run = {"batch": batch, "mix": mix, "window": window, "mean_rows": rows_read / batch,
                        "block_n": block, "num_warps": warps, "num_stages": stages, "splits": forced or 0,
-                       "heads_first": heads_first, "kv_per_program": kv,
+                       "heads_first": heads_first,
                        "us_per_call": us, "tb_per_s": bytes_per_call / us / 1e6,
                        "is_default": config == DEFAULT_CONFIG and forced is None}
                 results["runs"].append(run)
                 order = "heads" if heads_first else "slots"
                 print(f"b{batch:<4} {mix:<12} window {window:<4} block {block:<3} warps {warps} stages {stages} "
-                      f"splits {forced or 'plan':<4} {order} kv {kv} {us:7.2f} µs  {run['tb_per_s']:.2f} TB/s"
+                      f"splits {forced or 'plan':<4} {order} {us:7.2f} µs  {run['tb_per_s']:.2f} TB/s"
                       f"{'  (default)' if run['is_default'] else ''}", flush=True)
         del caches
         torch.cuda.empty_cache()
@@ -117,8 +111,7 @@ def main(argv=None) -> int:
                 default_us = next((r["us_per_call"] for r in runs if r["is_default"]), float("nan"))
                 order = "heads" if best["heads_first"] else "slots"
                 print(f"best b{batch} {mix}: block {best['block_n']} warps {best['num_warps']} stages "
-                      f"{best['num_stages']} splits {best['splits'] or 'plan'} {order} first, "
-                      f"kv {best.get('kv_per_program', 1)} a program: "
+                      f"{best['num_stages']} splits {best['splits'] or 'plan'} {order} first: "
                       f"{best['us_per_call']:.2f} µs ({best['tb_per_s']:.2f} TB/s); default {default_us:.2f} µs")
     if args.out:
         with open(args.out, "w") as f:

@@ -534,10 +534,6 @@ def parse_args(argv):
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
     ap.add_argument("--decode-order", choices=("slots", "heads"), default="heads",
                     help="the decode attention's grid order for every step of this run (DecodeConfig.heads_first)")
-    ap.add_argument("--decode-kv", type=int, default=1, help="KV heads a decode attention program holds "
-                    "(DecodeConfig.kv_per_program; served 1)")
-    ap.add_argument("--decode-block", type=int, default=0, help="the decode attention's keys a tile "
-                    "(DecodeConfig.block_n; 0: the served 64)")
     return ap.parse_args(argv)
 
 
@@ -561,9 +557,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     # The grid order of every decode attention in this run (served: heads). decode_attention reads
     # its module's DEFAULT_CONFIG at each call, so an A/B of the step is one process per order
-    decode_attention.DEFAULT_CONFIG = replace(
-        decode_attention.DEFAULT_CONFIG, heads_first=args.decode_order == "heads", kv_per_program=args.decode_kv,
-        block_n=args.decode_block or decode_attention.DEFAULT_CONFIG.block_n)
+    decode_attention.DEFAULT_CONFIG = replace(decode_attention.DEFAULT_CONFIG,
+                                              heads_first=args.decode_order == "heads")
     start = time.perf_counter()
     model, device = build(args)
     results = {"meta": {"device": device, "torch": torch.__version__,
@@ -573,7 +568,6 @@ def main(argv=None) -> int:
                         # trees must source it in each; issue 34, sixth round)
                         "moss_tts": sys.modules["moss_tts"].__file__,
                         "frames": args.frames, "decode_order": args.decode_order,
-                        "decode_config": str(decode_attention.DEFAULT_CONFIG),
                         "prompt_rows": args.prompt_rows, "model_build_s": time.perf_counter() - start},
                "errors": {}}
     config = EngineConfig(max_running_requests=max(batches), max_queue=1024,

@@ -41,16 +41,6 @@ INTERPRETER_CASES = {
     # first. Every other case runs the slot-major grid (heads_first=False)
     **{f"heads_first_splits{splits}": (8, 2, 32, [150, 1, 65, 130, 37], 150, splits, "float32", "heads_first")
        for splits in (None, 1, 3)},
-    # DecodeConfig.kv_per_program (served off): several KV heads a program, their cross-head scores
-    # masked. 2 of 2 KV heads (4 real query rows padded to 16), 4 of 4 (8 real rows), 2 of 4 (two
-    # programs a slot), 4 asked of 2 KV heads (gcd: 2); 8-row tiles (x 2 heads = 16 keys), lengths
-    # ending inside a tile, empty splits, fp16, the slot-major grid
-    **{f"kv{kvpp}of{kv}_block{block}_splits{splits}": (heads, kv, 32, [150, 1, 65, 130, 37], 150, splits, "float32",
-                                                      f"kv{kvpp}_block{block}")
-       for kvpp, kv, heads in ((2, 2, 4), (4, 4, 8), (2, 4, 16), (4, 2, 4)) for block in (8, 32)
-       for splits in (None, 1, 3)},
-    "kv2of2_block16_fp16_splits3": (8, 2, 64, [150, 1, 65, 130, 37], 150, 3, "float16", "kv2_block16"),
-    "kv4of4_block16_slot_major": (8, 4, 32, [150, 1, 65, 130, 37], 150, None, "float32", "kv4_block16_slots"),
 }
 TOLERANCE = {"float32": 1e-4, "float16": 5e-3}
 
@@ -83,12 +73,6 @@ def max_error(out: torch.Tensor, q, k_cache, v_cache, lengths, max_len: int, sca
     return (out.float() - expected).abs().max().item()
 
 
-def kv_config(extra: str) -> DecodeConfig:
-    """"kv{K}_block{B}[_slots]": kv_per_program K, block_n B, heads first unless _slots."""
-    parts = extra.split("_")
-    return DecodeConfig(kv_per_program=int(parts[0][2:]), block_n=int(parts[1][5:]), heads_first=parts[-1] != "slots")
-
-
 def interpreter_main() -> None:
     """Run in a subprocess with TRITON_INTERPRET=1: prints {case: max abs error} as JSON."""
     errors = {}
@@ -97,7 +81,7 @@ def interpreter_main() -> None:
                                     strided=extra == "strided")
         scale = 0.3 if extra == "scale" else None
         config = DecodeConfig(block_n=int(extra[5:])) if extra.startswith("block") else \
-            kv_config(extra) if extra.startswith("kv") else DecodeConfig(heads_first=extra == "heads_first")
+            DecodeConfig(heads_first=extra == "heads_first")
         out = decode_attention(q, k, v, lens, max_len, scale, num_splits=splits, config=config)
         errors[name] = max_error(out, q, k, v, lens, max_len, scale)
     print(json.dumps(errors))
@@ -135,20 +119,9 @@ def test_split_plan_whole_tiles_of_the_configured_block():
 
 
 def test_decode_config_is_checked():
-    for bad in ({"block_n": 48}, {"block_n": 8}, {"num_warps": 0}, {"num_stages": 0}, {"programs_per_sm": 0},
-                {"kv_per_program": 3}, {"kv_per_program": 0}, {"kv_per_program": 2, "block_n": 4}):
+    for bad in ({"block_n": 48}, {"block_n": 8}, {"num_warps": 0}, {"num_stages": 0}, {"programs_per_sm": 0}):
         with pytest.raises(ValueError):
             DecodeConfig(**bad)
-    assert DecodeConfig(kv_per_program=2, block_n=8).kv_block(8) == 2
-    assert DecodeConfig(kv_per_program=8, block_n=16).kv_block(4) == 4  # the largest that divides both
-
-
-def test_split_plan_counts_programs_of_several_kv_heads():
-    # 16 slots x 8 KV heads, one a program: 128 programs a split, 4 splits reach 3 x 132. Four a
-    # program: 32 programs a split, 13 splits wanted, each rounded up to 2 of the window's 16 tiles of
-    # 64: 8 splits of 128 rows
-    assert split_plan(16, 8, 1024) == (4, 256)
-    assert split_plan(16, 8, 1024, config=DecodeConfig(kv_per_program=4)) == (8, 128)
 
 
 def test_split_plan_forced_count_is_kept():
@@ -212,17 +185,6 @@ def test_gpu_heads_first_is_the_same_result(num_slots):
     assert DecodeConfig().heads_first
     assert torch.equal(decode_attention(q, k, v, lengths, 1024),
                        decode_attention(q, k, v, lengths, 1024, config=DecodeConfig(heads_first=False)))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_slots", [4, 256])
-@pytest.mark.parametrize(("kv_per_program", "block_n"), [(2, 32), (4, 16), (4, 8), (8, 8)])
-def test_gpu_several_kv_heads_a_program(num_slots, kv_per_program, block_n):
-    # DecodeConfig.kv_per_program (served off): bf16 at the backbone's shape, the plan's splits
-    q, k, v, lengths = real_inputs(num_slots, 1024)
-    config = DecodeConfig(kv_per_program=kv_per_program, block_n=block_n)
-    out = decode_attention(q, k, v, lengths, 1024, config=config)
-    assert max_error(out, q, k, v, lengths, 1024) <= BF16_TOLERANCE
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Round 23, call 3 (carry .device; <= 330 s; an H200 or an H100: kernel and step benches, no server).
+# Round 23, call 3 (ran on an H100, 287 s; the knob measured no faster at 256 slots and was removed
+# after it: this script needs ace2cf8's tree; perf/RESULTS.md, round 23). Carry .device; <= 330 s.
 # DecodeConfig.kv_per_program (built this round, served off): several KV heads a decode-attention
 # program, so a program's 16 tl.dot rows are real query heads and a tile reads 1 KB of each cache
 # row, not 256 bytes (the kernel is at ~2.6-2.8 TB/s of an H100's ~3.35, ~3.7 of an H200's ~4.8).

@@ -2,8 +2,7 @@
 
 The masked SDPA over the padded window [0, kv_len) reads every row of the bucket; here each
 program reads only rows [0, lengths[s]) of its slot. Split-K: grid (S, kv_heads, num_splits),
-each program holds the `groups` query heads of one KV head (padded to 16 rows for tl.dot; or of
-DecodeConfig.kv_per_program KV heads, the grid's middle axis then kv_heads / that) and
+each program holds the `groups` query heads of one KV head (padded to 16 rows for tl.dot) and
 keeps an fp32 online softmax over its share of the keys; a second small kernel merges the
 splits' partials by log-sum-exp. Splits let a small batch still fill the GPU.
 
@@ -37,30 +36,18 @@ class DecodeConfig:
     piece each of eight slots' rows. Served since round 22: on an H100 the kernel took 0.8-2.2%
     less at 256 slots (level at 128 in the served mix) and the engine's step at 256 9.50/9.51 ms
     against 9.58/9.59; the output is the same bit for bit (perf/RESULTS.md, issue 34).
-    kv_per_program: KV heads one program holds (a power of two; the largest power of two that divides
-    both it and the model's KV heads is used). At the backbone's 4 query heads a KV head, 4 fill the
-    16 rows tl.dot needs with real query heads instead of 12 padding rows, a tile reads a 1 KB piece
-    of each cache row instead of 256 bytes, and a slot takes a quarter of the programs, each with
-    4x the tiles to pipeline; the masked cross-head scores cost the FLOPs the padding cost. Served
-    off (1) until an H200 A/B (issue 34, round 23). perf/bench_decode_attention.py sweeps them."""
+    perf/bench_decode_attention.py sweeps them."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     programs_per_sm: int = 3
     heads_first: bool = True
-    kv_per_program: int = 1
 
     def __post_init__(self):
-        if self.block_n < 1 or self.block_n & (self.block_n - 1) or self.kv_per_program < 1 \
-                or self.kv_per_program & (self.kv_per_program - 1) or self.block_n * self.kv_per_program < 16 \
-                or self.num_warps < 1 or self.num_stages < 1 or self.programs_per_sm < 1:
-            raise ValueError("DecodeConfig: block_n and kv_per_program powers of two, a tile of block_n x "
-                             f"kv_per_program >= 16 keys (tl.dot), the rest >= 1; got {self}")
-
-    def kv_block(self, kv_heads: int) -> int:
-        """KV heads a program holds for a model of kv_heads."""
-        return math.gcd(self.kv_per_program, kv_heads)
+        if self.block_n < 16 or self.block_n & (self.block_n - 1) or self.num_warps < 1 or self.num_stages < 1 \
+                or self.programs_per_sm < 1:
+            raise ValueError(f"DecodeConfig: block_n a power of two >= 16, the rest >= 1; got {self}")
 
 
 DEFAULT_CONFIG = DecodeConfig()
@@ -106,15 +93,14 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def split_plan(num_slots: int, kv_heads: int, max_len: int, num_sms: int = DEFAULT_NUM_SMS,
                num_splits: int | None = None, config: DecodeConfig | None = None) -> tuple[int, int]:
-    """(num_splits, split_len): enough splits that S * kv_heads / config.kv_block(kv_heads) * num_splits >=
-    programs_per_sm * num_sms,
+    """(num_splits, split_len): enough splits that S * kv_heads * num_splits >= programs_per_sm * num_sms,
     at most one per block_n tile of the window, each a whole number of tiles. config None: DEFAULT_CONFIG
     at the call, as decode_attention reads it."""
     config = config or DEFAULT_CONFIG
     block_n = config.block_n
     num_blocks = _cdiv(max_len, block_n)
     if num_splits is None:
-        wanted = _cdiv(config.programs_per_sm * num_sms, num_slots * (kv_heads // config.kv_block(kv_heads)))
+        wanted = _cdiv(config.programs_per_sm * num_sms, num_slots * kv_heads)
         num_splits = max(1, min(wanted, num_blocks))
         split_len = _cdiv(num_blocks, num_splits) * block_n
         return _cdiv(max_len, split_len), split_len  # rounding may leave the last splits empty: drop them
@@ -143,16 +129,13 @@ def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, 
     part_acc = q.new_empty(num_slots, heads, parts, head_dim, dtype=torch.float32)
     part_max = q.new_empty(num_slots, heads, parts, dtype=torch.float32)
     part_sum = q.new_empty(num_slots, heads, parts, dtype=torch.float32)
-    kv_block = config.kv_block(kv_heads)
-    kv_programs = kv_heads // kv_block
-    grid = (kv_programs, num_slots, num_splits) if config.heads_first else (num_slots, kv_programs, num_splits)
+    grid = (kv_heads, num_slots, num_splits) if config.heads_first else (num_slots, kv_heads, num_splits)
     _split_kernel[grid](
         q, k_cache, v_cache, lengths, out, part_acc, part_max, part_sum,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         max_len, split_len, heads, num_splits, qk_scale,
-        GROUPS=groups, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(groups * kv_block)), BLOCK_N=config.block_n,
-        HEAD_DIM=head_dim, DIRECT=num_splits == 1, HEADS_FIRST=config.heads_first, KV_PER_PROGRAM=kv_block,
-        num_warps=config.num_warps,
+        GROUPS=groups, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(groups)), BLOCK_N=config.block_n,
+        HEAD_DIM=head_dim, DIRECT=num_splits == 1, HEADS_FIRST=config.heads_first, num_warps=config.num_warps,
         num_stages=config.num_stages)
     if num_splits > 1:
         _combine_kernel[(num_slots, heads)](
@@ -169,19 +152,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
                   stride_os, stride_oh, stride_od,
                   max_len, split_len, num_heads, num_splits, qk_scale,
                   GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, HEADS_FIRST: tl.constexpr,
-                  KV_PER_PROGRAM: tl.constexpr):
-    """One (slot, block of KV_PER_PROGRAM kv heads, split): online softmax over keys
-    [split*split_len, min(length, next split)). With KV_PER_PROGRAM > 1 a tile is BLOCK_N cache rows
-    of all the block's heads (one contiguous piece of each row) seen as BLOCK_N * KV_PER_PROGRAM
-    keys; a query row's scores against another head's keys are masked to -inf, so its softmax and
-    its sum over the values see only its own head's keys."""
-    if HEADS_FIRST:  # DecodeConfig.heads_first: the grid is (kv blocks, S, splits)
+                  HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, HEADS_FIRST: tl.constexpr):
+    """One (slot, kv head, split): online softmax over keys [split*split_len, min(length, next split))."""
+    if HEADS_FIRST:  # DecodeConfig.heads_first: the grid is (kv_heads, S, splits)
         slot = tl.program_id(1).to(tl.int64)
-        kv_block = tl.program_id(0)
+        kv_head = tl.program_id(0)
     else:
         slot = tl.program_id(0).to(tl.int64)  # slot * stride_kn passes 2**31 in a full-size cache
-        kv_block = tl.program_id(1)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
     # clamped so a stale length can never read past the window the caller sized
     length = tl.minimum(tl.load(lengths_ptr + slot), max_len).to(tl.int32)
@@ -189,51 +167,32 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
     end = tl.minimum(length, start + split_len)
 
     offs_g = tl.arange(0, BLOCK_G)
-    offs_c = tl.arange(0, BLOCK_N * KV_PER_PROGRAM)  # a tile's keys: row c // KV_PER_PROGRAM, head c % it
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    is_head = offs_g < GROUPS * KV_PER_PROGRAM
-    heads = kv_block * GROUPS * KV_PER_PROGRAM + offs_g
+    is_head = offs_g < GROUPS
+    heads = kv_head * GROUPS + offs_g
     q = tl.load(q_ptr + slot * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=is_head[:, None], other=0.0)
-    k_base = k_ptr + slot * stride_kn + kv_block * KV_PER_PROGRAM * stride_kh
-    v_base = v_ptr + slot * stride_vn + kv_block * KV_PER_PROGRAM * stride_vh
-    if KV_PER_PROGRAM == 1:  # the served form: the same expressions as before kv_per_program existed
-        col_row = offs_c
-    else:
-        col_row = offs_c // KV_PER_PROGRAM
-        col_head = offs_c % KV_PER_PROGRAM
-        # padding query rows (q = 0) follow the block's last head, so each of their tiles has a valid key
-        row_head = tl.minimum(offs_g // GROUPS, KV_PER_PROGRAM - 1)
+    k_base = k_ptr + slot * stride_kn + kv_head * stride_kh
+    v_base = v_ptr + slot * stride_vn + kv_head * stride_vh
 
     # a split past the slot's length skips the loop and leaves the empty partial (-inf, 0, 0)
     row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     for first in range(start, end, BLOCK_N):
-        rows = first + col_row
+        rows = first + offs_n
         is_key = rows < end
         # rows past the length are never loaded, so stale cache contents cannot reach the result
-        if KV_PER_PROGRAM == 1:
-            k = tl.load(k_base + rows[None, :] * stride_kt + offs_d[:, None] * stride_kd,
-                        mask=is_key[None, :], other=0.0)
-        else:
-            k = tl.load(k_base + rows[None, :] * stride_kt + col_head[None, :] * stride_kh
-                        + offs_d[:, None] * stride_kd, mask=is_key[None, :], other=0.0)
+        k = tl.load(k_base + rows[None, :] * stride_kt + offs_d[:, None] * stride_kd,
+                    mask=is_key[None, :], other=0.0)
         scores = tl.dot(q, k, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
-        if KV_PER_PROGRAM == 1:
-            valid = is_key[None, :]
-        else:
-            valid = is_key[None, :] & (col_head[None, :] == row_head[:, None])
-        scores = tl.where(valid, scores, float("-inf"))
+        scores = tl.where(is_key[None, :], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, 1))  # finite: every tile holds a valid key
         alpha = tl.exp2(row_max - new_max)
         p = tl.exp2(scores - new_max[:, None])
-        if KV_PER_PROGRAM == 1:
-            v = tl.load(v_base + rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                        mask=is_key[:, None], other=0.0)
-        else:
-            v = tl.load(v_base + rows[:, None] * stride_vt + col_head[:, None] * stride_vh
-                        + offs_d[None, :] * stride_vd, mask=is_key[:, None], other=0.0)
+        v = tl.load(v_base + rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                    mask=is_key[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         row_sum = row_sum * alpha + tl.sum(p, 1)
         row_max = new_max
