@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 23, call 4 (an H200, needs_h200; carry .device; <= 330 s of the call). A shorter form of
+# Round 23, call 4 (an H200, needs_h200; carry .device; END (300) s of the call). A shorter form of
 # r23-call2-trees.sh for the budget's last minutes: one setup, then the single layout from this tree
 # (new1), from e913228 (old1: round 17-18's served code, .device/ab/main-e913228.tar.xz) and from this
 # tree again (new2), stream and offline at 128 and 256 streams once each, a host probe before each
@@ -11,7 +11,7 @@ rm -rf /tmp/old && mkdir -p /tmp/old && tar -xJf .device/ab/main-e913228.tar.xz 
 serve() {  # TAG DIR
   python3 perf/host_probe.py --out "$R/host_probe_$1.json" | python3 -c "import json,sys; print('$1 probe', json.load(sys.stdin)['python_ms'], 'ms')"
   (cd "$2" && TAG=$1 REPEAT=1 LEVELS=128,256 MODE=stream,offline RESPONSE_TIMEOUT=30 \
-    timeout $(call_left 325) bash perf/h200_scaling.sh layout single > "$R/layout_$1.log" 2>&1)
+    timeout $(call_left ${END:-300}) bash perf/h200_scaling.sh layout single > "$R/layout_$1.log" 2>&1)
   call_mark "$1 done"
 }
 serve new1 .; serve old1 /tmp/old; serve new2 .
