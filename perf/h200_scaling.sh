@@ -253,6 +253,15 @@ bench_runs() {
   done
 }
 
+# The host probe (one core's Python, ~1 s) on the idle host before a layout's server starts and after
+# it stops: round 23 found one H200's probe at 32 ms, then at 60 ms eight minutes later, and its
+# levels fell to a slow host's. Setup's probe alone cannot show that drift: layout_probe NAME WHEN.
+layout_probe() {
+  python3 perf/host_probe.py --out "$R/host_probe_$1_$2.json" > /dev/null 2>&1 &&
+    log "layout $1: host probe $2: $(python3 -c "import json; d = json.load(open('$R/host_probe_$1_$2.json')); \
+print(d['python_ms'], 'ms Python,', d['regain_us_8']['p50'], 'us GIL regain (8 threads)')")"
+}
+
 layout() {
   env_pack
   prepare_repo  # a clean copy of the repository: only models with a config
@@ -261,6 +270,7 @@ layout() {
     if [ $((SECONDS + ${LAYOUT_S:-240})) -gt "${BUDGET_S:-100000}" ]; then log "layout $name: skipped (call budget)"; continue; fi
     local t0=$SECONDS extra=() visible=0,1 n="$name${TAG:+_$TAG}"
     clear_leftovers
+    layout_probe "$n" before
     case "$name" in
       single) visible=0 ;;
       *) extra=(--model-config-name="$name") ;;
@@ -304,6 +314,7 @@ layout() {
     grep -E '^moss_(engine|vocoder|tts_vocoder)\{|^nv_inference_(count|queue_duration_us|compute_infer_duration_us)\{' "$W/metrics_$n.txt" \
       > "$R/metrics_$n.txt"
     stop_server
+    layout_probe "$n" after
     cp "$W/server_$n.log" "$R/"
     # The GPU budget per frame at 256 running rows, from the counters just sampled.
     python3 -m perf.served_budget "$R/metrics_series_$n.txt" --out "$R/budget_$n.json" 2>&1 | tee -a "$R/scaling.log"
