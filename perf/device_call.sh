@@ -14,7 +14,8 @@
 #                     (a device-side assert poisons every later test of its process: round 14), into
 #                     $R/gpu_tests_T.txt; waits for them and prints each file's last line
 #   call_levels       a line per level of each bench_single_*.json (file, mode, concurrency, audio-s/s,
-#                     first audio p50 / p95, RTF p95, streams with an underrun, failures)
+#                     first audio p50 / p95, RTF p95, streams with an underrun, failures, host busy /
+#                     stolen cores)
 #   call_host_probe   call_setup, whose perf/host_probe.py writes $W/results/host_probe.json;
 #                     sets PROBE_MS, one core's Python probe in ms (~30 fast hosts, ~70 slow ones)
 #   call_served_codec_gpu_tests  test_codec.py's GPU tests of the codec's serving form (the
@@ -57,7 +58,8 @@ call_levels() {
   local f
   for f in $W/results/bench_single_*.json; do python3 -c "import json,sys; [print(sys.argv[1].split('/')[-1], l['mode'], \
 l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p50'), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), \
-l['streams_with_underruns'], l['failures']) for l in json.load(open(sys.argv[1]))]" $f; done
+l['streams_with_underruns'], l['failures'], l.get('host_busy_cores'), l.get('host_steal_cores')) \
+for l in json.load(open(sys.argv[1]))]" $f; done
 }
 call_host_probe() {
   # After setup, not beside it: round 20's probe ran beside the checkpoint's generation and read

@@ -595,6 +595,8 @@ trees() {
   [ -f "$other/perf/h200_scaling.sh" ] || { log "trees: $other/perf/h200_scaling.sh missing"; return 1; }
   for k in $(seq "${ROUNDS:-1}"); do
     TAG="new$k" layout single
+    # this tree's layout probes its host itself; an older tree's may not (layout_probe came in round 23)
+    layout_probe "single_old$k" before
     (cd "$other" && TAG="old$k" bash perf/h200_scaling.sh layout single)
   done
 }
