@@ -11,6 +11,14 @@ where its bytes and FLOPs need ~17). Each row times F.linear under torch's defau
 under cuBLASLt (`torch.backends.cuda.preferred_blas_library`), and with bf16 reduced-precision
 reduction off, by graph replays; every call reads its own weight copy (>= 128 MiB in rotation), so
 weights come from HBM as in the step, not from L2.
+
+--triton (issue 34, round 24): also times kernels/fused_linear.py's plain GEMM at every shape over
+TRITON_SWEEP's tiles (split-K summed in the kernel by the last program to arrive, no reduce
+kernel), with W prepared N-contiguous as the codec serves it, and prints per shape the best tile
+against cuBLAS. The question: do the N = 2560 projections (o, down, local_out: 40 output tiles of
+128 x 128 at M = 256, ~450 TFLOP/s under cuBLAS where qkv and gate_up reach 550-630) run faster
+with more programs sharing K? Each row also carries the largest |triton - cuBLAS| relative to
+max |cuBLAS|.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from moss_tts.kernels.fused_linear import GemmConfig, fused_linear, prepare_weight
 from perf.graph_timing import graph_ms
 
 SHAPES = {  # name -> (K, N)
@@ -29,6 +38,13 @@ SHAPES = {  # name -> (K, N)
     "local_qkv": (2560, 7680), "local_in": (2560, 9728), "local_out": (9728, 2560),
 }
 ROTATION_BYTES = 128 << 20
+# Tiles for M = 128-256: the wide tile cuBLAS-like kernels use, narrower ones for more programs, and
+# split-K at 2-6 shares so that N = 2560's 40 (or 20) output tiles become ~80-160 programs.
+TRITON_SWEEP = tuple(GemmConfig(bm, bn, bk, w, st, split_k=sk) for bm, bn, bk, w, st, sk in (
+    (128, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 4, 3),
+    (128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 3, 3), (128, 256, 64, 8, 3, 6),
+    (64, 128, 64, 4, 4, 1), (64, 128, 64, 4, 4, 2), (128, 64, 64, 4, 4, 1), (128, 64, 64, 4, 4, 2),
+    (128, 64, 64, 4, 4, 3), (64, 64, 128, 4, 4, 2), (64, 256, 64, 4, 3, 1), (64, 256, 64, 4, 3, 2)))
 
 
 def time_linear(m: int, k: int, n: int, device: torch.device) -> float:
@@ -36,6 +52,26 @@ def time_linear(m: int, k: int, n: int, device: torch.device) -> float:
     weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
     return graph_ms(lambda i: F.linear(xs[i % copies], weights[i % copies]), reps=copies * 4, iters=10)
+
+
+def time_triton(m: int, k: int, n: int, device: torch.device) -> list[dict]:
+    """fused_linear (plain) at each TRITON_SWEEP tile: [{config, us, tflops, rel_diff}]."""
+    copies = max(2, -(-ROTATION_BYTES // (k * n * 2)))
+    weights = [prepare_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02) for _ in range(copies)]
+    xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+    expected = F.linear(xs[0], weights[0]).float()
+    rows = []
+    for config in TRITON_SWEEP:
+        try:
+            got = fused_linear(xs[0], weights[0], config=config).float()
+            ms = graph_ms(lambda i, c=config: fused_linear(xs[i % copies], weights[i % copies], config=c),
+                          reps=copies * 4, iters=10)
+        except Exception as exc:  # a tile that does not compile (shared memory) is a row, not the end
+            rows.append({"config": str(config), "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+            continue
+        rows.append({"config": str(config), "us": ms * 1e3, "tflops": 2 * m * k * n / (ms / 1e3) / 1e12,
+                     "rel_diff": ((got - expected).abs().max() / expected.abs().max()).item()})
+    return rows
 
 
 def settings():
@@ -61,6 +97,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="128,256")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--triton", action="store_true", help="also sweep fused_linear's tiles at every shape")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     rows = []
@@ -74,9 +111,20 @@ def main(argv=None) -> int:
                 print(f"{name:>18} M {m:>4} {shape:>9} [{k} -> {n}]: {ms * 1e3:7.2f} us "
                       f"{rows[-1]['tflops']:6.1f} TFLOP/s", flush=True)
     settings()[0][1]()
+    triton_rows = []
+    for m in (int(x) for x in args.batches.split(",")) if args.triton else ():
+        for shape, (k, n) in SHAPES.items():
+            swept = time_triton(m, k, n, device)
+            triton_rows.append({"m": m, "gemm": shape, "k": k, "n": n, "tiles": swept})
+            cublas = next(r["us"] for r in rows if r["setting"] == "cublas" and r["m"] == m and r["gemm"] == shape)
+            timed = [t for t in swept if "us" in t]
+            best = min(timed, key=lambda t: t["us"]) if timed else None
+            print(f"{'triton best':>18} M {m:>4} {shape:>9} [{k} -> {n}]: "
+                  + (f"{best['us']:7.2f} us {best['tflops']:6.1f} TFLOP/s ({best['config']}, rel diff "
+                     f"{best['rel_diff']:.1e}) against cuBLAS {cublas:.2f} us" if best else "no tile ran"), flush=True)
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-                                        "rows": rows}, indent=2))
+                                        "rows": rows, "triton": triton_rows}, indent=2))
     return 0
 
 
