@@ -16,7 +16,8 @@
 #   AB=... AB_UNTIL=EPOCH_S perf/h200_scaling.sh ab_soak SECONDS   # the soak (and BENCH levels)
 #                                              # once per variant, the time left shared out
 #   perf/h200_scaling.sh trees DIR             # the single layout from this tree (TAG newK) and from
-#                                              # the tree in DIR (TAG oldK), alternating ROUNDS (1) times
+#                                              # the tree in DIR (TAG oldK), alternating ROUNDS (1) times,
+#                                              # each round's first tree the other's (FIRST=new|old)
 #   perf/h200_scaling.sh soak SECONDS          # single layout, perf/soak.py (the mixed load: cancels,
 #                                              # bad input, clones, continuations, codes, ensemble,
 #                                              # offline) at CONCURRENCY (256), then SIGTERM + checks;
@@ -590,15 +591,23 @@ d['num_failures'], round(d['audio_seconds'] / d['wall_seconds'], 1), d['first_au
 # (TAG new) and from the tree in $1 (TAG old: its own script, env.sh and model repository, so its
 # own moss_tts: the pack's env.sh puts the tree it is sourced in first on every python3's path),
 # alternating ROUNDS times (1). Each layout takes ~2.5 min at REPEAT=1: one round fits a call.
+# Rounds alternate which tree goes first (new, old, then old, new, ...: ABBA at ROUNDS=2), and
+# FIRST=old starts with the other tree: round 24's three pairs all ran new first on a host whose
+# probe moved 29-68 ms between calls, so the order could not be told from the trees.
 trees() {
-  local other=${1:?"trees DIR: the other tree (e.g. git archive OLD | tar -x -C DIR)"} k
+  local other=${1:?"trees DIR: the other tree (e.g. git archive OLD | tar -x -C DIR)"} k first=${FIRST:-new}
   [ -f "$other/perf/h200_scaling.sh" ] || { log "trees: $other/perf/h200_scaling.sh missing"; return 1; }
+  case $first in new|old) ;; *) log "trees: FIRST must be new or old, got '$first'"; return 1 ;; esac
   for k in $(seq "${ROUNDS:-1}"); do
-    TAG="new$k" layout single
-    # this tree's layout probes its host itself; an older tree's may not (layout_probe came in round 23)
-    layout_probe "single_old$k" before
-    (cd "$other" && TAG="old$k" bash perf/h200_scaling.sh layout single)
+    if [ "$first" = new ]; then tree_new "$k"; tree_old "$other" "$k"; first=old
+    else tree_old "$other" "$k"; tree_new "$k"; first=new; fi
   done
+}
+tree_new() { TAG="new$1" layout single; }
+tree_old() {
+  # this tree's layout probes its host itself; an older tree's may not (layout_probe came in round 23)
+  layout_probe "single_old$2" before
+  (cd "$1" && TAG="old$2" bash perf/h200_scaling.sh layout single)
 }
 
 all() {
