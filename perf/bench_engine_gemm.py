@@ -47,18 +47,24 @@ TRITON_SWEEP = tuple(GemmConfig(bm, bn, bk, w, st, split_k=sk) for bm, bn, bk, w
     (128, 64, 64, 4, 4, 3), (64, 64, 128, 4, 4, 2), (64, 256, 64, 4, 3, 1), (64, 256, 64, 4, 3, 2)))
 
 
-def time_linear(m: int, k: int, n: int, device: torch.device) -> float:
+def operands(m: int, k: int, n: int, device: torch.device, prepare: bool = False):
+    """(copies, weights, xs): enough bf16 copies of W [N, K] (N-contiguous with `prepare`, as
+    fused_linear serves it) and x [M, K] that one graph's calls rotate over >= ROTATION_BYTES of
+    weights, so each call reads its W from HBM; cuBLAS and Triton rows share the rule."""
     copies = max(2, -(-ROTATION_BYTES // (k * n * 2)))
     weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+    return copies, [prepare_weight(w) for w in weights] if prepare else weights, xs
+
+
+def time_linear(m: int, k: int, n: int, device: torch.device) -> float:
+    copies, weights, xs = operands(m, k, n, device)
     return graph_ms(lambda i: F.linear(xs[i % copies], weights[i % copies]), reps=copies * 4, iters=10)
 
 
 def time_triton(m: int, k: int, n: int, device: torch.device) -> list[dict]:
     """fused_linear (plain) at each TRITON_SWEEP tile: [{config, us, tflops, rel_diff}]."""
-    copies = max(2, -(-ROTATION_BYTES // (k * n * 2)))
-    weights = [prepare_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02) for _ in range(copies)]
-    xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+    copies, weights, xs = operands(m, k, n, device, prepare=True)
     expected = F.linear(xs[0], weights[0]).float()
     rows = []
     for config in TRITON_SWEEP:
