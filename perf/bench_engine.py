@@ -534,6 +534,8 @@ def parse_args(argv):
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
     ap.add_argument("--decode-order", choices=("slots", "heads"), default="heads",
                     help="the decode attention's grid order for every step of this run (DecodeConfig.heads_first)")
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto",
+                    help="the engine's KV cache (EngineConfig.kv_cache_dtype; fp8: perf/bench_kv_fidelity.py)")
     return ap.parse_args(argv)
 
 
@@ -568,11 +570,12 @@ def main(argv=None) -> int:
                         # trees must source it in each; issue 34, sixth round)
                         "moss_tts": sys.modules["moss_tts"].__file__,
                         "frames": args.frames, "decode_order": args.decode_order,
+                        "kv_cache_dtype": args.kv_cache_dtype,
                         "prompt_rows": args.prompt_rows, "model_build_s": time.perf_counter() - start},
                "errors": {}}
     config = EngineConfig(max_running_requests=max(batches), max_queue=1024,
                           max_seq_len=args.max_seq_len or args.prompt_rows + args.frames + 122,
-                          prefill_chunk_tokens=8192)
+                          prefill_chunk_tokens=8192, kv_cache_dtype=args.kv_cache_dtype)
     bench = Bench(model, config, args.frames, args.prompt_rows)
     results["meta"]["engine_setup_s"] = bench.setup_s
     is_gpu = not args.tiny

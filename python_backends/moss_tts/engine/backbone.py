@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ..kernels import decode_attention, prefill_attention, step_qkv
 from ..kernels.fused import Fusions
+from ..kernels.kv_format import from_cache, to_cache
 from ..model.qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
 from .kv_cache import StaticKVCache
 
@@ -132,7 +133,7 @@ def decode(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: to
         if use_kernel:
             out = decode_attention.decode_attention(q[:, 0], cache.k[i], cache.v[i], lengths, kv_len)
             return attn.o_proj(out.reshape(num_slots, 1, -1))
-        keys, values = cache.window(i, num_slots, kv_len)
+        keys, values = cache.window(i, num_slots, kv_len, q.dtype)
         kv_heads, head_dim = keys.shape[2], keys.shape[3]
         grouped = q.reshape(num_slots, kv_heads, -1, head_dim)  # heads kv*g .. kv*g+g-1 share kv head kv
         out = F.scaled_dot_product_attention(grouped, keys.transpose(1, 2), values.transpose(1, 2),
@@ -162,7 +163,7 @@ def prefill(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: t
 
     def attend(i: int, q, k, v):
         cache.write_prompts(i, slots, k, v)
-        return backbone.layers[i].self_attn.attend(q, k, v, bias)
+        return backbone.layers[i].self_attn.attend(q, cache.as_stored(k), cache.as_stored(v), bias)
 
     hidden = walk(backbone, f, embeds, positions, attend)
     return hidden[torch.arange(n, device=device), lengths - 1]
@@ -191,10 +192,10 @@ def prefill_after(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, emb
     bias = bias.masked_fill(~allowed, torch.finfo(embeds.dtype).min).unsqueeze(1)  # [N, 1, T, window]
 
     def attend(i: int, q, k, v):
-        cache.k[i].index_put_((slot_rows, rows), k)
-        cache.v[i].index_put_((slot_rows, rows), v)
-        keys = cache.k[i][:, :window].index_select(0, slots)
-        values = cache.v[i][:, :window].index_select(0, slots)
+        cache.k[i].index_put_((slot_rows, rows), to_cache(k, cache.dtype))
+        cache.v[i].index_put_((slot_rows, rows), to_cache(v, cache.dtype))
+        keys = from_cache(cache.k[i][:, :window].index_select(0, slots), q.dtype)
+        values = from_cache(cache.v[i][:, :window].index_select(0, slots), q.dtype)
         return backbone.layers[i].self_attn.attend(q, keys, values, bias)
 
     hidden = walk(backbone, f, embeds, positions, attend)

@@ -8,6 +8,7 @@ from typing import Mapping, Optional
 import torch
 
 from ..contract.parameters import config_fields
+from ..kernels.kv_format import KV_CACHE_DTYPES
 
 MAX_RUNNING_REQUESTS = 16
 MAX_QUEUE = 256
@@ -105,6 +106,10 @@ class EngineConfig:
     # (vocoder, reference encoder). setup() raises with the numbers when it does not.
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     reserved_memory_gib: float = 0.0
+    # How the backbone's KV cache stores keys and values (kernels/kv_format.py): "auto" = the
+    # model's dtype (exact); "fp8_e4m3" = one byte each, clamped to +-448 and rounded once (an
+    # approximation: half the bytes a decode step's attention reads, twice the rows per GiB).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "max_queue", "max_seq_len", "first_chunk_frames",
@@ -129,6 +134,9 @@ class EngineConfig:
         if self.max_seq_len < 2:
             raise EngineConfigError(f"EngineConfig.max_seq_len must be >= 2 (one prompt row and one "
                                     f"frame), got {self.max_seq_len}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise EngineConfigError(f"EngineConfig.kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, "
+                                    f"got {self.kv_cache_dtype!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise EngineConfigError(f"EngineConfig.dtype must be one of {sorted(DTYPES)} or None, "
                                     f"got {self.dtype!r}")

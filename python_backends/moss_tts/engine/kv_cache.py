@@ -6,7 +6,9 @@ A slot is a request's private row; which request holds which slot, and how many 
 scheduler's CacheManager's business. Rows past a slot's length hold stale values of earlier
 occupants; attention masks them, so a freed slot is never cleared. Each of K and V is one
 tensor over all layers, so a prefix copy is one gather + one scatter for all 36 layers rather
-than one per layer and block.
+than one per layer and block. The buffers' dtype is the model's or fp8 (kernels/kv_format.py,
+EngineConfig.kv_cache_dtype): every write here stores `to_cache`'s rounding, and byte copies
+(prefix blocks, batched prefill rows) go through uint8 views, which any dtype has.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Optional
 import torch
 
 from ..kernels import block_copy
+from ..kernels.kv_format import from_cache, is_fp8, to_cache
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +51,14 @@ class StaticKVCache:
         per_row = 2 * self.num_layers * self.kv_heads * self.head_dim
         return rows * per_row * torch.empty((), dtype=dtype).element_size()
 
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The buffers' dtype (kv_format.cache_dtype), None before setup."""
+        return self._k_all.dtype if self._k_all is not None else None
+
     def setup(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Allocate the buffers; a second call with the same device and dtype does nothing."""
+        """Allocate the buffers in `dtype` (the model's, or fp8: kv_format.cache_dtype); a second
+        call with the same device and dtype does nothing."""
         if self.is_ready and self.k[0].device == device and self.k[0].dtype == dtype:
             return
         log.info("KV cache: %d layers x (%d slots x %d rows + %d prefix blocks x %d rows) = %.1f MiB "
@@ -64,8 +73,9 @@ class StaticKVCache:
             self._pool_k = torch.zeros(pool, device=device, dtype=dtype)
             self._pool_v = torch.zeros(pool, device=device, dtype=dtype)
         if self.prefix_blocks:
-            self._pool_pair = block_copy.BlockPair.of(self._pool_k, self._pool_v)
-            self._slot_pair = block_copy.BlockPair.of(self._blocks_of(self._k_all), self._blocks_of(self._v_all))
+            self._pool_pair = block_copy.BlockPair.of(_bytes(self._pool_k), _bytes(self._pool_v))
+            self._slot_pair = block_copy.BlockPair.of(_bytes(self._blocks_of(self._k_all)),
+                                                      _bytes(self._blocks_of(self._v_all)))
             if block_copy.is_supported(self._pool_k):  # compiled now, not at a wave's first prefix copy
                 zero = torch.zeros(1, dtype=torch.long, device=device)
                 block_copy.copy_blocks(self._pool_pair, self._slot_pair, zero, zero)  # zeros onto zeros
@@ -75,21 +85,22 @@ class StaticKVCache:
         """Prefill: k/v [1, T, kv_heads, head_dim] at rows [start, start+T) of one slot; returns
         that slot's keys/values [1, start+T, ...] for attention."""
         end = start + k.shape[1]
-        self.k[layer][slot, start:end] = k[0]
-        self.v[layer][slot, start:end] = v[0]
-        return self.k[layer][slot:slot + 1, :end], self.v[layer][slot:slot + 1, :end]
+        self.k[layer][slot, start:end] = to_cache(k[0], self.dtype)
+        self.v[layer][slot, start:end] = to_cache(v[0], self.dtype)
+        return (from_cache(self.k[layer][slot:slot + 1, :end], k.dtype),
+                from_cache(self.v[layer][slot:slot + 1, :end], v.dtype))
 
     def write_prompts(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Batched prefill from row 0: k/v [N, T, kv_heads, head_dim] into rows [0, T) of `slots`."""
         t = k.shape[1]
-        self.k[layer][:, :t].index_copy_(0, slots, k)
-        self.v[layer][:, :t].index_copy_(0, slots, v)
+        _bytes(self.k[layer][:, :t]).index_copy_(0, slots, _bytes(to_cache(k, self.dtype)))
+        _bytes(self.v[layer][:, :t]).index_copy_(0, slots, _bytes(to_cache(v, self.dtype)))
 
     def write_step(self, layer: int, slot_ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor) -> None:
         """Decode: k/v [S, kv_heads, head_dim] at row positions[i] of slot slot_ids[i]."""
-        self.k[layer].index_put_((slot_ids, positions), k)
-        self.v[layer].index_put_((slot_ids, positions), v)
+        self.k[layer].index_put_((slot_ids, positions), to_cache(k, self.dtype))
+        self.v[layer].index_put_((slot_ids, positions), to_cache(v, self.dtype))
 
     def load_prefix(self, slot_blocks: torch.Tensor, pool_blocks: torch.Tensor) -> None:
         """Copy pool blocks into slots, every layer at once: slot_blocks [n] = slot x
@@ -128,10 +139,22 @@ class StaticKVCache:
     def _blocks_of(self, cache: torch.Tensor) -> torch.Tensor:
         return cache.view(self.num_layers, -1, self.prefix_block_rows, self.kv_heads, self.head_dim)
 
-    def window(self, layer: int, num_slots: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views [S, kv_len, kv_heads, head_dim] of slots [0, S): no copy (rows past a slot's
-        length are stale and for the caller to mask)."""
-        return self.k[layer][:num_slots, :kv_len], self.v[layer][:num_slots, :kv_len]
+    def window(self, layer: int, num_slots: int, kv_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [S, kv_len, kv_heads, head_dim] of slots [0, S) in `dtype`: views, no
+        copy, unless the cache is fp8 (rows past a slot's length are stale and for the caller to mask)."""
+        return (from_cache(self.k[layer][:num_slots, :kv_len], dtype),
+                from_cache(self.v[layer][:num_slots, :kv_len], dtype))
+
+    def as_stored(self, x: torch.Tensor) -> torch.Tensor:
+        """x as attention reads it back from this cache (itself unless the cache is fp8): for a
+        torch path that attends to the new keys and values it also wrote."""
+        return x if x.dtype == self.dtype else from_cache(to_cache(x, self.dtype), x.dtype)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """t's bytes (same shape, last dim scaled by the element size) where t is fp8: torch has no
+    CPU index_copy_ for fp8, and a byte copy is what a cache copy is."""
+    return t.view(torch.uint8) if is_fp8(t.dtype) else t
 
 
 def _free_memory(device: torch.device) -> str:

@@ -20,7 +20,7 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from ..contract.sampling_params import SamplingParams
-from ..kernels import decode_attention, prefill_attention, sample_kernel, step_qkv
+from ..kernels import decode_attention, kv_format, prefill_attention, sample_kernel, step_qkv
 from ..kernels.fused import Fusions
 from ..kernels.uploads import to_device, upload_index
 from ..model.tts_model import MossTTSLocalModel
@@ -65,7 +65,7 @@ class ModelRunner:
     def __init__(self, model: MossTTSLocalModel, config: EngineConfig) -> None:
         self.model, self.config = model, config
         self.device = model.local_text_lm_head.weight.device
-        self.dtype = model.dtype
+        self.dtype, self.kv_dtype = model.dtype, kv_format.cache_dtype(config.kv_cache_dtype, model.dtype)
         b = model.cfg.backbone
         config.check_model(self.device, self.dtype, b.max_position_embeddings)
         # One slot more than the scheduler hands out: the scratch slot, where the padding
@@ -96,8 +96,8 @@ class ModelRunner:
         if self.is_ready:
             return
         if self.device.type == "cuda":
-            check_memory_budget(self.config, self.model, self.kv.num_bytes(self.dtype), self.device)
-        self.kv.setup(self.device, self.dtype)
+            check_memory_budget(self.config, self.model, self.kv.num_bytes(self.kv_dtype), self.device)
+        self.kv.setup(self.device, self.kv_dtype)
         with torch.inference_mode():
             backbone.merge_projections(self.model.transformer)
         cfg, slots = self.model.cfg, self.kv.num_slots

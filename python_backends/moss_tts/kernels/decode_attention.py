@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .kv_format import from_cache
 from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16, so a KV head's query heads are padded to this
@@ -57,7 +58,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      max_len: int, scale: float | None = None, num_splits: int | None = None,
                      config: DecodeConfig | None = None) -> torch.Tensor:
     """q [S, heads, d]; k_cache/v_cache [N >= S, max_seq_len, kv_heads, d] (slot-major, may be the
-    whole per-layer cache; slot s = row s); lengths [S] int64 on the device: slot s attends to its rows
+    whole per-layer cache; slot s = row s; q's dtype or fp8, kv_format); lengths [S] int64 on the device: slot s attends to its rows
     [0, lengths[s]) (lengths >= 1); max_len (Python int) bounds every length (the caller's window
     bucket) and may pick the split count. Returns [S, heads, d] in q.dtype.
     Default scale 1/sqrt(d). num_splits forces the split count (tests); None picks it from S and max_len.
@@ -83,8 +84,8 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         max_len: int, scale: float | None = None) -> torch.Tensor:
     """Same contract in plain torch (masked SDPA over the window [0, max_len)); the fallback and the tests' oracle."""
     num_slots, heads, head_dim = q.shape
-    keys = k_cache[:num_slots, :max_len].transpose(1, 2)  # [S, kv_heads, max_len, d]
-    values = v_cache[:num_slots, :max_len].transpose(1, 2)
+    keys = from_cache(k_cache[:num_slots, :max_len], q.dtype).transpose(1, 2)  # [S, kv_heads, max_len, d]
+    values = from_cache(v_cache[:num_slots, :max_len], q.dtype).transpose(1, 2)
     grouped = q.reshape(num_slots, keys.shape[1], -1, head_dim)  # heads kv*g .. kv*g+g-1 share kv head kv
     valid = torch.arange(max_len, device=q.device) < lengths.unsqueeze(1)
     out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=valid[:, None, None, :], scale=scale)
@@ -184,15 +185,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
         rows = first + offs_n
         is_key = rows < end
         # rows past the length are never loaded, so stale cache contents cannot reach the result
+        # an fp8 cache (kv_format) widens to q's dtype here: the tensor cores see what they saw
         k = tl.load(k_base + rows[None, :] * stride_kt + offs_d[:, None] * stride_kd,
-                    mask=is_key[None, :], other=0.0)
+                    mask=is_key[None, :], other=0.0).to(q.dtype)
         scores = tl.dot(q, k, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
         scores = tl.where(is_key[None, :], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, 1))  # finite: every tile holds a valid key
         alpha = tl.exp2(row_max - new_max)
         p = tl.exp2(scores - new_max[:, None])
         v = tl.load(v_base + rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                    mask=is_key[:, None], other=0.0)
+                    mask=is_key[:, None], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         row_sum = row_sum * alpha + tl.sum(p, 1)
         row_max = new_max

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .kv_format import from_cache
 from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 
@@ -53,7 +54,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       starts: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
                       config: PrefillConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """q [N, T, heads, d]: row t of prompt n is at position starts[n] + t. k_cache/v_cache
-    [num_slots, rows, kv_heads, d] hold prompt n's keys/values in slot slots[n], rows [0,
+    [num_slots, rows, kv_heads, d] (q's dtype or fp8, kv_format) hold prompt n's keys/values in slot slots[n], rows [0,
     lengths[n]) (this launch's rows already written). Row t attends to rows [0, min(starts[n] + t,
     lengths[n] - 1)]: rows at or past lengths[n] - starts[n] are padding and see the whole prompt
     (finite, for the caller to ignore). lengths >= 1. Returns [N, T, heads, d] in q.dtype."""
@@ -82,8 +83,8 @@ def reference_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     n, t, heads, head_dim = q.shape
     window = min(int(lengths.max()), k_cache.shape[1])
     groups = heads // k_cache.shape[2]
-    keys = k_cache.index_select(0, slots)[:, :window].repeat_interleave(groups, dim=2)  # [N, W, heads, d]
-    values = v_cache.index_select(0, slots)[:, :window].repeat_interleave(groups, dim=2)
+    keys = from_cache(k_cache.index_select(0, slots)[:, :window], q.dtype).repeat_interleave(groups, dim=2)
+    values = from_cache(v_cache.index_select(0, slots)[:, :window], q.dtype).repeat_interleave(groups, dim=2)
     newest = torch.minimum(starts.unsqueeze(1) + torch.arange(t, device=q.device), lengths.unsqueeze(1) - 1)
     seen = torch.arange(window, device=q.device).view(1, 1, window) <= newest.unsqueeze(2)  # [N, T, W]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
@@ -168,14 +169,15 @@ def _key_tile(q, k_base, v_base, keys, offs_d, stride_kt, stride_vt, newest, hi,
     not loaded, a row sees keys up to its `newest`); else every row sees every key of the tile."""
     if MASKED:
         is_key = keys < hi
-        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None], mask=is_key[None, :], other=0.0)
-        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=is_key[:, None], other=0.0)
+        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None], mask=is_key[None, :],
+                     other=0.0).to(q.dtype)  # an fp8 cache (kv_format) widens to q's dtype
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=is_key[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q, kt, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
         # Finite maxima: key 0 is in the first tile walked and every row sees it (newest >= 0).
         scores = tl.where(keys[None, :] <= newest[:, None], scores, float("-inf"))
     else:
-        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None])
-        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :])
+        kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None]).to(q.dtype)
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :]).to(q.dtype)
         scores = tl.dot(q, kt, input_precision="ieee") * qk_scale
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     alpha = tl.exp2(row_max - new_max)

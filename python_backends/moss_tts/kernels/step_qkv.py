@@ -1,7 +1,8 @@
 """What a decode step does between a layer's qkv GEMM and its attention, as one Triton kernel.
 
 decode_qkv (the Qwen3 backbone): RMSNorm of each q and k head, NeoX RoPE, and the new key and
-value written straight into the slot-major cache at each slot's position; returns the rotated q.
+value written straight into the slot-major cache at each slot's position (in the cache's dtype,
+kv_format); returns the rotated q.
 It replaces, per layer, the compiled norm+RoPE kernel and the two index_put kernels of the
 cache write (36 layers: 108 kernels a step become 36). prefill_qkv is the same for a batched
 prefill's N x T tokens, each into its prompt's slot at its own row (engine knob prefill_kernel).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .fused import local_attention_reduced, local_qkv_rope, qk_norm_rope
+from .kv_format import cache_value, to_cache
 from .triton_setup import INTERPRET, jit, tl, triton
 
 NUM_WARPS = 4
@@ -112,8 +114,8 @@ def reference_prefill_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cac
     q, k = qk_norm_rope(q.reshape(n, t, heads, head_dim), k.reshape(n, t, kv_heads, head_dim),
                         q_weight, k_weight, eps, cos, sin)
     slot_rows = slots.unsqueeze(1).expand(n, t)
-    k_cache.index_put_((slot_rows, rows), k)
-    v_cache.index_put_((slot_rows, rows), v.reshape(n, t, kv_heads, head_dim))
+    k_cache.index_put_((slot_rows, rows), to_cache(k, k_cache.dtype))
+    v_cache.index_put_((slot_rows, rows), to_cache(v.reshape(n, t, kv_heads, head_dim), v_cache.dtype))
     return q
 
 
@@ -189,12 +191,13 @@ def _qkv_token(s, slot, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_pt
         mask = (rows < KV_HEADS)[:, None]
         at = (slot * stride_cs + tl.load(pos_ptr + s).to(tl.int64) * stride_ct
               + rows[:, None] * stride_ch + offs_d[None, :])
-        cache_dtype = k_cache_ptr.dtype.element_ty
-        tl.store(k_cache_ptr + at, lo.to(dtype).to(cache_dtype), mask=mask)
-        tl.store(k_cache_ptr + at + HALF, hi.to(dtype).to(cache_dtype), mask=mask)
+        # the key rounded to the model's dtype first, as the torch path's k is (kv_format.to_cache)
+        tl.store(k_cache_ptr + at, cache_value(lo.to(dtype), k_cache_ptr), mask=mask)
+        tl.store(k_cache_ptr + at + HALF, cache_value(hi.to(dtype), k_cache_ptr), mask=mask)
         v = row + (HEADS + KV_HEADS) * 2 * HALF + rows[:, None] * (2 * HALF) + offs_d[None, :]
-        tl.store(v_cache_ptr + at, tl.load(v, mask=mask, other=0.0).to(cache_dtype), mask=mask)
-        tl.store(v_cache_ptr + at + HALF, tl.load(v + HALF, mask=mask, other=0.0).to(cache_dtype), mask=mask)
+        tl.store(v_cache_ptr + at, cache_value(tl.load(v, mask=mask, other=0.0), v_cache_ptr), mask=mask)
+        tl.store(v_cache_ptr + at + HALF, cache_value(tl.load(v + HALF, mask=mask, other=0.0), v_cache_ptr),
+                 mask=mask)
 
 
 # ------------------------------------------------------------------------------------ local frame
