@@ -5,7 +5,7 @@
 The decode step's attention took 2.22 ms of a 7.77 ms step at batch 256 (round 5's graph profile):
 61.8 µs a layer, ~3.7 TB/s over the cache rows it reads, of the H200's ~4.8. This times
 `kernels.decode_attention` at the backbone's shape (32 query heads over 8 KV heads of 128, bf16,
-slot-major caches of max_seq_len 2048 rows) for each `DecodeConfig` in a grid (keys per tile, warps,
+slot-major caches of max_seq_len 2048 rows; or fp8 ones, --kv-cache-dtype) for each `DecodeConfig` in a grid (keys per tile, warps,
 pipeline stages, forced splits, grid order: slot-major or `heads_first`), on two length mixes:
   bench_engine   slot s at 150 + s x 134 / S rows (bench_engine.py's batch-256 step: mean ~217)
   served         94 + a uniform 0..112 frames (the served bench: 94 prompt rows, 112 frames)
@@ -23,7 +23,8 @@ import sys
 
 import torch
 
-from moss_tts.kernels.decode_attention import DEFAULT_CONFIG, DecodeConfig, decode_attention
+from moss_tts.kernels import kv_format
+from moss_tts.kernels.decode_attention import DEFAULT_CONFIG, FP8_CONFIG, DecodeConfig, decode_attention
 from perf.graph_timing import graph_ms
 
 HEADS, KV_HEADS, HEAD_DIM, MAX_SEQ_LEN, LAYERS, CACHES = 32, 8, 128, 2048, 36, 4
@@ -61,28 +62,32 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", default="0,2", help="forced split counts; 0 = the plan's own")
     ap.add_argument("--orders", default="slots,heads", help="grid orders: slots (the default) and/or heads "
                     "(DecodeConfig.heads_first)")
+    ap.add_argument("--kv-cache-dtype", choices=kv_format.KV_CACHE_DTYPES, default="auto",
+                    help="the caches' dtype (EngineConfig.kv_cache_dtype); fp8's default is FP8_CONFIG")
     args = ap.parse_args(argv)
+    cache_dtype = kv_format.cache_dtype(args.kv_cache_dtype, torch.bfloat16)
+    default = FP8_CONFIG if kv_format.is_fp8(cache_dtype) else DEFAULT_CONFIG
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
     results = {"meta": {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-                        "default": str(DEFAULT_CONFIG)},
+                        "default": str(default), "kv_cache_dtype": args.kv_cache_dtype},
                "runs": []}
     grid = list(itertools.product(*(map(int, a.split(",")) for a in (args.blocks, args.warps, args.stages)),
                                   [order == "heads" for order in args.orders.split(",")]))
     splits = [int(s) or None for s in args.splits.split(",")]
     for batch in map(int, args.batches.split(",")):
-        caches = [(torch.randn(batch + 1, MAX_SEQ_LEN, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16),
-                   torch.randn(batch + 1, MAX_SEQ_LEN, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16))
+        caches = [tuple(kv_format.to_cache(torch.randn(batch + 1, MAX_SEQ_LEN, KV_HEADS, HEAD_DIM, device=device,
+                                                       dtype=torch.bfloat16), cache_dtype) for _ in range(2))
                   for _ in range(CACHES)]
         q = torch.randn(batch, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
         for mix in ("bench_engine", "served"):
             lengths = lengths_of(mix, batch, gen)
             window = window_of(int(lengths.max()) + 1)
             rows_read = int(lengths.sum())
-            bytes_per_call = rows_read * KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
+            bytes_per_call = rows_read * KV_HEADS * HEAD_DIM * 2 * cache_dtype.itemsize  # K and V
             lengths = lengths.to(device)
             for (block, warps, stages, heads_first), forced in itertools.product(grid, splits):
                 config = DecodeConfig(block_n=block, num_warps=warps, num_stages=stages, heads_first=heads_first)
@@ -95,7 +100,7 @@ def main(argv=None) -> int:
                        "block_n": block, "num_warps": warps, "num_stages": stages, "splits": forced or 0,
                        "heads_first": heads_first,
                        "us_per_call": us, "tb_per_s": bytes_per_call / us / 1e6,
-                       "is_default": config == DEFAULT_CONFIG and forced is None}
+                       "is_default": config == default and forced is None}
                 results["runs"].append(run)
                 order = "heads" if heads_first else "slots"
                 print(f"b{batch:<4} {mix:<12} window {window:<4} block {block:<3} warps {warps} stages {stages} "

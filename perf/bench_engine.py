@@ -534,6 +534,9 @@ def parse_args(argv):
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
     ap.add_argument("--decode-order", choices=("slots", "heads"), default="heads",
                     help="the decode attention's grid order for every step of this run (DecodeConfig.heads_first)")
+    ap.add_argument("--decode-config", default="",
+                    help="BLOCK_N,WARPS,STAGES: the decode attention's tile for every step of this run, whatever "
+                         "the cache's dtype (DecodeConfig; default: the kernel's own, DEFAULT_CONFIG / FP8_CONFIG)")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto",
                     help="the engine's KV cache (EngineConfig.kv_cache_dtype; fp8: perf/bench_kv_fidelity.py)")
     return ap.parse_args(argv)
@@ -561,6 +564,11 @@ def main(argv=None) -> int:
     # its module's DEFAULT_CONFIG at each call, so an A/B of the step is one process per order
     decode_attention.DEFAULT_CONFIG = replace(decode_attention.DEFAULT_CONFIG,
                                               heads_first=args.decode_order == "heads")
+    decode_attention.FP8_CONFIG = replace(decode_attention.FP8_CONFIG, heads_first=args.decode_order == "heads")
+    if args.decode_config:
+        block_n, warps, stages = map(int, args.decode_config.split(","))
+        decode_attention.DEFAULT_CONFIG = decode_attention.FP8_CONFIG = replace(
+            decode_attention.DEFAULT_CONFIG, block_n=block_n, num_warps=warps, num_stages=stages)
     start = time.perf_counter()
     model, device = build(args)
     results = {"meta": {"device": device, "torch": torch.__version__,
@@ -570,7 +578,7 @@ def main(argv=None) -> int:
                         # trees must source it in each; issue 34, sixth round)
                         "moss_tts": sys.modules["moss_tts"].__file__,
                         "frames": args.frames, "decode_order": args.decode_order,
-                        "kv_cache_dtype": args.kv_cache_dtype,
+                        "kv_cache_dtype": args.kv_cache_dtype, "decode_config": args.decode_config,
                         "prompt_rows": args.prompt_rows, "model_build_s": time.perf_counter() - start},
                "errors": {}}
     config = EngineConfig(max_running_requests=max(batches), max_queue=1024,

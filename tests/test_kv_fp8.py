@@ -21,9 +21,10 @@ from triton_interpreter import interpreter_json, relative_error
 
 FP8 = torch.float8_e4m3fn
 INTERPRETER_TIMEOUT_S = 300
-# A key is normed and rotated in fp32 by both paths, which may differ in the last bit: then one in
-# many thousand lands on the other side of an e4m3 rounding boundary, one step (1/8 of its value) off.
-KEY_STEPS_OFF = 1e-3
+# A key is normed and rotated by both paths, which may differ in the last bit of the model's dtype
+# (fp32, or bf16 on the GPU: relative errors up to 2e-2 in test_step_qkv): then a key lands on the
+# other side of an e4m3 rounding boundary, one step (1/8 of its value) off. The share that may.
+KEY_STEPS_OFF = {"float32": 1e-3, "bfloat16": 2e-2}
 
 
 def cache_diff(got: torch.Tensor, expected: torch.Tensor) -> dict:
@@ -115,16 +116,16 @@ def interpreter_results() -> dict:
     return interpreter_json("test_kv_fp8", INTERPRETER_TIMEOUT_S)
 
 
-def check_qkv(errors: dict, q_tolerance: float) -> None:
-    assert errors["q"] <= q_tolerance, errors  # q is not stored: as exact as with any cache
+def check_qkv(errors: dict, dtype: str) -> None:
+    assert errors["q"] <= {"float32": 1e-5, "bfloat16": 2e-2}[dtype], errors  # q is not stored: as with any cache
     assert errors["v"]["share"] == 0.0, errors  # a value is only clamped and rounded: exactly the reference
-    assert errors["k"]["share"] <= KEY_STEPS_OFF and errors["k"]["rel"] <= 0.07, errors
+    assert errors["k"]["share"] <= KEY_STEPS_OFF[dtype] and errors["k"]["rel"] <= 0.07, errors
     assert errors["v_max"] == kv_format.FP8_E4M3_MAX, errors  # the loud values were clamped, not NaN
 
 
 @pytest.mark.parametrize("kind", ["decode_qkv", "prefill_qkv"])
 def test_interpreter_qkv_kernels_store_what_the_torch_path_stores(interpreter_results, kind):
-    check_qkv(interpreter_results[kind], 1e-5)
+    check_qkv(interpreter_results[kind], "float32")
 
 
 def test_interpreter_attention_kernels_widen_the_fp8_cache(interpreter_results):
@@ -217,7 +218,7 @@ def test_an_engine_on_an_fp8_cache_serves_and_frees_its_slots(tiny_model, builde
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
 def test_gpu_qkv_kernels_store_what_the_torch_path_stores(kind):
-    check_qkv(fp8_qkv_errors(kind, "cuda", real=True), 2e-2)
+    check_qkv(fp8_qkv_errors(kind, "cuda", real=True), "bfloat16")
 
 
 @pytest.mark.gpu

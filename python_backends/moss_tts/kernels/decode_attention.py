@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kv_format import from_cache
+from .kv_format import from_cache, is_fp8
 from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16, so a KV head's query heads are padded to this
@@ -52,6 +52,9 @@ class DecodeConfig:
 
 
 DEFAULT_CONFIG = DecodeConfig()
+# For an fp8 cache (kernels/kv_format.py): a tile of keys is half the bytes, so its best shape may
+# differ (perf/bench_decode_attention.py --kv-cache-dtype fp8_e4m3 sweeps it).
+FP8_CONFIG = DecodeConfig()
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
@@ -62,12 +65,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     [0, lengths[s]) (lengths >= 1); max_len (Python int) bounds every length (the caller's window
     bucket) and may pick the split count. Returns [S, heads, d] in q.dtype.
     Default scale 1/sqrt(d). num_splits forces the split count (tests); None picks it from S and max_len.
-    config: the kernel's launch shape; None reads DEFAULT_CONFIG at the call, not at import, so a
-    benchmark can A/B a whole engine step by setting it (perf/bench_engine.py --decode-order).
+    config: the kernel's launch shape; None reads DEFAULT_CONFIG (FP8_CONFIG for an fp8 cache) at the
+    call, not at import, so a benchmark can A/B a whole engine step by setting it (perf/bench_engine.py
+    --decode-order, --decode-config).
     """
     if not is_supported(q, k_cache):
         return reference_attention(q, k_cache, v_cache, lengths, max_len, scale)
-    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config or DEFAULT_CONFIG)
+    config = config or (FP8_CONFIG if is_fp8(k_cache.dtype) else DEFAULT_CONFIG)
+    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config)
 
 
 def is_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
