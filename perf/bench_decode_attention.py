@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", default="0,2", help="forced split counts; 0 = the plan's own")
     ap.add_argument("--orders", default="slots,heads", help="grid orders: slots (the default) and/or heads "
                     "(DecodeConfig.heads_first)")
+    ap.add_argument("--fp16-dots", default="0", help="DecodeConfig.fp16_dots values (0,1; fp8 caches only)")
     ap.add_argument("--kv-cache-dtype", choices=kv_format.KV_CACHE_DTYPES, default="auto",
                     help="the caches' dtype (EngineConfig.kv_cache_dtype); fp8's default is FP8_CONFIG")
     args = ap.parse_args(argv)
@@ -76,7 +77,8 @@ def main(argv=None) -> int:
                         "default": str(default), "kv_cache_dtype": args.kv_cache_dtype},
                "runs": []}
     grid = list(itertools.product(*(map(int, a.split(",")) for a in (args.blocks, args.warps, args.stages)),
-                                  [order == "heads" for order in args.orders.split(",")]))
+                                  [order == "heads" for order in args.orders.split(",")],
+                                  [bool(int(x)) for x in args.fp16_dots.split(",")]))
     splits = [int(s) or None for s in args.splits.split(",")]
     for batch in map(int, args.batches.split(",")):
         caches = [tuple(kv_format.to_cache(torch.randn(batch + 1, MAX_SEQ_LEN, KV_HEADS, HEAD_DIM, device=device,
@@ -89,8 +91,9 @@ def main(argv=None) -> int:
             rows_read = int(lengths.sum())
             bytes_per_call = rows_read * KV_HEADS * HEAD_DIM * 2 * cache_dtype.itemsize  # K and V
             lengths = lengths.to(device)
-            for (block, warps, stages, heads_first), forced in itertools.product(grid, splits):
-                config = DecodeConfig(block_n=block, num_warps=warps, num_stages=stages, heads_first=heads_first)
+            for (block, warps, stages, heads_first, fp16_dots), forced in itertools.product(grid, splits):
+                config = DecodeConfig(block_n=block, num_warps=warps, num_stages=stages, heads_first=heads_first,
+                                      fp16_dots=fp16_dots)
                 try:
                     us = time_config(q, caches, lengths, window, config, forced)
                 except Exception as exc:  # e.g. out of shared memory for a deep pipeline
@@ -98,13 +101,13 @@ def main(argv=None) -> int:
                     continue
                 run = {"batch": batch, "mix": mix, "window": window, "mean_rows": rows_read / batch,
                        "block_n": block, "num_warps": warps, "num_stages": stages, "splits": forced or 0,
-                       "heads_first": heads_first,
+                       "heads_first": heads_first, "fp16_dots": fp16_dots,
                        "us_per_call": us, "tb_per_s": bytes_per_call / us / 1e6,
                        "is_default": config == default and forced is None}
                 results["runs"].append(run)
                 order = "heads" if heads_first else "slots"
                 print(f"b{batch:<4} {mix:<12} window {window:<4} block {block:<3} warps {warps} stages {stages} "
-                      f"splits {forced or 'plan':<4} {order} {us:7.2f} µs  {run['tb_per_s']:.2f} TB/s"
+                      f"splits {forced or 'plan':<4} {order}{' fp16' if fp16_dots else ''} {us:7.2f} µs  {run['tb_per_s']:.2f} TB/s"
                       f"{'  (default)' if run['is_default'] else ''}", flush=True)
         del caches
         torch.cuda.empty_cache()
@@ -116,7 +119,8 @@ def main(argv=None) -> int:
                 default_us = next((r["us_per_call"] for r in runs if r["is_default"]), float("nan"))
                 order = "heads" if best["heads_first"] else "slots"
                 print(f"best b{batch} {mix}: block {best['block_n']} warps {best['num_warps']} stages "
-                      f"{best['num_stages']} splits {best['splits'] or 'plan'} {order} first: "
+                      f"{best['num_stages']} splits {best['splits'] or 'plan'} {order} first"
+                      f"{', fp16 dots' if best['fp16_dots'] else ''}: "
                       f"{best['us_per_call']:.2f} µs ({best['tb_per_s']:.2f} TB/s); default {default_us:.2f} µs")
     if args.out:
         with open(args.out, "w") as f:

@@ -535,7 +535,7 @@ def parse_args(argv):
     ap.add_argument("--decode-order", choices=("slots", "heads"), default="heads",
                     help="the decode attention's grid order for every step of this run (DecodeConfig.heads_first)")
     ap.add_argument("--decode-config", default="",
-                    help="BLOCK_N,WARPS,STAGES: the decode attention's tile for every step of this run, whatever "
+                    help="BLOCK_N,WARPS,STAGES[,FP16_DOTS]: the decode attention's tile for every step of this run, whatever "
                          "the cache's dtype (DecodeConfig; default: the kernel's own, DEFAULT_CONFIG / FP8_CONFIG)")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto",
                     help="the engine's KV cache (EngineConfig.kv_cache_dtype; fp8: perf/bench_kv_fidelity.py)")
@@ -566,9 +566,10 @@ def main(argv=None) -> int:
                                               heads_first=args.decode_order == "heads")
     decode_attention.FP8_CONFIG = replace(decode_attention.FP8_CONFIG, heads_first=args.decode_order == "heads")
     if args.decode_config:
-        block_n, warps, stages = map(int, args.decode_config.split(","))
+        block_n, warps, stages, *fp16 = map(int, args.decode_config.split(","))
         decode_attention.DEFAULT_CONFIG = decode_attention.FP8_CONFIG = replace(
-            decode_attention.DEFAULT_CONFIG, block_n=block_n, num_warps=warps, num_stages=stages)
+            decode_attention.DEFAULT_CONFIG, block_n=block_n, num_warps=warps, num_stages=stages,
+            fp16_dots=bool(fp16 and fp16[0]))
     start = time.perf_counter()
     model, device = build(args)
     results = {"meta": {"device": device, "torch": torch.__version__,

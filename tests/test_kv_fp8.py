@@ -74,8 +74,10 @@ def fp8_attention_errors(device: str = "cpu", real: bool = False) -> dict:
     lengths = [200, 1, 65, 130, 37] * (51 if real else 1)
     q, k, v, lens = make_inputs(heads, kv_heads, head_dim, lengths, 200, dtype, device)
     k, v = kv_format.to_cache(k, FP8), kv_format.to_cache(v, FP8)
-    errors = {"decode": relative_error(decode_attention.decode_attention(q, k, v, lens, 200),
-                                       decode_attention.reference_attention(q, k, v, lens, 200))}
+    expected = decode_attention.reference_attention(q, k, v, lens, 200)
+    errors = {"decode": relative_error(decode_attention.decode_attention(q, k, v, lens, 200), expected),
+              "decode_fp16_dots": relative_error(decode_attention.decode_attention(
+                  q, k, v, lens, 200, config=decode_attention.DecodeConfig(fp16_dots=True)), expected)}
     n = len(lengths)
     slots = torch.arange(n, device=device)
     starts = (lens - 9).clamp(min=0)  # each prompt's last (up to) 9 rows are this launch's queries
@@ -131,6 +133,8 @@ def test_interpreter_qkv_kernels_store_what_the_torch_path_stores(interpreter_re
 def test_interpreter_attention_kernels_widen_the_fp8_cache(interpreter_results):
     errors = interpreter_results["attention"]
     assert errors["decode"] <= 1e-5 and errors["prefill"] <= 1e-5, errors
+    # fp16 dots: q and the softmax weights rounded to fp16 (the cache's values are exact in fp16)
+    assert 0 < errors["decode_fp16_dots"] <= 5e-3, errors
 
 
 def test_interpreter_prefix_copies_move_fp8_bytes(interpreter_results):
@@ -224,4 +228,4 @@ def test_gpu_qkv_kernels_store_what_the_torch_path_stores(kind):
 @pytest.mark.gpu
 def test_gpu_attention_kernels_widen_the_fp8_cache():
     errors = fp8_attention_errors("cuda", real=True)
-    assert errors["decode"] <= 2e-2 and errors["prefill"] <= 2e-2, errors
+    assert max(errors.values()) <= 2e-2, errors

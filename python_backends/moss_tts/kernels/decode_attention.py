@@ -37,13 +37,16 @@ class DecodeConfig:
     piece each of eight slots' rows. Served since round 22: on an H100 the kernel took 0.8-2.2%
     less at 256 slots (level at 128 in the served mix) and the engine's step at 256 9.50/9.51 ms
     against 9.58/9.59; the output is the same bit for bit (perf/RESULTS.md, issue 34).
-    perf/bench_decode_attention.py sweeps them."""
+    fp16_dots: with an fp8 cache only, the key and value tiles widen to fp16 (one conversion an element
+    pair; bf16 takes three) and q and the softmax weights are cast to fp16 for the two dots; the
+    accumulation stays fp32. perf/bench_decode_attention.py sweeps them."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     programs_per_sm: int = 3
     heads_first: bool = True
+    fp16_dots: bool = False
 
     def __post_init__(self):
         if self.block_n < 16 or self.block_n & (self.block_n - 1) or self.num_warps < 1 or self.num_stages < 1 \
@@ -141,7 +144,8 @@ def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, 
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         max_len, split_len, heads, num_splits, qk_scale,
         GROUPS=groups, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(groups)), BLOCK_N=config.block_n,
-        HEAD_DIM=head_dim, DIRECT=num_splits == 1, HEADS_FIRST=config.heads_first, num_warps=config.num_warps,
+        HEAD_DIM=head_dim, DIRECT=num_splits == 1, HEADS_FIRST=config.heads_first,
+        FP16_DOTS=config.fp16_dots and is_fp8(k_cache.dtype), num_warps=config.num_warps,
         num_stages=config.num_stages)
     if num_splits > 1:
         _combine_kernel[(num_slots, heads)](
@@ -158,7 +162,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
                   stride_os, stride_oh, stride_od,
                   max_len, split_len, num_heads, num_splits, qk_scale,
                   GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, HEADS_FIRST: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, HEADS_FIRST: tl.constexpr,
+                  FP16_DOTS: tl.constexpr):
     """One (slot, kv head, split): online softmax over keys [split*split_len, min(length, next split))."""
     if HEADS_FIRST:  # DecodeConfig.heads_first: the grid is (kv_heads, S, splits)
         slot = tl.program_id(1).to(tl.int64)
@@ -179,6 +184,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
     heads = kv_head * GROUPS + offs_g
     q = tl.load(q_ptr + slot * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=is_head[:, None], other=0.0)
+    if FP16_DOTS:  # DecodeConfig.fp16_dots: the tiles below widen to q's dtype
+        q = q.to(tl.float16)
     k_base = k_ptr + slot * stride_kn + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vn + kv_head * stride_vh
 
