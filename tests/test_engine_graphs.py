@@ -279,6 +279,10 @@ def test_config_from_triton_parameters():
         EngineConfig.from_parameters({"enforce_eager": "yes"})
     with pytest.raises(EngineConfigError, match="max_seq_len"):
         EngineConfig.from_parameters({"max_seq_len": "1e3"})
+    # a text field: stripped, then checked against its choices
+    assert EngineConfig.from_parameters({"kv_cache_dtype": " fp8_e4m3 "}).kv_cache_dtype == "fp8_e4m3"
+    with pytest.raises(EngineConfigError, match="kv_cache_dtype"):
+        EngineConfig.from_parameters({"kv_cache_dtype": "fp4"})
 
 
 def test_prompt_longer_than_a_prefill_chunk_is_prefilled_in_chunks(tiny_model):

@@ -13,9 +13,12 @@ from typing import Iterable, Mapping
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
-def parse_parameter(name: str, text: str, kind: str) -> bool | int | float:
-    """`text` as `kind` ("bool", "int" or "float"); ValueError naming the key otherwise."""
+def parse_parameter(name: str, text: str, kind: str) -> bool | int | float | str:
+    """`text` as `kind` ("bool", "int", "float", or "str": the text stripped, for the config to check
+    against its choices); ValueError naming the key otherwise."""
     value = str(text).strip()
+    if kind == "str":
+        return value
     try:
         if kind == "bool":
             return _BOOLS[value.lower()]
