@@ -75,9 +75,10 @@ def fp8_attention_errors(device: str = "cpu", real: bool = False) -> dict:
     q, k, v, lens = make_inputs(heads, kv_heads, head_dim, lengths, 200, dtype, device)
     k, v = kv_format.to_cache(k, FP8), kv_format.to_cache(v, FP8)
     expected = decode_attention.reference_attention(q, k, v, lens, 200)
-    errors = {"decode": relative_error(decode_attention.decode_attention(q, k, v, lens, 200), expected),
-              "decode_fp16_dots": relative_error(decode_attention.decode_attention(
-                  q, k, v, lens, 200, config=decode_attention.DecodeConfig(fp16_dots=True)), expected)}
+    exact = decode_attention.DecodeConfig(fp16_dots=False)  # the tiles widen to q's dtype
+    errors = {"decode": relative_error(decode_attention.decode_attention(q, k, v, lens, 200, config=exact), expected),
+              # None: an fp8 cache's own tile, FP8_CONFIG (fp16 dots)
+              "decode_fp16_dots": relative_error(decode_attention.decode_attention(q, k, v, lens, 200), expected)}
     n = len(lengths)
     slots = torch.arange(n, device=device)
     starts = (lens - 9).clamp(min=0)  # each prompt's last (up to) 9 rows are this launch's queries
@@ -135,6 +136,10 @@ def test_interpreter_attention_kernels_widen_the_fp8_cache(interpreter_results):
     assert errors["decode"] <= 1e-5 and errors["prefill"] <= 1e-5, errors
     # fp16 dots: q and the softmax weights rounded to fp16 (the cache's values are exact in fp16)
     assert 0 < errors["decode_fp16_dots"] <= 5e-3, errors
+
+
+def test_an_fp8_cache_launches_its_own_tile():
+    assert decode_attention.FP8_CONFIG.fp16_dots and not decode_attention.DEFAULT_CONFIG.fp16_dots
 
 
 def test_interpreter_prefix_copies_move_fp8_bytes(interpreter_results):

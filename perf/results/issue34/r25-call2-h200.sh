@@ -6,13 +6,15 @@
 #    the bf16 cache's default beside it;
 # 3. the engine's graphed step at 256 on an H200: auto, fp8 (FP8_CONFIG), fp8 with the sweep's best
 #    tile for the bench_engine mix (--decode-config), auto;
+# (As run, the sweep's line lacked `env`: timeout could not start it, and the sweep ran on the warm
+# machine right after, inline, as did the engine step with its best tile: RESULTS, round 25.)
 # 4. the codec stage figures on the final code and the profile of a packed 128-row round
 #    (r24-call6-codec.sh's bench, never run: no H200 came in round 24).
 set -uo pipefail
 source perf/device_call.sh r25c2
 call_setup
 call_gpu_tests kv_fp8
-ATT="PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 python3 perf/bench_decode_attention.py --batches 256 --orders heads --splits 0"
+ATT="env PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 python3 perf/bench_decode_attention.py --batches 256 --orders heads --splits 0"
 eval "$ATT --kv-cache-dtype auto --blocks 64 --warps 4 --stages 2 --out $OUT/attention_auto.json" > $R/attention_auto.log 2>&1
 eval "timeout $(call_left 200) $ATT --kv-cache-dtype fp8_e4m3 --blocks 64,128 --warps 4,8 --stages 2,3 --fp16-dots 0,1 --out $OUT/attention_fp8.json" \
   > $R/attention_fp8.log 2>&1
