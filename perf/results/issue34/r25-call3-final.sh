@@ -27,9 +27,9 @@ PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 120 python3 perf/bench_k
   --out "$OUT/kv_fidelity.json" > "$R/kv_fidelity.log" 2>&1
 tail -2 "$R/kv_fidelity.log" | cut -c1-400
 call_mark "fidelity"
-if [ "$(call_left 590)" -ge 270 ]; then
+if [ "$(call_left ${END:-590})" -ge 270 ]; then
   AB="auto:kv_cache_dtype=auto;fp8:kv_cache_dtype=fp8_e4m3" LEVELS=256 MODE=stream REPEAT=1 RESPONSE_TIMEOUT=30 \
-    timeout "$(call_left 590)" bash perf/h200_scaling.sh ab > "$R/ab.log" 2>&1
+    timeout "$(call_left ${END:-590})" bash perf/h200_scaling.sh ab > "$R/ab.log" 2>&1
   call_levels
   cp $W/results/bench_single_*.json "$OUT/" 2>/dev/null
 fi
