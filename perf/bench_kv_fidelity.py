@@ -108,7 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run on the tiny random model")
     ap.add_argument("--count", type=int, default=16)
     ap.add_argument("--prompt-rows", type=int, default=150)
-    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=32,
+                    help="rows past --prompt-rows in the longest of 4 prompt lengths; the hidden measure decodes "
+                         "steps - 9 of them (the shortest prompt's tail, common to all: 23 by default)")
     ap.add_argument("--frames", type=int, default=8)
     args = ap.parse_args(argv)
     if args.tiny:
@@ -120,7 +122,8 @@ def main(argv=None) -> int:
     build = (lambda dtype: build_random_model(cfg, device, dtype, seed=0, std=std)) if std else \
         (lambda dtype: build_random_model(cfg, device, dtype, seed=0))
     rows = [random_prompt_rows(args.prompt_rows + args.steps - 3 * (i % 4), 900 + i) for i in range(args.count)]
-    # hidden: one length for all (the teacher-forced rows are the tail of each prompt)
+    # hidden: one length for all, the shortest random prompt's (prompt_rows + steps - 9 rows); the last
+    # steps - 9 rows are teacher-forced. greedy codes: each prompt cut at prompt_rows - 0/3/6/9 rows.
     teacher = torch.stack([r[:args.prompt_rows + args.steps - 9] for r in rows]).to(device)
     prompts = [r[:args.prompt_rows - 3 * (i % 4)] for i, r in enumerate(rows)]
     served = device == "cuda"
