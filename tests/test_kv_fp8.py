@@ -147,13 +147,27 @@ def test_interpreter_prefix_copies_move_fp8_bytes(interpreter_results):
 
 
 def test_a_write_clamps_and_rounds_to_nearest_once():
-    x = torch.tensor([1000.0, -1000.0, 448.0, 449.0, 0.3, -0.3, 1e-4, 17.0]).to(torch.bfloat16)
+    # 480 and -1000 are past e4m3's 448 (a plain cast makes them NaN); 0.30078 (bf16's 0.3) lies
+    # between the grid's 0.28125 and 0.3125; 17 halfway between 16 and 18 (to even: 16); 1e-4 is
+    # under half the smallest subnormal step (2^-9)
+    x = torch.tensor([1000.0, -1000.0, 448.0, 480.0, 0.3, -0.3, 1e-4, 17.0]).to(torch.bfloat16)
     stored = kv_format.to_cache(x, FP8)
     assert stored.dtype == FP8 and not stored.float().isnan().any()
-    assert stored.float().tolist()[:4] == [448.0, -448.0, 448.0, 448.0]
-    assert torch.equal(stored.float()[4:], x.float()[4:].to(FP8).float())  # in range: torch's own cast
+    assert stored.float().tolist() == [448.0, -448.0, 448.0, 448.0, 0.3125, -0.3125, 0.0, 16.0]
     assert kv_format.to_cache(x, torch.bfloat16) is x  # the model's dtype: the exact cache
     assert kv_format.from_cache(stored, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_an_fp8_cache_on_a_gpu_older_than_ada_is_refused_at_setup(monkeypatch):
+    from moss_tts.engine import EngineConfigError
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
+    with pytest.raises(EngineConfigError, match="kv_cache_dtype='fp8_e4m3' needs a GPU"):
+        EngineConfig(kv_cache_dtype="fp8_e4m3").check_model(cuda, torch.bfloat16, 40960)
+    EngineConfig().check_model(cuda, torch.bfloat16, 40960)  # the exact cache runs anywhere
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
+    EngineConfig(kv_cache_dtype="fp8_e4m3").check_model(cuda, torch.bfloat16, 40960)
 
 
 def test_cache_dtypes_and_their_sizes():

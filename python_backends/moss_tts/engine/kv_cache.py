@@ -141,7 +141,9 @@ class StaticKVCache:
 
     def window(self, layer: int, num_slots: int, kv_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [S, kv_len, kv_heads, head_dim] of slots [0, S) in `dtype`: views, no
-        copy, unless the cache is fp8 (rows past a slot's length are stale and for the caller to mask)."""
+        copy, unless the cache is fp8: then widened copies of the whole window (the masked-SDPA
+        fallback, attention_kernel=false, only). Rows past a slot's length are stale and for the
+        caller to mask."""
         return (from_cache(self.k[layer][:num_slots, :kv_len], dtype),
                 from_cache(self.v[layer][:num_slots, :kv_len], dtype))
 

@@ -39,7 +39,8 @@ class DecodeConfig:
     against 9.58/9.59; the output is the same bit for bit (perf/RESULTS.md, issue 34).
     fp16_dots: with an fp8 cache only, the key and value tiles widen to fp16 (one conversion an element
     pair; bf16 takes three) and q and the softmax weights are cast to fp16 for the two dots; the
-    accumulation stays fp32. perf/bench_decode_attention.py sweeps them."""
+    accumulation stays fp32. fp16's range holds them: q is RMS-normed (|q| ~ sqrt(head_dim) x the
+    q_norm weight), the weights lie in [0, 1], the cache's values within +-448. perf/bench_decode_attention.py sweeps them."""
 
     block_n: int = 64
     num_warps: int = 4
