@@ -42,7 +42,7 @@ import torch
 from moss_tts.contract.sampling_params import ChannelParams, SamplingParams
 from moss_tts.engine import CodesChunk, Engine, EngineConfig, EngineRequest, Finished, backbone, frame, step
 from moss_tts.engine.slot_state import param_rows
-from moss_tts.kernels import decode_attention, fused
+from moss_tts.kernels import decode_attention, fused, kv_format
 from moss_tts.kernels.fused import Fusions
 from moss_tts.kernels.graph_capture import capture_graph
 from moss_tts.model.config import MossTTSConfig, real_model_config_dict
@@ -537,7 +537,7 @@ def parse_args(argv):
     ap.add_argument("--decode-config", default="",
                     help="BLOCK_N,WARPS,STAGES[,FP16_DOTS]: the decode attention's tile for every step of this run, whatever "
                          "the cache's dtype (DecodeConfig; default: the kernel's own, DEFAULT_CONFIG / FP8_CONFIG)")
-    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto",
+    ap.add_argument("--kv-cache-dtype", choices=kv_format.KV_CACHE_DTYPES, default="auto",
                     help="the engine's KV cache (EngineConfig.kv_cache_dtype; fp8: perf/bench_kv_fidelity.py)")
     return ap.parse_args(argv)
 

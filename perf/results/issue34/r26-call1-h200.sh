@@ -7,14 +7,8 @@
 set -uo pipefail
 source perf/device_call.sh r26c1
 call_setup
-for kv in auto fp8_e4m3; do
-  PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout 80 python3 perf/bench_engine.py --batches 256 \
-    --skip equivalence,offline,latency,probe,naive,prefix,fp32,split,profile --kv-cache-dtype $kv \
-    --out "$R/engine_$kv" > "$R/engine_$kv.log" 2>&1
-  echo "engine $kv: $(grep -E "decode step|ERROR" "$R/engine_$kv.log" | head -2 | cut -c1-160)"
-  cp "$R/engine_$kv/bench.json" "$OUT/engine_$kv.json" 2>/dev/null
-  call_mark "engine $kv"
-done
+call_engine_step heads auto 130 --kv-cache-dtype auto
+call_engine_step heads fp8 200 --kv-cache-dtype fp8_e4m3
 PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 330) python3 perf/bench_vocoder.py \
   --shapes 1x2,256x10 --rounds 128,256 --profile-round 128 --iters 10 --skip offline,streaming,equivalence \
   --out $OUT/stage_vocoder.json > $R/stage_vocoder.log 2>&1

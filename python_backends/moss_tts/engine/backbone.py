@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..kernels import decode_attention, prefill_attention, step_qkv
 from ..kernels.fused import Fusions
-from ..kernels.kv_format import from_cache, to_cache
+from ..kernels.kv_format import from_cache
 from ..model.qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
 from .kv_cache import StaticKVCache
 
@@ -192,8 +192,7 @@ def prefill_after(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, emb
     bias = bias.masked_fill(~allowed, torch.finfo(embeds.dtype).min).unsqueeze(1)  # [N, 1, T, window]
 
     def attend(i: int, q, k, v):
-        cache.k[i].index_put_((slot_rows, rows), to_cache(k, cache.dtype))
-        cache.v[i].index_put_((slot_rows, rows), to_cache(v, cache.dtype))
+        cache.write_step(i, slot_rows, rows, k, v)
         keys = from_cache(cache.k[i][:, :window].index_select(0, slots), q.dtype)
         values = from_cache(cache.v[i][:, :window].index_select(0, slots), q.dtype)
         return backbone.layers[i].self_attn.attend(q, keys, values, bias)

@@ -98,7 +98,8 @@ class StaticKVCache:
 
     def write_step(self, layer: int, slot_ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor) -> None:
-        """Decode: k/v [S, kv_heads, head_dim] at row positions[i] of slot slot_ids[i]."""
+        """k/v [*I, kv_heads, head_dim] at row positions[i] of slot slot_ids[i] for every index i of
+        slot_ids and positions [*I]: a decode step's [S], or a prefill's [N, T] after a prefix."""
         self.k[layer].index_put_((slot_ids, positions), to_cache(k, self.dtype))
         self.v[layer].index_put_((slot_ids, positions), to_cache(v, self.dtype))
 
@@ -154,8 +155,8 @@ class StaticKVCache:
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """t's bytes (same shape, last dim scaled by the element size) where t is fp8: torch has no
-    CPU index_copy_ for fp8, and a byte copy is what a cache copy is."""
+    """t seen as uint8 (one byte an element: the same shape) where t is fp8: torch has no CPU
+    index_copy_ for fp8, and a byte copy is what a cache copy is."""
     return t.view(torch.uint8) if is_fp8(t.dtype) else t
 
 
