@@ -24,7 +24,7 @@ import sys
 import torch
 
 from moss_tts.kernels import kv_format
-from moss_tts.kernels.decode_attention import DEFAULT_CONFIG, FP8_CONFIG, DecodeConfig, decode_attention
+from moss_tts.kernels.decode_attention import DEFAULT_CONFIG, FP8_CONFIG, INT8_CONFIG, DecodeConfig, decode_attention
 from perf.graph_timing import graph_ms
 
 HEADS, KV_HEADS, HEAD_DIM, MAX_SEQ_LEN, LAYERS, CACHES = 32, 8, 128, 2048, 36, 4
@@ -47,9 +47,18 @@ def window_of(max_length: int) -> int:
 def time_config(q, caches, lengths, window, config, num_splits, iters=20) -> float:
     """µs per call: the median of `iters` replays of a graph of LAYERS calls (perf/graph_timing)."""
     def call(layer: int):
-        k, v = caches[layer % CACHES]
-        decode_attention(q, k, v, lengths, window, num_splits=num_splits, config=config)
+        k, v, scales = caches[layer % CACHES]
+        decode_attention(q, k, v, lengths, window, num_splits=num_splits, config=config, kv_scales=scales)
     return graph_ms(call, LAYERS, iters) * 1e3
+
+
+def cache_pair(batch: int, cache_dtype: torch.dtype, device) -> tuple:
+    """(k, v, kv_scales) of random rows stored as a cache of `cache_dtype` stores them (StaticKVCache's layout)."""
+    stored = [kv_format.split_rows(kv_format.to_rows(torch.randn(batch + 1, MAX_SEQ_LEN, KV_HEADS, HEAD_DIM,
+                                                                 device=device, dtype=torch.bfloat16), cache_dtype),
+                                   KV_HEADS, HEAD_DIM) for _ in range(2)]
+    (k, k_scale), (v, v_scale) = stored
+    return k, v, (k_scale, v_scale) if k_scale is not None else None
 
 
 def main(argv=None) -> int:
@@ -62,12 +71,13 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", default="0,2", help="forced split counts; 0 = the plan's own")
     ap.add_argument("--orders", default="slots,heads", help="grid orders: slots (the default) and/or heads "
                     "(DecodeConfig.heads_first)")
-    ap.add_argument("--fp16-dots", default="0", help="DecodeConfig.fp16_dots values (0,1; fp8 caches only)")
+    ap.add_argument("--fp16-dots", default="0", help="DecodeConfig.fp16_dots values (0,1; fp8 and int8 caches only)")
     ap.add_argument("--kv-cache-dtype", choices=kv_format.KV_CACHE_DTYPES, default="auto",
-                    help="the caches' dtype (EngineConfig.kv_cache_dtype); fp8's default is FP8_CONFIG")
+                    help="the caches' dtype (EngineConfig.kv_cache_dtype); fp8's default is FP8_CONFIG, int8's INT8_CONFIG")
     args = ap.parse_args(argv)
     cache_dtype = kv_format.cache_dtype(args.kv_cache_dtype, torch.bfloat16)
-    default = FP8_CONFIG if kv_format.is_fp8(cache_dtype) else DEFAULT_CONFIG
+    default = (INT8_CONFIG if kv_format.is_scaled(cache_dtype) else FP8_CONFIG if kv_format.is_fp8(cache_dtype)
+               else DEFAULT_CONFIG)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -81,15 +91,14 @@ def main(argv=None) -> int:
                                   [bool(int(x)) for x in args.fp16_dots.split(",")]))
     splits = [int(s) or None for s in args.splits.split(",")]
     for batch in map(int, args.batches.split(",")):
-        caches = [tuple(kv_format.to_cache(torch.randn(batch + 1, MAX_SEQ_LEN, KV_HEADS, HEAD_DIM, device=device,
-                                                       dtype=torch.bfloat16), cache_dtype) for _ in range(2))
-                  for _ in range(CACHES)]
+        caches = [cache_pair(batch, cache_dtype, device) for _ in range(CACHES)]
         q = torch.randn(batch, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
         for mix in ("bench_engine", "served"):
             lengths = lengths_of(mix, batch, gen)
             window = window_of(int(lengths.max()) + 1)
             rows_read = int(lengths.sum())
-            bytes_per_call = rows_read * KV_HEADS * HEAD_DIM * 2 * cache_dtype.itemsize  # K and V
+            bytes_per_call = rows_read * kv_format.row_elements(KV_HEADS, HEAD_DIM, cache_dtype) * 2 \
+                * cache_dtype.itemsize  # K and V (int8: and their scales)
             lengths = lengths.to(device)
             for (block, warps, stages, heads_first, fp16_dots), forced in itertools.product(grid, splits):
                 config = DecodeConfig(block_n=block, num_warps=warps, num_stages=stages, heads_first=heads_first,

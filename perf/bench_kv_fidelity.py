@@ -1,5 +1,5 @@
-"""What an fp8 KV cache (EngineConfig.kv_cache_dtype="fp8_e4m3", kernels/kv_format.py) does to the
-engine's computation, beside what bf16 already does, both against an fp32 reference.
+"""What an fp8 or int8 KV cache (EngineConfig.kv_cache_dtype "fp8_e4m3" / "int8", kernels/kv_format.py)
+does to the engine's computation, beside what bf16 already does, all against an fp32 reference.
 
     PYTHONPATH=python_backends python3 perf/bench_kv_fidelity.py --out F.json     # GPU, ~2 min
     PYTHONPATH=python_backends python3 perf/bench_kv_fidelity.py --tiny           # CPU smoke
@@ -10,11 +10,11 @@ seed in fp32 and in bf16:
   fed the prompt's next row (teacher forcing, so every variant sees the same inputs); the final-normed
   hidden state of the prefill and of every step. fp32: the torch path (masked SDPA, fp32 cache).
   bf16: the served path (fused kernels, the prefill and decode kernels) over a bf16 cache, then over
-  an fp8 cache. Reported: relative error (whole batch, and the worst row), the lowest cosine.
+  each byte cache (--variants). Reported: relative error (whole batch, and the worst row), the lowest cosine.
 - greedy codes: the same prompts through an engine (greedy, `frames` frames, stop ignored) in bf16
   with each cache, against generation.generate on the fp32 model: frame-0 codes equal (the
   prefill's effect) and leading frames equal per prompt.
-Random weights: how far the fp8 cache moves the computation, not what a listener would hear from
+Random weights: how far a byte cache moves the computation, not what a listener would hear from
 the trained model (issue 34 states this with the numbers, perf/RESULTS.md).
 """
 
@@ -38,7 +38,7 @@ from moss_tts.model.generation import generate
 from moss_tts.model.loading import build_random_model
 from moss_tts.tools.random_inputs import random_prompt_rows
 
-VARIANTS = ("auto", "fp8_e4m3")
+VARIANTS = kv_format.KV_CACHE_DTYPES
 TIMEOUT_S = 600
 
 
@@ -112,6 +112,7 @@ def main(argv=None) -> int:
                     help="rows past --prompt-rows in the longest of 4 prompt lengths; the hidden measure decodes "
                          "steps - 9 of them (the shortest prompt's tail, common to all: 23 by default)")
     ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"caches to measure, of {VARIANTS}")
     args = ap.parse_args(argv)
     if args.tiny:
         from moss_tts.tools.make_tiny_checkpoint import tiny_model_config_dict
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     results: dict = {"meta": {"device": torch.cuda.get_device_name() if served else "cpu", "torch": torch.__version__,
                               "count": args.count, "prompt_rows": args.prompt_rows, "steps": args.steps - 9,
                               "frames": args.frames, "model_dtype": str(model.dtype)}}
-    for kv in VARIANTS:
+    for kv in args.variants.split(","):
         got = hidden_states(model, teacher, args.steps - 9, kv, served)
         codes = engine_codes(model, prompts, args.frames, kv)
         results[kv] = {"hidden": hidden_errors(got, ref_hidden),

@@ -276,7 +276,7 @@ def test_queue_full_and_bad_requests(tiny_model, prompts):
 @pytest.mark.parametrize("field, value", [("max_running_requests", 0), ("max_queue", -1),
                                           ("chunk_frames", 0), ("first_chunk_frames", 1.5),
                                           ("prefill_chunk_tokens", 0), ("dtype", "int8"),
-                                          ("kv_cache_dtype", "int8"), ("kv_cache_dtype", "fp8")])
+                                          ("kv_cache_dtype", "int4"), ("kv_cache_dtype", "fp8")])
 def test_config_errors_name_the_field(field, value):
     with pytest.raises(EngineConfigError, match=field):
         EngineConfig(**{field: value})

@@ -57,8 +57,8 @@ def _run(model, config: EngineConfig, prompts, params):
     return {rid: sink.codes(rid) for rid in ids}, engine.stats()
 
 
-# fp8_e4m3: the fp8 cache's writers and readers (kernels/kv_format.py) in graphs as uncaptured
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+# fp8_e4m3, int8: the byte caches' writers and readers (kernels/kv_format.py) in graphs as uncaptured
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "int8"])
 def test_graphed_engine_equals_eager_engine(real_model, kv_cache_dtype):
     config = EngineConfig(max_running_requests=8, max_seq_len=256, cuda_graph_prefill_tokens=256,
                           kv_cache_dtype=kv_cache_dtype)
@@ -123,7 +123,7 @@ def _run_after_a_prefix(model, config: EngineConfig):
     return {rid: sink.codes(rid) for rid in ids}, engine.stats()
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])  # fp8: the pool's byte copies too
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "int8"])  # fp8, int8: the pool's byte copies too
 def test_batched_prefill_after_a_shared_prefix_graphed_equals_eager(real_model, kv_cache_dtype):
     config = EngineConfig(max_running_requests=8, max_seq_len=256, cuda_graph_prefill_tokens=256,
                           kv_cache_dtype=kv_cache_dtype)

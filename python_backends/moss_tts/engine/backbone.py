@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from ..kernels import decode_attention, prefill_attention, step_qkv
 from ..kernels.fused import Fusions
-from ..kernels.kv_format import from_cache
 from ..model.qwen3 import Qwen3Backbone, Qwen3Layer, attention_bias, neox_rope
 from .kv_cache import StaticKVCache
 
@@ -124,14 +123,15 @@ def decode(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, embeds: to
         attn = backbone.layers[i].self_attn
         c = attn.cfg
         q = step_qkv.decode_qkv(qkv, attn.q_norm.weight, attn.k_norm.weight, c.rms_norm_eps, cos, sin, cache.k[i],
-                                cache.v[i], positions, c.num_attention_heads, c.num_key_value_heads)
+                                cache.v[i], positions, c.num_attention_heads, c.num_key_value_heads, cache.scales(i))
         return attend_cache(i, q)
 
     def attend_cache(i: int, q):
         """q [S, 1, heads, d] over the slots' cached rows (this step's already written)."""
         attn = backbone.layers[i].self_attn
         if use_kernel:
-            out = decode_attention.decode_attention(q[:, 0], cache.k[i], cache.v[i], lengths, kv_len)
+            out = decode_attention.decode_attention(q[:, 0], cache.k[i], cache.v[i], lengths, kv_len,
+                                                    kv_scales=cache.scales(i))
             return attn.o_proj(out.reshape(num_slots, 1, -1))
         keys, values = cache.window(i, num_slots, kv_len, q.dtype)
         kv_heads, head_dim = keys.shape[2], keys.shape[3]
@@ -193,8 +193,7 @@ def prefill_after(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache, emb
 
     def attend(i: int, q, k, v):
         cache.write_step(i, slot_rows, rows, k, v)
-        keys = from_cache(cache.k[i][:, :window].index_select(0, slots), q.dtype)
-        values = from_cache(cache.v[i][:, :window].index_select(0, slots), q.dtype)
+        keys, values = cache.gather(i, slots, window, q.dtype)
         return backbone.layers[i].self_attn.attend(q, keys, values, bias)
 
     hidden = walk(backbone, f, embeds, positions, attend)
@@ -215,8 +214,9 @@ def _prefill_in_slots(backbone: Qwen3Backbone, f: Fusions, cache: StaticKVCache,
         attn = backbone.layers[i].self_attn
         c = attn.cfg
         q = step_qkv.prefill_qkv(qkv, attn.q_norm.weight, attn.k_norm.weight, c.rms_norm_eps, cos, sin, cache.k[i],
-                                 cache.v[i], slots, rows, c.num_attention_heads, c.num_key_value_heads)
-        out = prefill_attention.prefill_attention(q, cache.k[i], cache.v[i], slots, starts, lengths)
+                                 cache.v[i], slots, rows, c.num_attention_heads, c.num_key_value_heads, cache.scales(i))
+        out = prefill_attention.prefill_attention(q, cache.k[i], cache.v[i], slots, starts, lengths,
+                                                  kv_scales=cache.scales(i))
         return attn.o_proj(out.reshape(n, t, -1))
 
     def attend(i: int, q, k, v):  # a backbone without merged projections (never the engine's)

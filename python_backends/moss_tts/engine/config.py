@@ -108,8 +108,9 @@ class EngineConfig:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     reserved_memory_gib: float = 0.0
     # How the backbone's KV cache stores keys and values (kernels/kv_format.py): "auto" = the
-    # model's dtype (exact); "fp8_e4m3" = one byte each, clamped to +-448 and rounded once (an
-    # approximation: half the bytes a decode step's attention reads, twice the rows per GiB).
+    # model's dtype (exact); "fp8_e4m3" = one byte each, clamped to +-448 and rounded once;
+    # "int8" = one byte each and an fp32 scale per (token, KV head). Both are approximations:
+    # about half the bytes a decode step's attention reads, about twice the rows per GiB.
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:

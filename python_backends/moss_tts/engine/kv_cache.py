@@ -6,9 +6,11 @@ A slot is a request's private row; which request holds which slot, and how many 
 scheduler's CacheManager's business. Rows past a slot's length hold stale values of earlier
 occupants; attention masks them, so a freed slot is never cleared. Each of K and V is one
 tensor over all layers, so a prefix copy is one gather + one scatter for all 36 layers rather
-than one per layer and block. The buffers' dtype is the model's or fp8 (kernels/kv_format.py,
-EngineConfig.kv_cache_dtype): every write here stores `to_cache`'s rounding, and byte copies
-(prefix blocks, batched prefill rows) go through uint8 views, which any dtype has.
+than one per layer and block. The buffers' dtype is the model's, fp8 or int8 (kernels/kv_format.py,
+EngineConfig.kv_cache_dtype). Each buffer holds cache rows as kv_format lays them out (an int8
+row carries its heads' scales), so every write here stores `to_rows`'s bytes, every copy moves
+whole rows, and byte copies (prefix blocks, batched prefill rows) go through uint8 views, which
+any dtype has. k/v (and for int8 k_scale/v_scale) are the views the kernels read.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Optional
 import torch
 
 from ..kernels import block_copy
-from ..kernels.kv_format import from_cache, is_fp8, to_cache
+from ..kernels.kv_format import from_cache, is_fp8, is_scaled, round_trip, row_elements, split_rows, to_rows
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +35,15 @@ class StaticKVCache:
         # Rows per slot in memory: a whole number of prefix blocks, so a slot's blocks are a
         # plain view (the rows past max_seq_len are never used).
         self.slot_rows = -(-max_seq_len // prefix_block_rows) * prefix_block_rows if prefix_blocks else max_seq_len
-        self.k: list[torch.Tensor] = []  # per layer [num_slots, max_seq_len, kv_heads, head_dim]
+        self.k: list[torch.Tensor] = []  # per layer [num_slots, slot_rows, kv_heads, head_dim] (views)
         self.v: list[torch.Tensor] = []
-        self._k_all = self._v_all = None  # [layers, num_slots, slot_rows, kv_heads, head_dim]
-        self._pool_k = self._pool_v = None  # [layers, prefix_blocks, block_rows, kv_heads, head_dim]
+        self.k_scale: list[torch.Tensor | None] = []  # per layer [num_slots, slot_rows, kv_heads] fp32, int8 only
+        self.v_scale: list[torch.Tensor | None] = []
+        self._scales: list[tuple[torch.Tensor, torch.Tensor] | None] = []  # scales(layer), made once
+        self._k_rows: list[torch.Tensor] = []  # per layer [num_slots, slot_rows, row_elements] (what writes fill)
+        self._v_rows: list[torch.Tensor] = []
+        self._k_all = self._v_all = None  # [layers, num_slots, slot_rows, row_elements]
+        self._pool_k = self._pool_v = None  # [layers, prefix_blocks, block_rows, row_elements]
         # The pool and the slots seen as blocks, K and V each (block_copy.BlockPair), viewed once: per copy
         # a view would be one more torch call, and each call on the engine thread gives up the GIL.
         self._pool_pair = self._slot_pair = None
@@ -48,7 +55,7 @@ class StaticKVCache:
     def num_bytes(self, dtype: torch.dtype) -> int:
         """Slots and prefix pool together."""
         rows = self.num_slots * self.slot_rows + self.prefix_blocks * self.prefix_block_rows
-        per_row = 2 * self.num_layers * self.kv_heads * self.head_dim
+        per_row = 2 * self.num_layers * row_elements(self.kv_heads, self.head_dim, dtype)
         return rows * per_row * torch.empty((), dtype=dtype).element_size()
 
     @property
@@ -57,19 +64,25 @@ class StaticKVCache:
         return self._k_all.dtype if self._k_all is not None else None
 
     def setup(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Allocate the buffers in `dtype` (the model's, or fp8: kv_format.cache_dtype); a second
+        """Allocate the buffers in `dtype` (the model's, fp8 or int8: kv_format.cache_dtype); a second
         call with the same device and dtype does nothing."""
         if self.is_ready and self.k[0].device == device and self.k[0].dtype == dtype:
             return
         log.info("KV cache: %d layers x (%d slots x %d rows + %d prefix blocks x %d rows) = %.1f MiB "
                  "(%s, %s)%s", self.num_layers, self.num_slots, self.max_seq_len, self.prefix_blocks,
                  self.prefix_block_rows, self.num_bytes(dtype) / 2**20, dtype, device, _free_memory(device))
-        shape = (self.num_layers, self.num_slots, self.slot_rows, self.kv_heads, self.head_dim)
+        width = row_elements(self.kv_heads, self.head_dim, dtype)
+        shape = (self.num_layers, self.num_slots, self.slot_rows, width)
         self._k_all = torch.zeros(shape, device=device, dtype=dtype)
         self._v_all = torch.zeros(shape, device=device, dtype=dtype)
-        self.k, self.v = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
+        self._k_rows, self._v_rows = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
+        k = [split_rows(rows, self.kv_heads, self.head_dim) for rows in self._k_rows]
+        v = [split_rows(rows, self.kv_heads, self.head_dim) for rows in self._v_rows]
+        self.k, self.k_scale = [values for values, _ in k], [scales for _, scales in k]
+        self.v, self.v_scale = [values for values, _ in v], [scales for _, scales in v]
+        self._scales = [(ks, vs) if is_scaled(dtype) else None for ks, vs in zip(self.k_scale, self.v_scale)]
         if self.prefix_blocks:
-            pool = (self.num_layers, self.prefix_blocks, self.prefix_block_rows, self.kv_heads, self.head_dim)
+            pool = (self.num_layers, self.prefix_blocks, self.prefix_block_rows, width)
             self._pool_k = torch.zeros(pool, device=device, dtype=dtype)
             self._pool_v = torch.zeros(pool, device=device, dtype=dtype)
         if self.prefix_blocks:
@@ -85,23 +98,22 @@ class StaticKVCache:
         """Prefill: k/v [1, T, kv_heads, head_dim] at rows [start, start+T) of one slot; returns
         that slot's keys/values [1, start+T, ...] for attention."""
         end = start + k.shape[1]
-        self.k[layer][slot, start:end] = to_cache(k[0], self.dtype)
-        self.v[layer][slot, start:end] = to_cache(v[0], self.dtype)
-        return (from_cache(self.k[layer][slot:slot + 1, :end], k.dtype),
-                from_cache(self.v[layer][slot:slot + 1, :end], v.dtype))
+        self._k_rows[layer][slot, start:end] = to_rows(k[0], self.dtype)
+        self._v_rows[layer][slot, start:end] = to_rows(v[0], self.dtype)
+        return self._read(layer, slice(slot, slot + 1), end, k.dtype)
 
     def write_prompts(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Batched prefill from row 0: k/v [N, T, kv_heads, head_dim] into rows [0, T) of `slots`."""
         t = k.shape[1]
-        _bytes(self.k[layer][:, :t]).index_copy_(0, slots, _bytes(to_cache(k, self.dtype)))
-        _bytes(self.v[layer][:, :t]).index_copy_(0, slots, _bytes(to_cache(v, self.dtype)))
+        _bytes(self._k_rows[layer][:, :t]).index_copy_(0, slots, _bytes(to_rows(k, self.dtype)))
+        _bytes(self._v_rows[layer][:, :t]).index_copy_(0, slots, _bytes(to_rows(v, self.dtype)))
 
     def write_step(self, layer: int, slot_ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor) -> None:
         """k/v [*I, kv_heads, head_dim] at row positions[i] of slot slot_ids[i] for every index i of
         slot_ids and positions [*I]: a decode step's [S], or a prefill's [N, T] after a prefix."""
-        self.k[layer].index_put_((slot_ids, positions), to_cache(k, self.dtype))
-        self.v[layer].index_put_((slot_ids, positions), to_cache(v, self.dtype))
+        self._k_rows[layer].index_put_((slot_ids, positions), to_rows(k, self.dtype))
+        self._v_rows[layer].index_put_((slot_ids, positions), to_rows(v, self.dtype))
 
     def load_prefix(self, slot_blocks: torch.Tensor, pool_blocks: torch.Tensor) -> None:
         """Copy pool blocks into slots, every layer at once: slot_blocks [n] = slot x
@@ -138,25 +150,42 @@ class StaticKVCache:
         return (self._pool_pair.k, self._slot_pair.k), (self._pool_pair.v, self._slot_pair.v)
 
     def _blocks_of(self, cache: torch.Tensor) -> torch.Tensor:
-        return cache.view(self.num_layers, -1, self.prefix_block_rows, self.kv_heads, self.head_dim)
+        return cache.view(self.num_layers, -1, self.prefix_block_rows, cache.shape[-1])
+
+    def scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(k_scale, v_scale) of `layer` for the kernels (kv_scales), None unless the cache is int8."""
+        return self._scales[layer]
 
     def window(self, layer: int, num_slots: int, kv_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [S, kv_len, kv_heads, head_dim] of slots [0, S) in `dtype`: views, no
-        copy, unless the cache is fp8: then widened copies of the whole window (the masked-SDPA
-        fallback, attention_kernel=false, only). Rows past a slot's length are stale and for the
-        caller to mask."""
-        return (from_cache(self.k[layer][:num_slots, :kv_len], dtype),
-                from_cache(self.v[layer][:num_slots, :kv_len], dtype))
+        copy, unless the cache is fp8 or int8: then widened copies of the whole window (the
+        masked-SDPA fallback, attention_kernel=false, only). Rows past a slot's length are stale
+        and for the caller to mask."""
+        return self._read(layer, slice(0, num_slots), kv_len, dtype)
+
+    def gather(self, layer: int, slots: torch.Tensor, kv_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [N, kv_len, kv_heads, head_dim] of slots[n] in `dtype` (copies)."""
+        return self._read(layer, slots, kv_len, dtype)
+
+    def _read(self, layer: int, slots, kv_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [0, kv_len) of `slots` (a slice: views where the dtype allows; a tensor: gathered),
+        widened to `dtype`."""
+        def take(t):
+            if t is None:
+                return None
+            return t[slots, :kv_len] if isinstance(slots, slice) else t[:, :kv_len].index_select(0, slots)
+        return (from_cache(take(self.k[layer]), dtype, take(self.k_scale[layer])),
+                from_cache(take(self.v[layer]), dtype, take(self.v_scale[layer])))
 
     def as_stored(self, x: torch.Tensor) -> torch.Tensor:
-        """x as attention reads it back from this cache (itself unless the cache is fp8): for a
-        torch path that attends to the new keys and values it also wrote."""
-        return x if x.dtype == self.dtype else from_cache(to_cache(x, self.dtype), x.dtype)
+        """x [..., kv_heads, head_dim] as attention reads it back from this cache (itself unless the
+        cache is fp8 or int8): for a torch path that attends to the new keys and values it also wrote."""
+        return round_trip(x, self.dtype)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """t seen as uint8 (one byte an element: the same shape) where t is fp8: torch has no CPU
-    index_copy_ for fp8, and a byte copy is what a cache copy is."""
+    index_copy_ for fp8, and a byte copy is what a cache copy is (int8 copies as itself)."""
     return t.view(torch.uint8) if is_fp8(t.dtype) else t
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kv_format import from_cache, is_fp8
+from .kv_format import from_cache, is_fp8, scale_args
 from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16, so a KV head's query heads are padded to this
@@ -37,9 +37,9 @@ class DecodeConfig:
     piece each of eight slots' rows. Served since round 22: on an H100 the kernel took 0.8-2.2%
     less at 256 slots (level at 128 in the served mix) and the engine's step at 256 9.50/9.51 ms
     against 9.58/9.59; the output is the same bit for bit (perf/RESULTS.md, issue 34).
-    fp16_dots: with an fp8 cache only, the key and value tiles widen to fp16 (one conversion an element
-    pair; bf16 takes three) and q and the softmax weights are cast to fp16 for the two dots; the
-    accumulation stays fp32. fp16's range holds them: q is RMS-normed (|q| ~ sqrt(head_dim) x the
+    fp16_dots: with an fp8 or int8 cache only, the key and value tiles widen to fp16 (fp8: one
+    conversion an element pair; bf16 takes three) and q and the softmax weights are cast to fp16 for
+    the two dots; the accumulation stays fp32. int8 widens exactly either way (|q| <= 127). fp16's range holds them: q is RMS-normed (|q| ~ sqrt(head_dim) x the
     q_norm weight), the weights lie in [0, 1], the cache's values within +-448. perf/bench_decode_attention.py sweeps them."""
 
     block_n: int = 64
@@ -61,24 +61,29 @@ DEFAULT_CONFIG = DecodeConfig()
 # bench_engine's lengths, against 66.1 with DEFAULT_CONFIG's tile on fp8 and 79.8 on a bf16 cache.
 # A third pipeline stage hides the narrower loads; fp16 dots save two of three conversions.
 FP8_CONFIG = DecodeConfig(num_stages=3, fp16_dots=True)
+# For an int8 cache: FP8_CONFIG's tile until a sweep on a GPU says otherwise (the same bytes a key).
+INT8_CONFIG = FP8_CONFIG
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
                      max_len: int, scale: float | None = None, num_splits: int | None = None,
-                     config: DecodeConfig | None = None) -> torch.Tensor:
+                     config: DecodeConfig | None = None,
+                     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q [S, heads, d]; k_cache/v_cache [N >= S, max_seq_len, kv_heads, d] (slot-major, may be the
-    whole per-layer cache; slot s = row s; q's dtype or fp8, kv_format); lengths [S] int64 on the device: slot s attends to its rows
+    whole per-layer cache; slot s = row s; q's dtype, fp8 or int8, kv_format; an int8 cache's
+    (k_scale, v_scale) [N, max_seq_len, kv_heads] in kv_scales); lengths [S] int64 on the device: slot s attends to its rows
     [0, lengths[s]) (lengths >= 1); max_len (Python int) bounds every length (the caller's window
     bucket) and may pick the split count. Returns [S, heads, d] in q.dtype.
     Default scale 1/sqrt(d). num_splits forces the split count (tests); None picks it from S and max_len.
-    config: the kernel's launch shape; None reads DEFAULT_CONFIG (FP8_CONFIG for an fp8 cache) at the
+    config: the kernel's launch shape; None reads DEFAULT_CONFIG (FP8_/INT8_CONFIG for those caches) at the
     call, not at import, so a benchmark can A/B a whole engine step by setting it (perf/bench_engine.py
     --decode-order, --decode-config).
     """
     if not is_supported(q, k_cache):
-        return reference_attention(q, k_cache, v_cache, lengths, max_len, scale)
-    config = config or (FP8_CONFIG if is_fp8(k_cache.dtype) else DEFAULT_CONFIG)
-    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config)
+        return reference_attention(q, k_cache, v_cache, lengths, max_len, scale, kv_scales)
+    config = config or (INT8_CONFIG if kv_scales is not None else FP8_CONFIG if is_fp8(k_cache.dtype)
+                        else DEFAULT_CONFIG)
+    return _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config, kv_scales)
 
 
 def is_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -92,11 +97,13 @@ def is_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-                        max_len: int, scale: float | None = None) -> torch.Tensor:
+                        max_len: int, scale: float | None = None,
+                        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Same contract in plain torch (masked SDPA over the window [0, max_len)); the fallback and the tests' oracle."""
     num_slots, heads, head_dim = q.shape
-    keys = from_cache(k_cache[:num_slots, :max_len], q.dtype).transpose(1, 2)  # [S, kv_heads, max_len, d]
-    values = from_cache(v_cache[:num_slots, :max_len], q.dtype).transpose(1, 2)
+    k_scale, v_scale = (s[:num_slots, :max_len] for s in kv_scales) if kv_scales is not None else (None, None)
+    keys = from_cache(k_cache[:num_slots, :max_len], q.dtype, k_scale).transpose(1, 2)  # [S, kv_heads, max_len, d]
+    values = from_cache(v_cache[:num_slots, :max_len], q.dtype, v_scale).transpose(1, 2)
     grouped = q.reshape(num_slots, keys.shape[1], -1, head_dim)  # heads kv*g .. kv*g+g-1 share kv head kv
     valid = torch.arange(max_len, device=q.device) < lengths.unsqueeze(1)
     out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=valid[:, None, None, :], scale=scale)
@@ -130,7 +137,7 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config):
+def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, config, kv_scales):
     num_slots, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     groups = heads // kv_heads
@@ -143,12 +150,13 @@ def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, 
     part_sum = q.new_empty(num_slots, heads, parts, dtype=torch.float32)
     grid = (kv_heads, num_slots, num_splits) if config.heads_first else (num_slots, kv_heads, num_splits)
     _split_kernel[grid](
-        q, k_cache, v_cache, lengths, out, part_acc, part_max, part_sum,
+        q, k_cache, v_cache, *scale_args(k_cache, kv_scales), lengths, out, part_acc, part_max, part_sum,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         max_len, split_len, heads, num_splits, qk_scale,
         GROUPS=groups, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(groups)), BLOCK_N=config.block_n,
         HEAD_DIM=head_dim, DIRECT=num_splits == 1, HEADS_FIRST=config.heads_first,
-        FP16_DOTS=config.fp16_dots and is_fp8(k_cache.dtype), num_warps=config.num_warps,
+        FP16_DOTS=config.fp16_dots and q.dtype != k_cache.dtype, SCALED=kv_scales is not None,
+        num_warps=config.num_warps,
         num_stages=config.num_stages)
     if num_splits > 1:
         _combine_kernel[(num_slots, heads)](
@@ -158,7 +166,8 @@ def _triton_attention(q, k_cache, v_cache, lengths, max_len, scale, num_splits, 
 
 
 @jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, sum_ptr,
+def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_ss, stride_st, lengths_ptr, out_ptr, acc_ptr,
+                  max_ptr, sum_ptr,
                   stride_qs, stride_qh, stride_qd,
                   stride_kn, stride_kt, stride_kh, stride_kd,
                   stride_vn, stride_vt, stride_vh, stride_vd,
@@ -166,7 +175,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
                   max_len, split_len, num_heads, num_splits, qk_scale,
                   GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
                   HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, HEADS_FIRST: tl.constexpr,
-                  FP16_DOTS: tl.constexpr):
+                  FP16_DOTS: tl.constexpr, SCALED: tl.constexpr):
     """One (slot, kv head, split): online softmax over keys [split*split_len, min(length, next split))."""
     if HEADS_FIRST:  # DecodeConfig.heads_first: the grid is (kv_heads, S, splits)
         slot = tl.program_id(1).to(tl.int64)
@@ -191,6 +200,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
         q = q.to(tl.float16)
     k_base = k_ptr + slot * stride_kn + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vn + kv_head * stride_vh
+    scale_at = slot * stride_ss + kv_head  # an int8 cache's scales of this KV head (SCALED)
 
     # a split past the slot's length skips the loop and leaves the empty partial (-inf, 0, 0)
     row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -200,18 +210,22 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, acc_ptr, max_ptr, s
         rows = first + offs_n
         is_key = rows < end
         # rows past the length are never loaded, so stale cache contents cannot reach the result
-        # an fp8 cache (kv_format) widens to q's dtype here: the tensor cores see what they saw
+        # an fp8 or int8 cache (kv_format) widens to q's dtype here: the tensor cores see what they saw
         k = tl.load(k_base + rows[None, :] * stride_kt + offs_d[:, None] * stride_kd,
                     mask=is_key[None, :], other=0.0).to(q.dtype)
         scores = tl.dot(q, k, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
+        if SCALED:  # a key's scale multiplies its scores (q . (s k) = s (q . k))
+            scores *= tl.load(ks_ptr + scale_at + rows * stride_st, mask=is_key, other=0.0)[None, :]
         scores = tl.where(is_key[None, :], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, 1))  # finite: every tile holds a valid key
         alpha = tl.exp2(row_max - new_max)
         p = tl.exp2(scores - new_max[:, None])
         v = tl.load(v_base + rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
                     mask=is_key[:, None], other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         row_sum = row_sum * alpha + tl.sum(p, 1)
+        if SCALED:  # a value's scale multiplies its weights (p (s v) = (p s) v); the sum keeps p's
+            p *= tl.load(vs_ptr + scale_at + rows * stride_st, mask=is_key, other=0.0)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         row_max = new_max
 
     if DIRECT:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kv_format import from_cache
+from .kv_format import from_cache, scale_args
 from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 
@@ -52,15 +52,17 @@ DEFAULT_CONFIG = PrefillConfig()
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                       starts: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
-                      config: PrefillConfig = DEFAULT_CONFIG) -> torch.Tensor:
+                      config: PrefillConfig = DEFAULT_CONFIG,
+                      kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q [N, T, heads, d]: row t of prompt n is at position starts[n] + t. k_cache/v_cache
-    [num_slots, rows, kv_heads, d] (q's dtype or fp8, kv_format) hold prompt n's keys/values in slot slots[n], rows [0,
+    [num_slots, rows, kv_heads, d] (q's dtype, fp8 or int8, kv_format; an int8 cache's (k_scale,
+    v_scale) [num_slots, rows, kv_heads] in kv_scales) hold prompt n's keys/values in slot slots[n], rows [0,
     lengths[n]) (this launch's rows already written). Row t attends to rows [0, min(starts[n] + t,
     lengths[n] - 1)]: rows at or past lengths[n] - starts[n] are padding and see the whole prompt
     (finite, for the caller to ignore). lengths >= 1. Returns [N, T, heads, d] in q.dtype."""
     if not is_supported(q, k_cache):
-        return reference_prefill_attention(q, k_cache, v_cache, slots, starts, lengths, scale)
-    return _triton_prefill(q, k_cache, v_cache, slots, starts, lengths, scale, config)
+        return reference_prefill_attention(q, k_cache, v_cache, slots, starts, lengths, scale, kv_scales)
+    return _triton_prefill(q, k_cache, v_cache, slots, starts, lengths, scale, config, kv_scales)
 
 
 def is_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -77,14 +79,16 @@ def is_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 def reference_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                                starts: torch.Tensor, lengths: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                                starts: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
+                                kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The same contract in plain torch (gather, GQA repeat, masked SDPA): the fallback and the
     tests' oracle. Reads the lengths back to size the window (a host sync)."""
     n, t, heads, head_dim = q.shape
     window = min(int(lengths.max()), k_cache.shape[1])
     groups = heads // k_cache.shape[2]
-    keys = from_cache(k_cache.index_select(0, slots)[:, :window], q.dtype).repeat_interleave(groups, dim=2)
-    values = from_cache(v_cache.index_select(0, slots)[:, :window], q.dtype).repeat_interleave(groups, dim=2)
+    k_scale, v_scale = (s.index_select(0, slots)[:, :window] for s in kv_scales) if kv_scales else (None, None)
+    keys = from_cache(k_cache.index_select(0, slots)[:, :window], q.dtype, k_scale).repeat_interleave(groups, dim=2)
+    values = from_cache(v_cache.index_select(0, slots)[:, :window], q.dtype, v_scale).repeat_interleave(groups, dim=2)
     newest = torch.minimum(starts.unsqueeze(1) + torch.arange(t, device=q.device), lengths.unsqueeze(1) - 1)
     seen = torch.arange(window, device=q.device).view(1, 1, window) <= newest.unsqueeze(2)  # [N, T, W]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
@@ -92,7 +96,7 @@ def reference_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     return out.transpose(1, 2)
 
 
-def _triton_prefill(q, k_cache, v_cache, slots, starts, lengths, scale, config: PrefillConfig):
+def _triton_prefill(q, k_cache, v_cache, slots, starts, lengths, scale, config: PrefillConfig, kv_scales):
     n, t, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     groups = heads // kv_heads
@@ -100,21 +104,22 @@ def _triton_prefill(q, k_cache, v_cache, slots, starts, lengths, scale, config: 
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E  # softmax in exp2
     out = torch.empty_like(q)
     _prefill_kernel[(-(-t // config.block_t), n, kv_heads)](
-        q, k_cache, v_cache, slots, starts, lengths, out,
+        q, k_cache, v_cache, *scale_args(k_cache, kv_scales), slots, starts, lengths, out,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
         t, k_cache.shape[1], qk_scale,
         GROUPS=groups, BLOCK_G=triton.next_power_of_2(groups), BLOCK_T=config.block_t, BLOCK_N=config.block_n,
-        HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
+        HEAD_DIM=head_dim, SCALED=kv_scales is not None, num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
 
 @jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, starts_ptr, lengths_ptr, out_ptr,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_ss, stride_st, slots_ptr, starts_ptr, lengths_ptr,
+                    out_ptr,
                     stride_qn, stride_qt, stride_qh, stride_kn, stride_kt, stride_kh,
                     stride_vn, stride_vt, stride_vh, stride_on, stride_ot, stride_oh,
                     T, max_rows, qk_scale,
                     GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                    HEAD_DIM: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, SCALED: tl.constexpr):
     """One (block of query rows, prompt, kv head). Tile row m is query row first_t + m // BLOCK_G,
     head kv_head * GROUPS + m % BLOCK_G (group members past GROUPS are padding)."""
     first_t = tl.program_id(0) * BLOCK_T
@@ -146,41 +151,53 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, starts_ptr, lengths_ptr, out
     # inside its slot stays in int32 (rows x kv_heads x head_dim: ~2 M at 2,048 rows).
     k_base = k_ptr + slot * stride_kn + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vn + kv_head * stride_vh
+    ks_base = ks_ptr + slot * stride_ss + kv_head  # an int8 cache's scales of this KV head (SCALED)
+    vs_base = vs_ptr + slot * stride_ss + kv_head
 
     row_max = tl.full([BLOCK_T * BLOCK_G], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_T * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_T * BLOCK_G, HEAD_DIM], tl.float32)
     num_full = full // BLOCK_N
     for k in range(0, num_full):  # seen whole: no mask
-        row_max, row_sum, acc = _key_tile(q, k_base, v_base, k * BLOCK_N + offs_n, offs_d, stride_kt, stride_vt,
-                                          newest, hi, row_max, row_sum, acc, qk_scale, False)
+        row_max, row_sum, acc = _key_tile(q, k_base, v_base, ks_base, vs_base, k * BLOCK_N + offs_n, offs_d,
+                                          stride_kt, stride_vt, stride_st, newest, hi, row_max, row_sum, acc,
+                                          qk_scale, False, SCALED)
     for first in range(num_full * BLOCK_N, hi, BLOCK_N):  # the causal edge
-        row_max, row_sum, acc = _key_tile(q, k_base, v_base, first + offs_n, offs_d, stride_kt, stride_vt,
-                                          newest, hi, row_max, row_sum, acc, qk_scale, True)
+        row_max, row_sum, acc = _key_tile(q, k_base, v_base, ks_base, vs_base, first + offs_n, offs_d,
+                                          stride_kt, stride_vt, stride_st, newest, hi, row_max, row_sum, acc,
+                                          qk_scale, True, SCALED)
     out = acc / row_sum[:, None]
     tl.store(out_ptr + n * stride_on + row.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
              + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=is_query[:, None])
 
 
 @jit
-def _key_tile(q, k_base, v_base, keys, offs_d, stride_kt, stride_vt, newest, hi, row_max, row_sum, acc, qk_scale,
-              MASKED: tl.constexpr):
+def _key_tile(q, k_base, v_base, ks_base, vs_base, keys, offs_d, stride_kt, stride_vt, stride_st, newest, hi,
+              row_max, row_sum, acc, qk_scale, MASKED: tl.constexpr, SCALED: tl.constexpr):
     """Keys `keys` of the slot into the online softmax. MASKED: the causal edge (keys past `hi`
-    not loaded, a row sees keys up to its `newest`); else every row sees every key of the tile."""
+    not loaded, a row sees keys up to its `newest`); else every row sees every key of the tile.
+    SCALED: an int8 cache, each key's scale on its scores and each value's on its weights."""
     if MASKED:
         is_key = keys < hi
         kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None], mask=is_key[None, :],
-                     other=0.0).to(q.dtype)  # an fp8 cache (kv_format) widens to q's dtype
+                     other=0.0).to(q.dtype)  # an fp8 or int8 cache (kv_format) widens to q's dtype
         v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=is_key[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q, kt, input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
+        if SCALED:
+            scores *= tl.load(ks_base + keys * stride_st, mask=is_key, other=0.0)[None, :]
         # Finite maxima: key 0 is in the first tile walked and every row sees it (newest >= 0).
         scores = tl.where(keys[None, :] <= newest[:, None], scores, float("-inf"))
     else:
         kt = tl.load(k_base + keys[None, :] * stride_kt + offs_d[:, None]).to(q.dtype)
         v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :]).to(q.dtype)
         scores = tl.dot(q, kt, input_precision="ieee") * qk_scale
+        if SCALED:
+            scores *= tl.load(ks_base + keys * stride_st)[None, :]
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     alpha = tl.exp2(row_max - new_max)
     p = tl.exp2(scores - new_max[:, None])
+    row_sum = row_sum * alpha + tl.sum(p, 1)
+    if SCALED:  # masked keys' weights are 0 already (scores -inf or past hi's tile load of 0 scale)
+        p *= tl.load(vs_base + keys * stride_st, mask=keys < hi, other=0.0)[None, :]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    return new_max, row_sum * alpha + tl.sum(p, 1), acc
+    return new_max, row_sum, acc
