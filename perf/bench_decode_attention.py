@@ -73,7 +73,8 @@ def main(argv=None) -> int:
                     "(DecodeConfig.heads_first)")
     ap.add_argument("--fp16-dots", default="0", help="DecodeConfig.fp16_dots values (0,1; fp8 and int8 caches only)")
     ap.add_argument("--kv-cache-dtype", choices=kv_format.KV_CACHE_DTYPES, default="auto",
-                    help="the caches' dtype (EngineConfig.kv_cache_dtype); fp8's default is FP8_CONFIG, int8's INT8_CONFIG")
+                    help="the caches' dtype (EngineConfig.kv_cache_dtype); fp8's default is FP8_CONFIG, "
+                    "int8's INT8_CONFIG")
     args = ap.parse_args(argv)
     cache_dtype = kv_format.cache_dtype(args.kv_cache_dtype, torch.bfloat16)
     default = (INT8_CONFIG if kv_format.is_scaled(cache_dtype) else FP8_CONFIG if kv_format.is_fp8(cache_dtype)

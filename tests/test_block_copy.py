@@ -74,7 +74,8 @@ def test_block_pairs_know_their_layout():
     kv = filled_cache(3, 2, 10, 2, 4, 5, 4, torch.float32, "cpu")
     assert (kv._pool_pair.size, kv._pool_pair.layer_stride, kv._pool_pair.block_stride) == (32, 160, 32)
     assert (kv._slot_pair.size, kv._slot_pair.layer_stride, kv._slot_pair.block_stride) == (32, 2 * 12 * 8, 32)
-    assert kv._slot_pair.k.shape == (3, 6, 4, 2, 4)  # 2 slots of 12 rows (10 rounded up) as 3 blocks each
+    # 2 slots of 12 rows (10 rounded up) as 3 blocks each, a row its 2 heads x 4 (kv_format.row_elements)
+    assert kv._slot_pair.k.shape == (3, 6, 4, 8)
     with pytest.raises(AssertionError):
         block_copy.BlockPair.of(kv._k_all, kv._v_all[:, :1])
 

@@ -224,21 +224,38 @@ def test_fused_linear_compiles_for_float32_nn_linear_layout_and_ragged_k():
 STEP_STRIDES = ("stride_qkv", "stride_cos", "stride_sin", "stride_qs", "stride_qh", "stride_cs", "stride_ct", "stride_ch")
 
 
-def test_decode_qkv_kernel_compiles_for_the_h200_without_spills(tmp_path):
-    """As the backbone launches it: 32 q heads, 8 kv heads, head_dim 128, bf16."""
+# A KV cache's element type and, for int8, its scales (kernels/kv_format.py): the kernels' pointer
+# types and their SCALED constant. An exact cache passes itself as the (unread) scale pointers.
+CACHE_KINDS = {"bf16": ("*bf16", "*bf16", False), "fp8": ("*fp8e4nv", "*fp8e4nv", False),
+               "int8": ("*i8", "*fp32", True)}
+
+
+def cache_arguments(cache: str) -> tuple[dict, dict]:
+    """(signature, constants) of a kernel's cache arguments for a cache kind of CACHE_KINDS."""
+    values, scales, scaled = CACHE_KINDS[cache]
+    return ({"k_cache_ptr": values, "v_cache_ptr": values, "ks_ptr": scales, "vs_ptr": scales,
+             "stride_ss": "i32", "stride_st": "i32"}, {"SCALED": scaled})
+
+
+@pytest.mark.parametrize("cache", sorted(CACHE_KINDS))
+def test_decode_qkv_kernel_compiles_for_the_h200_without_spills(cache, tmp_path):
+    """As the backbone launches it: 32 q heads, 8 kv heads, head_dim 128, bf16, into each cache."""
     t = "*bf16"
+    cache_signature, _ = cache_arguments(cache)  # the kernel knows an int8 cache by its type
     signature = {"qkv_ptr": t, "qw_ptr": t, "kw_ptr": t, "cos_ptr": t, "sin_ptr": t, "pos_ptr": "*i64", "q_ptr": t,
-                 "k_cache_ptr": t, "v_cache_ptr": t, "eps": "fp32", **{name: "i32" for name in STEP_STRIDES}}
+                 **cache_signature, "eps": "fp32", **{name: "i32" for name in STEP_STRIDES}}
     kernel = compile_for_h200(sq._decode_qkv_kernel, signature, {"HEADS": 32, "KV_HEADS": 8, "BLOCK_H": 32, "HALF": 64},
                               sq.NUM_WARPS, 3, ("qkv_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", *STEP_STRIDES))
     assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)
 
 
-def test_prefill_qkv_kernel_compiles_for_the_h200_without_spills(tmp_path):
+@pytest.mark.parametrize("cache", ["bf16", "int8"])
+def test_prefill_qkv_kernel_compiles_for_the_h200_without_spills(cache, tmp_path):
     """The decode kernel's body for a batched prefill's tokens, each into its prompt's slot."""
     t = "*bf16"
+    cache_signature, _ = cache_arguments(cache)
     signature = {"qkv_ptr": t, "qw_ptr": t, "kw_ptr": t, "cos_ptr": t, "sin_ptr": t, "pos_ptr": "*i64",
-                 "slots_ptr": "*i64", "q_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "eps": "fp32",
+                 "slots_ptr": "*i64", "q_ptr": t, **cache_signature, "eps": "fp32",
                  "tokens_per_slot": "i32", **{name: "i32" for name in STEP_STRIDES}}
     kernel = compile_for_h200(sq._prefill_qkv_kernel, signature, {"HEADS": 32, "KV_HEADS": 8, "BLOCK_H": 32, "HALF": 64},
                               sq.NUM_WARPS, 3, ("qkv_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", *STEP_STRIDES))
@@ -282,18 +299,45 @@ def test_draw_kernel_compiles_for_the_h200(vocab, has_seen, tmp_path):
     assert kernel.asm["cubin"]
 
 
-@pytest.mark.parametrize(("block_t", "num_warps"), [(16, 4), (32, 8)])
-def test_prefill_attention_kernel_compiles_for_the_h200_without_spills(block_t, num_warps, tmp_path):
+@pytest.mark.parametrize(("block_t", "num_warps", "cache"), [(16, 4, "bf16"), (32, 8, "bf16"), (16, 4, "int8")])
+def test_prefill_attention_kernel_compiles_for_the_h200_without_spills(block_t, num_warps, cache, tmp_path):
     """As the backbone's prefills launch it: 32 query heads over 8 KV heads of 128, bf16, the cache's
     strides multiples of 16: the default tiles, and 32-row blocks on 8 warps (on 4 their 128 x 128
-    fp32 accumulator spills)."""
+    fp32 accumulator spills); the default tile over an int8 cache and its scales."""
     t, strides = "*bf16", [f"stride_{x}{y}" for x in "qkvo" for y in "nth"]
-    signature = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "slots_ptr": "*i64", "starts_ptr": "*i64", "lengths_ptr": "*i64",
+    cache_signature, scaled = cache_arguments(cache)
+    values = cache_signature["k_cache_ptr"]
+    signature = {"q_ptr": t, "k_ptr": values, "v_ptr": values, "ks_ptr": cache_signature["ks_ptr"],
+                 "vs_ptr": cache_signature["vs_ptr"], "stride_ss": "i32", "stride_st": "i32", "slots_ptr": "*i64",
+                 "starts_ptr": "*i64", "lengths_ptr": "*i64",
                  "out_ptr": t, **{name: "i32" for name in strides}, "T": "i32", "max_rows": "i32", "qk_scale": "fp32"}
     config = pa.PrefillConfig(block_t=block_t, num_warps=num_warps)
-    constants = {"GROUPS": 4, "BLOCK_G": 4, "BLOCK_T": block_t, "BLOCK_N": config.block_n, "HEAD_DIM": 128}
+    constants = {"GROUPS": 4, "BLOCK_G": 4, "BLOCK_T": block_t, "BLOCK_N": config.block_n, "HEAD_DIM": 128, **scaled}
     kernel = compile_for_h200(pa._prefill_kernel, signature, constants, config.num_warps, config.num_stages,
                               ("q_ptr", "k_ptr", "v_ptr", "out_ptr", *strides))
+    assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)
+
+
+@pytest.mark.parametrize("cache", sorted(CACHE_KINDS))
+def test_decode_attention_kernel_compiles_for_the_h200_without_spills(cache, tmp_path):
+    """As a decode step launches it at 256 slots: 32 query heads over 8 KV heads of 128, bf16 q,
+    split partials, each cache with the tile decode_attention picks for it."""
+    from moss_tts.kernels import decode_attention as da
+
+    cache_signature, scaled = cache_arguments(cache)
+    config = {"bf16": da.DEFAULT_CONFIG, "fp8": da.FP8_CONFIG, "int8": da.INT8_CONFIG}[cache]
+    values = cache_signature["k_cache_ptr"]
+    kinds = {"q_ptr": "*bf16", "k_ptr": values, "v_ptr": values, "ks_ptr": cache_signature["ks_ptr"],
+             "vs_ptr": cache_signature["vs_ptr"], "lengths_ptr": "*i64", "out_ptr": "*bf16", "acc_ptr": "*fp32",
+             "max_ptr": "*fp32", "sum_ptr": "*fp32", "qk_scale": "fp32"}
+    # the unit strides (the head dim's) are 1 at every launch, which Triton makes constants
+    units = {name: 1 for name in ("stride_qd", "stride_kd", "stride_vd", "stride_od")}
+    constants = {"GROUPS": 4, "BLOCK_G": 16, "BLOCK_N": config.block_n, "HEAD_DIM": 128, "DIRECT": False,
+                 "HEADS_FIRST": config.heads_first, "FP16_DOTS": config.fp16_dots and cache != "bf16",
+                 **scaled, **units}
+    signature = {name: kinds.get(name, "i32") for name in da._split_kernel.arg_names if name not in constants}
+    kernel = compile_for_h200(da._split_kernel, signature, constants, config.num_warps, config.num_stages,
+                              ("q_ptr", "k_ptr", "v_ptr", "stride_kt", "stride_vt"))
     assert "0 bytes spill stores" in ptxas_report(kernel.asm["ptx"], tmp_path)
 
 

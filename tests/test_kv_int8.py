@@ -33,8 +33,8 @@ def int8_cache(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def stored_diff(got: tuple, expected: tuple) -> dict:
     """Two int8 caches (values, scales): the share of values that differ (a key normed by two paths
     may differ in its last bit and land one step off), and the scales' relative error."""
-    return {"share": (got[0] != expected[0]).float().mean().item(), "steps": (got[0].int() - expected[0].int()).abs().max().item(),
-            "scales": relative_error(got[1], expected[1])}
+    return {"share": (got[0] != expected[0]).float().mean().item(),
+            "steps": (got[0].int() - expected[0].int()).abs().max().item(), "scales": relative_error(got[1], expected[1])}
 
 
 def int8_qkv_errors(kind: str, device: str = "cpu", real: bool = False) -> dict:
@@ -70,11 +70,10 @@ def int8_attention_errors(device: str = "cpu", real: bool = False) -> dict:
     (kq, ks), (vq, vs) = int8_cache(k), int8_cache(v)
     scales = (ks, vs)
     expected = decode_attention.reference_attention(q, kq, vq, lens, 200, kv_scales=scales)
-    exact = decode_attention.DecodeConfig(fp16_dots=False)  # the tiles widen to q's dtype
-    errors = {"decode": relative_error(decode_attention.decode_attention(q, kq, vq, lens, 200, config=exact,
+    fp16 = decode_attention.DecodeConfig(fp16_dots=True)  # the tiles widen to fp16, as fp8's do
+    errors = {"decode": relative_error(decode_attention.decode_attention(q, kq, vq, lens, 200,  # INT8_CONFIG
                                                                          kv_scales=scales), expected),
-              # None: an int8 cache's own tile, INT8_CONFIG (fp16 dots)
-              "decode_fp16_dots": relative_error(decode_attention.decode_attention(q, kq, vq, lens, 200,
+              "decode_fp16_dots": relative_error(decode_attention.decode_attention(q, kq, vq, lens, 200, config=fp16,
                                                                                    kv_scales=scales), expected),
               "cache": relative_error(expected, decode_attention.reference_attention(q, k, v, lens, 200))}
     n = len(lengths)
@@ -139,6 +138,11 @@ def test_interpreter_attention_kernels_apply_the_scales(interpreter_results):
     # fp16 dots: q and the weights (times the values' scales) rounded to fp16; the int8 values are exact in it
     assert 0 < errors["decode_fp16_dots"] <= 5e-3, errors
     assert 1e-4 < errors["cache"] < 5e-2, errors  # the cache's own rounding: there, and small
+
+
+def test_an_int8_cache_launches_its_own_tile_with_dots_in_q_dtype():
+    config = decode_attention.INT8_CONFIG
+    assert config != decode_attention.DEFAULT_CONFIG and not config.fp16_dots
 
 
 def test_interpreter_prefix_copies_move_values_and_scales(interpreter_results):

@@ -163,7 +163,8 @@ class StaticKVCache:
         and for the caller to mask."""
         return self._read(layer, slice(0, num_slots), kv_len, dtype)
 
-    def gather(self, layer: int, slots: torch.Tensor, kv_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, layer: int, slots: torch.Tensor, kv_len: int,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [N, kv_len, kv_heads, head_dim] of slots[n] in `dtype` (copies)."""
         return self._read(layer, slots, kv_len, dtype)
 

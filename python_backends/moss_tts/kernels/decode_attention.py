@@ -39,8 +39,10 @@ class DecodeConfig:
     against 9.58/9.59; the output is the same bit for bit (perf/RESULTS.md, issue 34).
     fp16_dots: with an fp8 or int8 cache only, the key and value tiles widen to fp16 (fp8: one
     conversion an element pair; bf16 takes three) and q and the softmax weights are cast to fp16 for
-    the two dots; the accumulation stays fp32. int8 widens exactly either way (|q| <= 127). fp16's range holds them: q is RMS-normed (|q| ~ sqrt(head_dim) x the
-    q_norm weight), the weights lie in [0, 1], the cache's values within +-448. perf/bench_decode_attention.py sweeps them."""
+    the two dots; the accumulation stays fp32. int8 widens exactly either way (|q| <= 127). fp16's
+    range holds them: q is RMS-normed (|q| ~ sqrt(head_dim) x the q_norm weight), the weights lie in
+    [0, 1] (int8: times a value's scale, its head's max |v| / 127), fp8's values within +-448.
+    perf/bench_decode_attention.py sweeps them."""
 
     block_n: int = 64
     num_warps: int = 4
@@ -61,8 +63,11 @@ DEFAULT_CONFIG = DecodeConfig()
 # bench_engine's lengths, against 66.1 with DEFAULT_CONFIG's tile on fp8 and 79.8 on a bf16 cache.
 # A third pipeline stage hides the narrower loads; fp16 dots save two of three conversions.
 FP8_CONFIG = DecodeConfig(num_stages=3, fp16_dots=True)
-# For an int8 cache: FP8_CONFIG's tile until a sweep on a GPU says otherwise (the same bytes a key).
-INT8_CONFIG = FP8_CONFIG
+# For an int8 cache: fp8's third pipeline stage, with the dots in q's dtype (bf16 served): Triton
+# widens int8 to bf16 with byte permutes and one bf16x2 subtract per pair (sm_90 PTX,
+# tests/test_kernel_compile.py), but to fp16 with one cvt an element. Not yet swept on a GPU
+# (perf/bench_decode_attention.py --kv-cache-dtype int8).
+INT8_CONFIG = DecodeConfig(num_stages=3)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
@@ -71,9 +76,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q [S, heads, d]; k_cache/v_cache [N >= S, max_seq_len, kv_heads, d] (slot-major, may be the
     whole per-layer cache; slot s = row s; q's dtype, fp8 or int8, kv_format; an int8 cache's
-    (k_scale, v_scale) [N, max_seq_len, kv_heads] in kv_scales); lengths [S] int64 on the device: slot s attends to its rows
-    [0, lengths[s]) (lengths >= 1); max_len (Python int) bounds every length (the caller's window
-    bucket) and may pick the split count. Returns [S, heads, d] in q.dtype.
+    (k_scale, v_scale) [N, max_seq_len, kv_heads] in kv_scales); lengths [S] int64 on the device:
+    slot s attends to its rows [0, lengths[s]) (lengths >= 1); max_len (Python int) bounds every
+    length (the caller's window bucket) and may pick the split count. Returns [S, heads, d] in q.dtype.
     Default scale 1/sqrt(d). num_splits forces the split count (tests); None picks it from S and max_len.
     config: the kernel's launch shape; None reads DEFAULT_CONFIG (FP8_/INT8_CONFIG for those caches) at the
     call, not at import, so a benchmark can A/B a whole engine step by setting it (perf/bench_engine.py

@@ -1,11 +1,11 @@
 """What a decode step does between a layer's qkv GEMM and its attention, as one Triton kernel.
 
 decode_qkv (the Qwen3 backbone): RMSNorm of each q and k head, NeoX RoPE, and the new key and
-value written straight into the slot-major cache at each slot's position (in the cache's dtype,
-kv_format; an int8 cache's scales beside them, kv_scales); returns the rotated q.
-It replaces, per layer, the compiled norm+RoPE kernel and the two index_put kernels of the
-cache write (36 layers: 108 kernels a step become 36). prefill_qkv is the same for a batched
-prefill's N x T tokens, each into its prompt's slot at its own row (engine knob prefill_kernel).
+value written straight into the slot-major cache at each slot's position (as kv_format stores
+them: an int8 cache's scales too, kv_scales); returns the rotated q. It replaces, per layer, the
+compiled norm+RoPE kernel and the cache write's two index_put kernels (36 layers: 108 kernels a
+step become 36). prefill_qkv is the same for a batched prefill's N x T tokens, each into its
+prompt's slot at its own row (engine knob prefill_kernel).
 
 local_attention_step (the local transformer, one of a frame's 12 micro-steps): interleaved RoPE
 of q and k, the new key and value into the frame's local cache at `pos`, and attention of the
@@ -49,13 +49,13 @@ def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
                positions: torch.Tensor, heads: int, kv_heads: int,
                kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """qkv [S, 1, (heads + 2 kv_heads) x d] (the merged projection's output, q heads then k then v);
-    cos/sin [S, 1, 1, d] (neox_rope); caches [N >= S, rows, kv_heads, d], slot s = row s;
-    kv_scales: an int8 cache's (k_scale, v_scale) [N, rows, kv_heads] (StaticKVCache.scales), else None;
-    positions [S] long. Writes slot s's normed, rotated key and its value at row positions[s] and
-    returns q [S, 1, heads, d], normed and rotated. Unchecked, as the scheduler guarantees them:
-    slot s is cache row s (backbone.decode's slot_ids is an arange) and positions lie inside the
-    rows (a kernel cannot raise; an index_put would). Where the kernel cannot run, the torch
-    reference runs eagerly (the runner only enables the kernel where fits_decode holds)."""
+    cos/sin [S, 1, 1, d] (neox_rope); caches [N >= S, rows, kv_heads, d], slot s = row s; kv_scales an
+    int8 cache's (k_scale, v_scale) [N, rows, kv_heads], else None; positions [S] long. Writes slot
+    s's normed, rotated key and its value at row positions[s] and returns q [S, 1, heads, d], normed
+    and rotated. Unchecked, as the scheduler guarantees them: slot s is cache row s (backbone.decode's
+    slot_ids is an arange) and positions lie inside the rows (a kernel cannot raise; an index_put
+    would). Where the kernel cannot run, the torch reference runs eagerly (the runner only enables
+    the kernel where fits_decode holds)."""
     if not (is_supported(qkv) and fits_decode(q_weight.shape[0])):
         return reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
                                     heads, kv_heads, kv_scales)
@@ -69,15 +69,13 @@ def decode_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
         flat, q_weight, k_weight, cos2, sin2, positions, q, k_cache, v_cache, *scale_args(k_cache, kv_scales), eps,
         flat.stride(0), cos2.stride(0), sin2.stride(0), q.stride(0), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        SCALED=kv_scales is not None, HEADS=heads, KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(max(heads, kv_heads)), HALF=head_dim // 2,
+        HEADS=heads, KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(max(heads, kv_heads)), HALF=head_dim // 2,
         num_warps=NUM_WARPS)
     return q
 
 
-def reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions, heads, kv_heads,
-                         kv_scales=None):
-    """The same in torch, as backbone._layer and StaticKVCache.write_step do it: the prefill's
-    reference with one token a slot, slot s = row s."""
+def reference_decode_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions, heads, kv_heads, kv_scales=None):
+    """The same in torch (backbone._layer + StaticKVCache.write_step): the prefill's, a token a slot."""
     slots = torch.arange(qkv.shape[0], device=qkv.device)
     return reference_prefill_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, slots,
                                  positions.unsqueeze(1), heads, kv_heads, kv_scales)
@@ -94,8 +92,7 @@ def prefill_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tenso
     if not (is_supported(qkv) and fits_decode(q_weight.shape[0])):
         return reference_prefill_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, slots, rows,
                                      heads, kv_heads, kv_scales)
-    n, t, _ = qkv.shape
-    head_dim = q_weight.shape[0]
+    (n, t, _), head_dim = qkv.shape, q_weight.shape[0]
     flat = qkv.reshape(n * t, -1)
     cos2, sin2, positions = cos.reshape(n * t, head_dim), sin.reshape(n * t, head_dim), rows.reshape(n * t)
     q = torch.empty(n, t, heads, head_dim, device=qkv.device, dtype=qkv.dtype)
@@ -105,7 +102,7 @@ def prefill_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tenso
         flat, q_weight, k_weight, cos2, sin2, positions, slots, q, k_cache, v_cache, *scale_args(k_cache, kv_scales),
         eps, t, flat.stride(0), cos2.stride(0), sin2.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        SCALED=kv_scales is not None, HEADS=heads, KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(max(heads, kv_heads)), HALF=head_dim // 2,
+        HEADS=heads, KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(max(heads, kv_heads)), HALF=head_dim // 2,
         num_warps=NUM_WARPS)
     return q
 
@@ -119,15 +116,12 @@ def reference_prefill_qkv(qkv, q_weight, k_weight, eps, cos, sin, k_cache, v_cac
     q, k = qk_norm_rope(q.reshape(n, t, heads, head_dim), k.reshape(n, t, kv_heads, head_dim),
                         q_weight, k_weight, eps, cos, sin)
     slot_rows = slots.unsqueeze(1).expand(n, t)
-    v = v.reshape(n, t, kv_heads, head_dim)
-    if kv_scales is None:
-        k_cache.index_put_((slot_rows, rows), to_rows(k, k_cache.dtype).unflatten(-1, (kv_heads, head_dim)))
-        v_cache.index_put_((slot_rows, rows), to_rows(v, v_cache.dtype).unflatten(-1, (kv_heads, head_dim)))
-        return q
-    for x, cache, scales in ((k, k_cache, kv_scales[0]), (v, v_cache, kv_scales[1])):
+    k_scale, v_scale = kv_scales or (None, None)
+    for x, cache, scales in ((k, k_cache, k_scale), (v.reshape(n, t, kv_heads, head_dim), v_cache, v_scale)):
         values, row_scales = split_rows(to_rows(x, cache.dtype), kv_heads, head_dim)
         cache.index_put_((slot_rows, rows), values)
-        scales.index_put_((slot_rows, rows), row_scales)
+        if scales is not None:  # an int8 cache: each head's scale beside its values
+            scales.index_put_((slot_rows, rows), row_scales)
     return q
 
 
@@ -156,33 +150,34 @@ def _decode_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr
                        ks_ptr, vs_ptr, stride_ss, stride_st,
                        eps, stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh,
                        stride_cs, stride_ct, stride_ch,
-                       SCALED: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
     """One (slot, part): part 0 the q heads into q, part 1 the k heads (normed, rotated) and the
     v heads into the caches at the slot's position."""
     s = tl.program_id(0).to(tl.int64)
     _qkv_token(s, s, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, ks_ptr,
                vs_ptr, stride_ss, stride_st, eps, stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh, stride_cs,
-               stride_ct, stride_ch, SCALED, HEADS, KV_HEADS, BLOCK_H, HALF)
+               stride_ct, stride_ch, HEADS, KV_HEADS, BLOCK_H, HALF)
 
 
 @jit
 def _prefill_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_ptr, k_cache_ptr,
                         v_cache_ptr, ks_ptr, vs_ptr, stride_ss, stride_st, eps, tokens_per_slot, stride_qkv,
                         stride_cos, stride_sin, stride_qs, stride_qh, stride_cs, stride_ct, stride_ch,
-                        SCALED: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
     """One (token, part) of N prompts' T tokens each, token s of prompt s // T into slot slots[s // T]
     at row pos[s]. A kernel of its own name: the GPU budget counts decode steps by the decode kernel."""
     s = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + s // tokens_per_slot).to(tl.int64)
     _qkv_token(s, slot, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, ks_ptr,
                vs_ptr, stride_ss, stride_st, eps, stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh, stride_cs,
-               stride_ct, stride_ch, SCALED, HEADS, KV_HEADS, BLOCK_H, HALF)
+               stride_ct, stride_ch, HEADS, KV_HEADS, BLOCK_H, HALF)
 
 
 @jit
 def _qkv_token(s, slot, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, ks_ptr,
                vs_ptr, stride_ss, stride_st, eps, stride_qkv, stride_cos, stride_sin, stride_qs, stride_qh, stride_cs,
-               stride_ct, stride_ch, SCALED: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+               stride_ct, stride_ch, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
+               HALF: tl.constexpr):
     """Token s's part tl.program_id(1): 0 its q heads into q row s, 1 its k heads (normed, rotated)
     and v heads into cache slot `slot` at row pos[s]."""
     rows = tl.arange(0, BLOCK_H)
@@ -206,17 +201,18 @@ def _qkv_token(s, slot, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_pt
         pos = tl.load(pos_ptr + s).to(tl.int64)
         at = slot * stride_cs + pos * stride_ct + rows[:, None] * stride_ch + offs_d[None, :]
         v = row + (HEADS + KV_HEADS) * 2 * HALF + rows[:, None] * (2 * HALF) + offs_d[None, :]
-        # the key rounded to the model's dtype first, as the torch path's k is (kv_format.to_rows)
-        lo, hi = lo.to(dtype), hi.to(dtype)
+        # the key rounded to the model's dtype first, as the torch path's k is (kv_format.to_rows); new
+        # names, as Triton types a name alike in both branches of the runtime `if` above
+        k_lo, k_hi = lo.to(dtype), hi.to(dtype)
         v_lo, v_hi = tl.load(v, mask=mask, other=0.0), tl.load(v + HALF, mask=mask, other=0.0)
-        if SCALED:  # int8: each head's values and its scale (kv_format.quantize_heads)
+        if k_cache_ptr.dtype.element_ty.is_int8():  # each head's values and scale (kv_format.quantize_heads)
             scale_at = slot * stride_ss + pos * stride_st + rows
-            lo, hi, k_scale = quantize_heads(lo.to(tl.float32), hi.to(tl.float32))
+            k_lo, k_hi, k_scale = quantize_heads(k_lo.to(tl.float32), k_hi.to(tl.float32))
             v_lo, v_hi, v_scale = quantize_heads(v_lo.to(tl.float32), v_hi.to(tl.float32))
             tl.store(ks_ptr + scale_at, k_scale, mask=rows < KV_HEADS)
             tl.store(vs_ptr + scale_at, v_scale, mask=rows < KV_HEADS)
-        tl.store(k_cache_ptr + at, cache_value(lo, k_cache_ptr), mask=mask)
-        tl.store(k_cache_ptr + at + HALF, cache_value(hi, k_cache_ptr), mask=mask)
+        tl.store(k_cache_ptr + at, cache_value(k_lo, k_cache_ptr), mask=mask)
+        tl.store(k_cache_ptr + at + HALF, cache_value(k_hi, k_cache_ptr), mask=mask)
         tl.store(v_cache_ptr + at, cache_value(v_lo, v_cache_ptr), mask=mask)
         tl.store(v_cache_ptr + at + HALF, cache_value(v_hi, v_cache_ptr), mask=mask)
 
