@@ -565,9 +565,10 @@ def main(argv=None) -> int:
     decode_attention.DEFAULT_CONFIG = replace(decode_attention.DEFAULT_CONFIG,
                                               heads_first=args.decode_order == "heads")
     decode_attention.FP8_CONFIG = replace(decode_attention.FP8_CONFIG, heads_first=args.decode_order == "heads")
+    decode_attention.INT8_CONFIG = replace(decode_attention.INT8_CONFIG, heads_first=args.decode_order == "heads")
     if args.decode_config:
         block_n, warps, stages, *fp16 = map(int, args.decode_config.split(","))
-        decode_attention.DEFAULT_CONFIG = decode_attention.FP8_CONFIG = replace(
+        decode_attention.DEFAULT_CONFIG = decode_attention.FP8_CONFIG = decode_attention.INT8_CONFIG = replace(
             decode_attention.DEFAULT_CONFIG, block_n=block_n, num_warps=warps, num_stages=stages,
             fp16_dots=bool(fp16 and fp16[0]))
     start = time.perf_counter()

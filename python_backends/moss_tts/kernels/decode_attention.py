@@ -227,10 +227,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_ss, stride_st, len
         p = tl.exp2(scores - new_max[:, None])
         v = tl.load(v_base + rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
                     mask=is_key[:, None], other=0.0).to(q.dtype)
-        row_sum = row_sum * alpha + tl.sum(p, 1)
         if SCALED:  # a value's scale multiplies its weights (p (s v) = (p s) v); the sum keeps p's
-            p *= tl.load(vs_ptr + scale_at + rows * stride_st, mask=is_key, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            pv = p * tl.load(vs_ptr + scale_at + rows * stride_st, mask=is_key, other=0.0)[None, :]
+        else:
+            pv = p
+        acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision="ieee")
+        row_sum = row_sum * alpha + tl.sum(p, 1)
         row_max = new_max
 
     if DIRECT:

@@ -83,7 +83,9 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     stores zeros with scale 0). In fp32, in the order quantize_heads computes it."""
     x = x.float()
     amax = x.abs().amax(-1)
-    inv = torch.where(amax > 0, INT8_MAX / amax, torch.zeros_like(amax))
+    # a true division, as the kernel's div_rn (a scalar over a tensor would be a reciprocal, then a
+    # multiply: two roundings), with the kernel's floor on the divisor
+    inv = torch.where(amax > 0, torch.full_like(amax, INT8_MAX) / amax.clamp(min=1e-30), torch.zeros_like(amax))
     q = torch.floor(x * inv.unsqueeze(-1) + 0.5).clamp(-INT8_MAX, INT8_MAX)
     return q.to(torch.int8), amax / INT8_MAX
 
@@ -111,6 +113,7 @@ def scale_args(cache: torch.Tensor, kv_scales: tuple[torch.Tensor, torch.Tensor]
     int8 cache's scales [N, rows, kv_heads]; else the cache itself as pointers never read (the
     kernel's SCALED false) and zero strides."""
     if kv_scales is None:
+        assert not is_scaled(cache.dtype), "an int8 cache's kernels need its scales (StaticKVCache.scales)"
         return cache, cache, 0, 0
     k_scale, v_scale = kv_scales
     assert k_scale.stride() == v_scale.stride() and k_scale.stride(2) == 1, "K and V scales laid out alike"
@@ -152,7 +155,7 @@ def quantize_heads(lo, hi):
     """Head vectors held as two fp32 halves [H, d/2] each -> int8 halves and fp32 scales [H]
     (quantize's rule and order of operations)."""
     amax = tl.maximum(tl.max(tl.abs(lo), 1), tl.max(tl.abs(hi), 1))
-    # div_rn: IEEE division as torch's (Triton's `/` is div.full, up to 2 ulp off)
+    # div_rn: a correctly rounded division, as quantize's (Triton's `/` is div.full, up to 2 ulp off)
     inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, _QMAX, tl.float32), tl.maximum(amax, 1e-30)), 0.0)
     q_lo = tl.clamp(tl.floor(lo * inv[:, None] + 0.5), -_QMAX, _QMAX).to(tl.int8)
     q_hi = tl.clamp(tl.floor(hi * inv[:, None] + 0.5), -_QMAX, _QMAX).to(tl.int8)

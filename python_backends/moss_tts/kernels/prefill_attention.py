@@ -86,7 +86,8 @@ def reference_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     n, t, heads, head_dim = q.shape
     window = min(int(lengths.max()), k_cache.shape[1])
     groups = heads // k_cache.shape[2]
-    k_scale, v_scale = (s.index_select(0, slots)[:, :window] for s in kv_scales) if kv_scales else (None, None)
+    k_scale, v_scale = ((s.index_select(0, slots)[:, :window] for s in kv_scales) if kv_scales is not None
+                        else (None, None))
     keys = from_cache(k_cache.index_select(0, slots)[:, :window], q.dtype, k_scale).repeat_interleave(groups, dim=2)
     values = from_cache(v_cache.index_select(0, slots)[:, :window], q.dtype, v_scale).repeat_interleave(groups, dim=2)
     newest = torch.minimum(starts.unsqueeze(1) + torch.arange(t, device=q.device), lengths.unsqueeze(1) - 1)
@@ -196,8 +197,9 @@ def _key_tile(q, k_base, v_base, ks_base, vs_base, keys, offs_d, stride_kt, stri
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     alpha = tl.exp2(row_max - new_max)
     p = tl.exp2(scores - new_max[:, None])
-    row_sum = row_sum * alpha + tl.sum(p, 1)
-    if SCALED:  # masked keys' weights are 0 already (scores -inf or past hi's tile load of 0 scale)
-        p *= tl.load(vs_base + keys * stride_st, mask=keys < hi, other=0.0)[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    return new_max, row_sum, acc
+    if SCALED:  # a value's scale on its weights (masked keys' weights are 0 already); the sum keeps p's
+        pv = p * tl.load(vs_base + keys * stride_st, mask=keys < hi, other=0.0)[None, :]
+    else:
+        pv = p
+    acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision="ieee")
+    return new_max, row_sum * alpha + tl.sum(p, 1), acc

@@ -197,22 +197,22 @@ def _qkv_token(s, slot, pos_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_pt
     else:
         lo, hi = _norm_rope(row + HEADS * 2 * HALF, kw_ptr, cos_lo, cos_hi, sin_lo, sin_hi, rows, KV_HEADS, eps,
                             HALF, BLOCK_H)
-        mask = (rows < KV_HEADS)[:, None]
-        pos = tl.load(pos_ptr + s).to(tl.int64)
+        mask, pos = (rows < KV_HEADS)[:, None], tl.load(pos_ptr + s).to(tl.int64)
         at = slot * stride_cs + pos * stride_ct + rows[:, None] * stride_ch + offs_d[None, :]
-        v = row + (HEADS + KV_HEADS) * 2 * HALF + rows[:, None] * (2 * HALF) + offs_d[None, :]
+        scale_at = slot * stride_ss + pos * stride_st + rows  # an int8 cache's scales (kv_format)
         # the key rounded to the model's dtype first, as the torch path's k is (kv_format.to_rows); new
         # names, as Triton types a name alike in both branches of the runtime `if` above
         k_lo, k_hi = lo.to(dtype), hi.to(dtype)
-        v_lo, v_hi = tl.load(v, mask=mask, other=0.0), tl.load(v + HALF, mask=mask, other=0.0)
         if k_cache_ptr.dtype.element_ty.is_int8():  # each head's values and scale (kv_format.quantize_heads)
-            scale_at = slot * stride_ss + pos * stride_st + rows
             k_lo, k_hi, k_scale = quantize_heads(k_lo.to(tl.float32), k_hi.to(tl.float32))
-            v_lo, v_hi, v_scale = quantize_heads(v_lo.to(tl.float32), v_hi.to(tl.float32))
             tl.store(ks_ptr + scale_at, k_scale, mask=rows < KV_HEADS)
-            tl.store(vs_ptr + scale_at, v_scale, mask=rows < KV_HEADS)
         tl.store(k_cache_ptr + at, cache_value(k_lo, k_cache_ptr), mask=mask)
         tl.store(k_cache_ptr + at + HALF, cache_value(k_hi, k_cache_ptr), mask=mask)
+        v = row + (HEADS + KV_HEADS) * 2 * HALF + rows[:, None] * (2 * HALF) + offs_d[None, :]
+        v_lo, v_hi = tl.load(v, mask=mask, other=0.0), tl.load(v + HALF, mask=mask, other=0.0)
+        if v_cache_ptr.dtype.element_ty.is_int8():
+            v_lo, v_hi, v_scale = quantize_heads(v_lo.to(tl.float32), v_hi.to(tl.float32))
+            tl.store(vs_ptr + scale_at, v_scale, mask=rows < KV_HEADS)
         tl.store(v_cache_ptr + at, cache_value(v_lo, v_cache_ptr), mask=mask)
         tl.store(v_cache_ptr + at + HALF, cache_value(v_hi, v_cache_ptr), mask=mask)
 
