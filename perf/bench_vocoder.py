@@ -26,10 +26,13 @@ device-to-host copy included, into pinned memory). Sections, each also in the JS
   fidelity     (--fidelity ROWSxFRAMES) the served form's offline decode against the fp32
                reference: the same seeded weights, loaded form, computed in fp32. Max |diff| /
                peak and SNR in dB (worst row): what bf16 and the --fusion cost the audio
+  ring_fidelity  (--ring-fidelity ROWSxFRAMES) those codes streamed (eager decode_step, chunks of
+               2, 4, 8 and 10 frames) with the --ring-dtype rings against the same served form's
+               exact rings: what storing the rings in fewer bytes costs the streamed audio (SNR)
   attention_sweep  (--attention-sweep, CUDA) window attention alone per decoder stage shape and
                tile config; streaming shapes time both ring kernels (split, fused) in one process
-Every section runs the codec's serving form with --fusion and --ring-kernel (both in the JSON's
-meta). A/B of the ring kernels: the same command with --ring-kernel split and fused.
+Every section runs the codec's serving form with --fusion, --ring-kernel and --ring-dtype (in
+the JSON's meta). A/B of the ring kernels: the same command with --ring-kernel split and fused.
 Exit status 1 when a section failed or graphed != padded.
 """
 
@@ -50,7 +53,7 @@ import torch
 
 from moss_tts.codec import CodecConfig, build_codec, build_real_size_codec, init_random_
 from moss_tts.codec.config import tiny_codec_config_dict
-from moss_tts.codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, RING_KERNELS
+from moss_tts.codec.transformer import DEFAULT_FUSION, DEFAULT_RING_DTYPE, DEFAULT_RING_KERNEL, RING_DTYPES, RING_KERNELS
 from moss_tts.kernels import fused_window_attention as fwa
 from moss_tts.kernels import window_attention as wa
 from moss_tts.vocoder.graphs import VocoderGraphs
@@ -73,7 +76,8 @@ def build(args) -> tuple[torch.nn.Module, torch.device]:
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
     # The form the vocoder serves (and what the offline section times): codec.serving_form_().
-    return loaded_codec(args, device).serving_form_(args.fusion, args.ring_kernel, args.small_gemm_rows), device
+    return loaded_codec(args, device).serving_form_(args.fusion, args.ring_kernel, args.small_gemm_rows,
+                                                    args.ring_dtype), device
 
 
 def loaded_codec(args, device: torch.device) -> torch.nn.Module:
@@ -110,6 +114,28 @@ def fidelity(codec, args, device: torch.device, shape: tuple[int, int]) -> dict:
             "small_gemm_rows": args.small_gemm_rows,
             "max_rel_diff": max(rel_diff_per_row(got, expected)), "snr_db_min": min(snr),
             "snr_db_mean": statistics.fmean(snr)}
+
+
+def ring_fidelity(codec, device: torch.device, shape: tuple[int, int]) -> dict:
+    """The served form streaming random codes with its rings (serving_form_'s ring_dtype) against
+    itself with exact rings: worst row's SNR and max |diff| / peak."""
+    rows, frames = shape
+    codes = torch.stack(random_codes(rows, frames, codec.codebook_size, 7)).to(device)
+    audio = {}
+    for ring_dtype in ("auto", codec.ring_dtype):
+        state, out, start, sizes = codec.new_decode_state(rows, device, ring_dtype=ring_dtype), [], 0, (2, 4, 8, 10)
+        with torch.no_grad():
+            while start < frames:
+                n = min(sizes[len(out) % len(sizes)], frames - start)
+                out.append(codec.decode_step(codes[:, start:start + n], state).float())
+                start += n
+        audio[ring_dtype] = torch.cat(out, dim=-1)
+    expected, got = audio["auto"], audio[codec.ring_dtype]
+    error = got - expected
+    snr = [10 * math.log10(expected[i].square().sum().item() / max(error[i].square().sum().item(), 1e-30))
+           for i in range(rows)]
+    return {"rows": rows, "frames": frames, "ring_dtype": codec.ring_dtype, "snr_db_min": min(snr),
+            "max_rel_diff": max(rel_diff_per_row(got, expected))}
 
 
 def sync(device: torch.device) -> None:
@@ -459,6 +485,10 @@ def table(results: dict) -> str:
         f = results["fidelity"]
         lines.append(f"fidelity {f['rows']} x {f['frames']} ({f['fusion']}) vs the fp32 reference: max |diff| / peak "
                      f"{f['max_rel_diff']:.3g}, SNR {f['snr_db_min']:.1f} dB worst row ({f['snr_db_mean']:.1f} mean)")
+    if results.get("ring_fidelity"):
+        f = results["ring_fidelity"]
+        lines.append(f"ring fidelity {f['rows']} x {f['frames']} ({f['ring_dtype']} rings) vs exact rings, streamed: "
+                     f"max |diff| / peak {f['max_rel_diff']:.3g}, SNR {f['snr_db_min']:.1f} dB worst row")
     for r in results.get("attention_sweep", []):
         if r["streaming"]:
             p = r["packed_round"]
@@ -501,6 +531,11 @@ def parse_args(argv):
                     help="codec.serving_form_'s ring_kernel for every section: how streaming attention runs its "
                          "RoPE, attention and ring write (split: three kernels, fused: one; default: the one "
                          "served). The attention sweep times both either way")
+    ap.add_argument("--ring-dtype", choices=RING_DTYPES, default=DEFAULT_RING_DTYPE,
+                    help="codec.serving_form_'s ring_dtype for every section: how the decode state's rings store "
+                         "keys and values (default auto: the codec's dtype, as served)")
+    ap.add_argument("--ring-fidelity", default="", help="ROWSxFRAMES: also stream that many random codes with "
+                    "--ring-dtype rings and with exact ones and compare the audio")
     ap.add_argument("--small-gemm-rows", type=int, default=0,
                     help="codec.serving_form_'s small_gemm_rows: steps of at most this many tokens at a stage run "
                          "each layer's GEMMs as kernels/fused_linear.py's (default 0: off, as served)")
@@ -541,6 +576,7 @@ def main(argv=None) -> int:
                         "fusion": args.fusion, "splitk": args.splitk,
                         "fusion_running": sorted({m.fusion for m in codec.modules() if hasattr(m, "fusion")}),
                         "ring_kernel": args.ring_kernel, "small_gemm_rows": args.small_gemm_rows,
+                        "ring_dtype": args.ring_dtype,
                         "gemm_table": None if args.gemm_table is None else str(args.gemm_table),
                         "ring_kernel_running": sorted({m.ring_kernel for m in codec.modules()
                                                        if hasattr(m, "ring_kernel")}),
@@ -566,6 +602,8 @@ def main(argv=None) -> int:
     ]
     if args.fidelity:
         sections.append(("fidelity", lambda: fidelity(codec, args, device, parse_shapes(args.fidelity)[0])))
+    if args.ring_fidelity:
+        sections.append(("ring_fidelity", lambda: ring_fidelity(codec, device, parse_shapes(args.ring_fidelity)[0])))
     if args.attention_sweep and device.type == "cuda":
         sections.append(("attention_sweep", lambda: attention_sweep(device)))
     if args.profile:

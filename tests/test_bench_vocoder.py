@@ -38,3 +38,15 @@ def test_the_ring_kernel_flag_reaches_the_codec(tmp_path):
     results = json.loads(out.read_text())
     assert code == 0 and results["errors"] == {}
     assert (results["meta"]["ring_kernel"], results["meta"]["ring_kernel_running"]) == ("fused", ["split"])
+
+
+def test_fp8_rings_run_every_step_and_their_cost_is_measured(tmp_path):
+    out = tmp_path / "vocoder.json"
+    code = main(["--device", "cpu", "--tiny", "--shapes", "1x2", "--skip", "capture,rounds,offline",
+                 "--iters", "1", "--warmup", "0", "--ring-dtype", "fp8_e4m3", "--ring-fidelity", "2x12",
+                 "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert code == 0 and results["errors"] == {} and results["meta"]["ring_dtype"] == "fp8_e4m3"
+    ring = results["ring_fidelity"]
+    # the streamed audio moves (the rings are read), a little
+    assert ring["ring_dtype"] == "fp8_e4m3" and 0 < ring["max_rel_diff"] and 30 < ring["snr_db_min"] < 200, ring

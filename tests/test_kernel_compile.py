@@ -108,6 +108,28 @@ def test_ring_write_kernel_compiles_for_the_h200(packed):
     assert kernel.asm["cubin"]
 
 
+@pytest.mark.parametrize("tokens", [16, 64])
+def test_fp8_ring_kernels_compile_for_the_h200(tokens):
+    """The codec's streaming kernels over fp8 rings (codec.transformer.RING_DTYPES), packed, bf16
+    activations: the attention (each tile's keys from two sources of two types), the ring write
+    (kv_format's clamp), and the fused kernel."""
+    config = wa.attention_config(tokens)
+    fp8 = {"k_ring_ptr": "*fp8e4nv", "v_ring_ptr": "*fp8e4nv"}
+    constants = {"HAS_RING": True, "PACKED": True, "HEAD_DIM": 64, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
+    assert compile_for_h200(wa._attention_kernel, {**attention_signature("bf16"), **fp8}, constants, config.num_warps,
+                            config.num_stages).asm["cubin"]
+    constants = {"PACKED": True, "HEAD_DIM": 64, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+                 "BLOCK_T": wa.ROPE_BLOCK_T}
+    assert compile_for_h200(fwa._fused_ring_kernel, {**fused_ring_signature("bf16"), **fp8}, constants,
+                            config.num_warps, config.num_stages).asm["cubin"]
+    signature = {name: kind for name, kind in {**attention_signature("bf16"), **fp8}.items()
+                 if name not in ("out_ptr", "T_max", "stride_on", "stride_ot", "qk_scale")}
+    signature = {**signature, "T_max": "i32", "kept_max": "i32"}
+    signature = {name: signature[name] for name in wa._ring_write_kernel.arg_names if name in signature}
+    assert compile_for_h200(wa._ring_write_kernel, signature, {"PACKED": True, "HEAD_DIM": 64, "BLOCK_T": wa.ROPE_BLOCK_T},
+                            wa.NUM_WARPS, 2).asm["cubin"]
+
+
 def test_rope_kernel_compiles_for_the_h200():
     signature = {"qkv_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
                  **{name: "i32" for name in ("T", "stride_n", "stride_t", "stride_rn", "stride_rt")}}

@@ -168,7 +168,7 @@ class TritonPythonModel:
             return None
         codec_device = resolve_device(placement.vocoder_device, device_id)
         codec = load_codec(checkpoint_dirs()[1], codec_device, dtype, parts=("quantizer", "decoder")).eval()
-        codec.serving_form_(placement.vocoder_fusion, placement.vocoder_ring_kernel, placement.vocoder_small_gemm_rows)
+        codec.serving_form_(*placement.codec_form)
         slots = placement.vocoder_slots or max_streams
         # Every slot is the pipeline's own; graphs are captured here (CUDA only).
         sessions = VocoderSessions(codec, VocoderConfig(

@@ -22,7 +22,8 @@ from moss_tts.serving import metrics, triton_io as io
 from moss_tts.serving.placement import checkpoint_dirs, resolve_device, resolve_dtype, use_device
 from moss_tts.serving.stall_watch import StallWatch
 from moss_tts.vocoder import internal_key
-from moss_tts.vocoder.config import NoFreeSlot, VocoderConfig, codec_fusion, codec_ring_kernel, codec_small_gemm_rows
+from moss_tts.vocoder.config import (NoFreeSlot, VocoderConfig, codec_fusion, codec_ring_dtype, codec_ring_kernel,
+                                     codec_small_gemm_rows)
 from moss_tts.vocoder.sessions import VocoderSessions
 
 
@@ -37,8 +38,10 @@ class TritonPythonModel:
         dtype = resolve_dtype(params.get("dtype"), device)
         codec = load_codec(checkpoint_dirs()[1], device, dtype, parts=("quantizer", "decoder")).eval()  # no encoder
         # LayerScale in the GEMMs, weight norm computed once; on a GPU the norms and GELU as `fusion`
-        # says, streaming attention as `ring_kernel` says, small steps' GEMMs as `small_gemm_rows` says
-        codec.serving_form_(codec_fusion(params), codec_ring_kernel(params), codec_small_gemm_rows(params))
+        # says, streaming attention as `ring_kernel` says, small steps' GEMMs as `small_gemm_rows` says, rings
+        # stored as `ring_dtype` says
+        codec.serving_form_(codec_fusion(params), codec_ring_kernel(params), codec_small_gemm_rows(params),
+                            codec_ring_dtype(params))
         # CUDA graph warm-up and capture happen here, inside VocoderSessions (~50 s on the H200).
         max_slots = int(params.get("max_slots") or config["max_batch_size"])
         if not 1 <= max_slots <= config["max_batch_size"]:

@@ -18,8 +18,12 @@ from .config import CodecConfig, PatchStage, TransformerStage
 from .patch import Patch, deinterleave, interleave
 from .quantizer import ResidualLFQ
 from .streaming import CodecDecodeState, Packing
-from .transformer import (DEFAULT_RING_KERNEL, RING_KERNELS, ProjectedTransformer, TransformerLayer,
-                          check_small_gemm_rows)
+from ..kernels.kv_format import cache_dtype
+from .transformer import (DEFAULT_RING_DTYPE, DEFAULT_RING_KERNEL, RING_DTYPES, RING_KERNELS, ProjectedTransformer,
+                          TransformerLayer, check_small_gemm_rows)
+
+# fp8 rings: Triton compiles fp8 loads and conversions for sm89+ only (Ada, Hopper)
+FP8_MIN_CAPABILITY = (8, 9)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ class MossAudioCodec(nn.Module):
             scales.append(scale)
             scale *= stage.patch_size if isinstance(stage, PatchStage) else 1
         self._decoder_scales = scales
+        self.ring_dtype = DEFAULT_RING_DTYPE  # serving_form_: how new decode states' rings store keys
 
     # ---------------------------------------------------------------- properties
     @property
@@ -70,7 +75,7 @@ class MossAudioCodec(nn.Module):
         return self.config.quantizer.codebook_size
 
     def serving_form_(self, fusion: str = "none", ring_kernel: str = DEFAULT_RING_KERNEL,
-                      small_gemm_rows: int = 0) -> "MossAudioCodec":
+                      small_gemm_rows: int = 0, ring_dtype: str = DEFAULT_RING_DTYPE) -> "MossAudioCodec":
         """The form the vocoder serves: the same function in fewer passes and kernels per step.
         - every transformer layer folds its LayerScale into the weights that end its residual
           branches (TransformerLayer.fold_layer_scale_), so the adds run inside the GEMMs;
@@ -86,12 +91,16 @@ class MossAudioCodec(nn.Module):
           RING_KERNELS: the split kernels or the fused one; Attention.use_ring_kernel_); where
           no Triton kernel runs (CPU) the torch reference runs either way; logged as well;
         - on a GPU, steps of at most `small_gemm_rows` tokens at a stage run every layer's GEMMs as
-          kernels/fused_linear.py's (TransformerLayer.small_gemm_; 0 = never), logged.
+          kernels/fused_linear.py's (TransformerLayer.small_gemm_; 0 = never), logged;
+        - decode states made from now on (new_decode_state) keep their rings as `ring_dtype` says
+          (codec.transformer.RING_DTYPES: the codec's dtype, or fp8 e4m3, an approximation).
         Rounding differs from the loaded form, and the quantizer's on-disk names (original0/1)
         are gone from state_dict. Idempotent; returns self."""
         if ring_kernel not in RING_KERNELS:  # before any layer changes
             raise ValueError(f"ring_kernel must be one of {RING_KERNELS}, got {ring_kernel!r}")
         check_small_gemm_rows(small_gemm_rows)  # before any layer changes
+        self._check_ring_dtype(ring_dtype)
+        self.ring_dtype = ring_dtype
         running, ring_running, small_running = set(), set(), set()
         for module in self.modules():
             if isinstance(module, TransformerLayer):
@@ -102,9 +111,19 @@ class MossAudioCodec(nn.Module):
         self.quantizer.freeze_weight_norm_()
         self.quantizer.freeze_decode_table_()
         log.info("codec serving form: fusion %s asked, %s runs; ring kernel %s asked, %s runs; small-GEMM rows %d "
-                 "asked, %s run", fusion, ", ".join(sorted(running)) or "none", ring_kernel,
-                 ", ".join(sorted(ring_running)) or "none", small_gemm_rows, ", ".join(map(str, sorted(small_running))))
+                 "asked, %s run; rings %s", fusion, ", ".join(sorted(running)) or "none", ring_kernel,
+                 ", ".join(sorted(ring_running)) or "none", small_gemm_rows, ", ".join(map(str, sorted(small_running))),
+                 ring_dtype)
         return self
+
+    def _check_ring_dtype(self, ring_dtype: str) -> None:
+        if ring_dtype not in RING_DTYPES:
+            raise ValueError(f"ring_dtype must be one of {RING_DTYPES}, got {ring_dtype!r}")
+        device = self._param(self.decoder).device
+        if ring_dtype == "fp8_e4m3" and device.type == "cuda" \
+                and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
+            raise ValueError(f"ring_dtype='fp8_e4m3' needs a GPU of compute capability {FP8_MIN_CAPABILITY} or "
+                             f"newer (Ada, Hopper); {device} is {torch.cuda.get_device_capability(device)}: use 'auto'")
 
     def _param(self, stack: nn.ModuleList) -> torch.Tensor:
         for param in stack.parameters():
@@ -172,12 +191,17 @@ class MossAudioCodec(nn.Module):
         return self._decode_stack(codes)
 
     def new_decode_state(self, batch_size: int, device: torch.device | str | None = None,
-                         dtype: torch.dtype | None = None) -> CodecDecodeState:
+                         dtype: torch.dtype | None = None, ring_dtype: str | None = None) -> CodecDecodeState:
+        """Rings for `batch_size` streams on `device` (the decoder's), for a codec computing in
+        `dtype` (the decoder's), stored as `ring_dtype` says (None: serving_form_'s; RING_DTYPES)."""
         p = self._param(self.decoder)
         shapes = [(s.num_heads, s.context, s.head_dim) for s in self.config.decoder
                   if isinstance(s, TransformerStage) for _ in range(s.num_layers)]
+        ring_dtype = ring_dtype or self.ring_dtype
+        if ring_dtype not in RING_DTYPES:
+            raise ValueError(f"ring_dtype must be one of {RING_DTYPES}, got {ring_dtype!r}")
         return CodecDecodeState.empty(batch_size, shapes, torch.device(device) if device else p.device,
-                                      dtype or p.dtype)
+                                      cache_dtype(ring_dtype, dtype or p.dtype))
 
     @torch.no_grad()
     def decode_step(self, codes: torch.Tensor, state: CodecDecodeState,

@@ -64,6 +64,14 @@ DEFAULT_FUSION = "ln_lt_gelu"
 # vocoder model's ring_kernel): the split kernels. "fused" gave the same results bit for bit on
 # the H200 and measured no faster there (perf/RESULTS.md, issue 34 round 18).
 DEFAULT_RING_KERNEL = "split"
+# How the decode state's rings store keys and values (MossAudioCodec.serving_form_'s ring_dtype,
+# the vocoder's ring_dtype, moss_tts's vocoder_ring_dtype; kernels/kv_format.py's rules): "auto" =
+# the codec's dtype (exact); "fp8_e4m3" = one byte each, clamped and rounded once, widened on every
+# read: half the bytes the streaming attention reads. An approximation, opt-in; on the CPU it moved
+# the real-size codec's streamed audio by 55 dB SNR, where bf16 itself costs ~33 dB (perf/RESULTS.md,
+# issue 34 round 26). Needs a GPU of compute capability 8.9 or newer where it runs on one.
+RING_DTYPES = ("auto", "fp8_e4m3")
+DEFAULT_RING_DTYPE = "auto"
 # The most tokens a step may have at a stage for small_gemm_ to run it: the kernel's 16- and
 # 64-row tiles. Its 128-row tiles read nn.Linear's K-contiguous weights with serialized wgmmas in
 # in_proj (ptxas C7515), so larger steps stay with cuBLAS.

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .kv_format import cache_value, to_cache
 from .triton_setup import INTERPRET, LOG2E, jit, tl, triton
 
 # Over 300 lines (a kernel file): its three Triton kernels, their launcher and the torch reference
@@ -59,7 +60,9 @@ class Rope:
 @dataclass(frozen=True)
 class Ring:
     """One attention layer's ring buffers and the rows one streaming step decodes.
-    keys/values [S, H, W, Dh] cover every slot of the decode state (views of its cache); rows [n]
+    keys/values [S, H, W, Dh] cover every slot of the decode state (views of its cache), in the
+    activations' dtype or fp8 e4m3 (the codec's ring_dtype: written by kv_format's rule, clamped
+    and rounded once; widened on every read); rows [n]
     long names each step row's slot; offsets [n] long is each row's stream position of its first
     new token at this stage (tokens before it are in the ring, at slot position % W)."""
     keys: torch.Tensor
@@ -177,8 +180,8 @@ def _reference_packed(qkv: torch.Tensor, rope: Rope, num_heads: int, window: int
     kept = real & (steps[None, :] >= ring.lengths[:, None] - window)
     slots = torch.remainder(ring.offsets[:, None] + steps, window)[kept]
     rows = ring.rows[:, None].expand(n, t)[kept]
-    ring.keys[rows, :, slots] = k.transpose(1, 2)[kept].to(ring.keys.dtype)
-    ring.values[rows, :, slots] = v.transpose(1, 2)[kept].to(ring.values.dtype)
+    ring.keys[rows, :, slots] = to_cache(k.transpose(1, 2)[kept], ring.keys.dtype)
+    ring.values[rows, :, slots] = to_cache(v.transpose(1, 2)[kept], ring.values.dtype)
     return out
 
 
@@ -231,8 +234,8 @@ def _ring_write(k, v, ring: Ring, window: int) -> None:
     slots = torch.remainder(ring.offsets[:, None] + torch.arange(t - kept, t, device=k.device), window)
     rows = ring.rows[:, None].expand_as(slots)
     # Advanced indices around a slice put their dims first: [n, kept, H, Dh].
-    ring.keys[rows, :, slots] = k[:, :, t - kept:].transpose(1, 2).to(ring.keys.dtype)
-    ring.values[rows, :, slots] = v[:, :, t - kept:].transpose(1, 2).to(ring.values.dtype)
+    ring.keys[rows, :, slots] = to_cache(k[:, :, t - kept:].transpose(1, 2), ring.keys.dtype)
+    ring.values[rows, :, slots] = to_cache(v[:, :, t - kept:].transpose(1, 2), ring.values.dtype)
 
 
 # ------------------------------------------------------------------------------------ Triton
@@ -447,18 +450,26 @@ def _key_tile(q, row_max, row_sum, acc, first, offs_m, offs_n, offs_d, hi, W, k_
     MASKED, the caller knows every key exists and every query sees it."""
     j = first + offs_n
     row = tl.maximum(j, 0).to(tl.int64)
-    if HAS_RING:
-        in_ring = (j < 0)[:, None]
-        slot = ((first_slot + j + W) % W)[:, None]  # j >= -W
-        k_ptr = tl.where(in_ring, ring_k + slot * stride_rw, k_base + row[:, None] * stride_t) + offs_d[None, :]
-        v_ptr = tl.where(in_ring, ring_v + slot * stride_rw, v_base + row[:, None] * stride_t) + offs_d[None, :]
+    if HAS_RING and ring_k.dtype.element_ty != k_base.dtype.element_ty:
+        k, v = _mixed_tile(j, row, offs_d, hi, W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
+                           MASKED)
     else:
-        k_ptr = k_base + row[:, None] * stride_t + offs_d[None, :]
-        v_ptr = v_base + row[:, None] * stride_t + offs_d[None, :]
+        if HAS_RING:
+            in_ring = (j < 0)[:, None]
+            slot = ((first_slot + j + W) % W)[:, None]  # j >= -W
+            k_ptr = tl.where(in_ring, ring_k + slot * stride_rw, k_base + row[:, None] * stride_t) + offs_d[None, :]
+            v_ptr = tl.where(in_ring, ring_v + slot * stride_rw, v_base + row[:, None] * stride_t) + offs_d[None, :]
+        else:
+            k_ptr = k_base + row[:, None] * stride_t + offs_d[None, :]
+            v_ptr = v_base + row[:, None] * stride_t + offs_d[None, :]
+        if MASKED:
+            k = tl.load(k_ptr, mask=(j < hi)[:, None], other=0.0)
+            v = tl.load(v_ptr, mask=(j < hi)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptr)
+            v = tl.load(v_ptr)
     if MASKED:
         is_key = j < hi
-        k = tl.load(k_ptr, mask=is_key[:, None], other=0.0)
-        v = tl.load(v_ptr, mask=is_key[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # "ieee": no tf32 for fp32 inputs
         delta = offs_m[:, None] - j[None, :]
         scores = tl.where(is_key[None, :] & (delta >= 0) & (delta < W), scores, float("-inf"))
@@ -466,8 +477,6 @@ def _key_tile(q, row_max, row_sum, acc, first, offs_m, offs_n, offs_d, hi, W, k_
         # A query may have seen no key yet (the window's edge): keep its -inf max from making NaNs.
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
     else:
-        k = tl.load(k_ptr)
-        v = tl.load(v_ptr)
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         new_max = tl.maximum(row_max, tl.max(scores, 1))
         safe_max = new_max  # every query saw a key of this tile: finite
@@ -475,6 +484,26 @@ def _key_tile(q, row_max, row_sum, acc, first, offs_m, offs_n, offs_d, hi, W, k_
     p = tl.exp2(scores - safe_max[:, None])
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return new_max, row_sum * alpha + tl.sum(p, 1), acc
+
+
+@jit
+def _mixed_tile(j, row, offs_d, hi, W, k_base, v_base, stride_t, ring_k, ring_v, first_slot, stride_rw,
+                MASKED: tl.constexpr):
+    """_key_tile's keys and values over an fp8 ring (Ring): a tile may hold keys of both sources, of
+    two types, so each source is its own load of the lanes it holds, the ring's widened to the
+    chunk's dtype (one pointer select cannot span two element types)."""
+    in_ring = (j < 0)[:, None]
+    slot = ((first_slot + j + W) % W)[:, None]  # j >= -W
+    ring_at, chunk_at = slot * stride_rw + offs_d[None, :], row[:, None] * stride_t + offs_d[None, :]
+    from_ring, from_chunk = in_ring, ~in_ring
+    if MASKED:
+        from_ring, from_chunk = from_ring & (j < hi)[:, None], from_chunk & (j < hi)[:, None]
+    dtype = k_base.dtype.element_ty
+    k = tl.where(in_ring, tl.load(ring_k + ring_at, mask=from_ring, other=0.0).to(dtype),
+                 tl.load(k_base + chunk_at, mask=from_chunk, other=0.0))
+    v = tl.where(in_ring, tl.load(ring_v + ring_at, mask=from_ring, other=0.0).to(dtype),
+                 tl.load(v_base + chunk_at, mask=from_chunk, other=0.0))
+    return k, v
 
 
 @jit
@@ -510,5 +539,5 @@ def _write_ring(row_base, ring_k, ring_v, j, T, first_slot, H, h, W, stride_t, s
     v = tl.load(token + (2 * H + h) * HEAD_DIM, mask=valid, other=0.0)
     slot = (first_slot + j) % W  # j >= 0
     ring = slot[:, None] * stride_rw + offs_d[None, :]
-    tl.store(ring_k + ring, k.to(ring_k.dtype.element_ty), mask=valid)
-    tl.store(ring_v + ring, v.to(ring_v.dtype.element_ty), mask=valid)
+    tl.store(ring_k + ring, cache_value(k, ring_k), mask=valid)  # the ring's dtype: fp8 clamps (kv_format)
+    tl.store(ring_v + ring, cache_value(v, ring_v), mask=valid)

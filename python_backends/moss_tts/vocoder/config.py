@@ -9,7 +9,8 @@ from typing import Mapping
 
 import torch
 
-from ..codec.transformer import DEFAULT_FUSION, DEFAULT_RING_KERNEL, FUSIONS, RING_KERNELS, check_small_gemm_rows
+from ..codec.transformer import (DEFAULT_FUSION, DEFAULT_RING_DTYPE, DEFAULT_RING_KERNEL, FUSIONS, RING_DTYPES,
+                                 RING_KERNELS, check_small_gemm_rows)
 from ..contract.parameters import config_fields, parse_parameter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -96,6 +97,18 @@ def codec_small_gemm_rows(parameters: Mapping[str, str]) -> int:
     return check_small_gemm_rows(rows, f"vocoder parameter {name}")
 
 
+def codec_ring_dtype(parameters: Mapping[str, str]) -> str:
+    """The vocoder model's `ring_dtype` parameter (codec.transformer.RING_DTYPES; absent: the
+    default, the codec's own dtype), checked."""
+    return _checked_ring_dtype("vocoder parameter ring_dtype", parameters.get("ring_dtype") or DEFAULT_RING_DTYPE)
+
+
+def _checked_ring_dtype(parameter: str, ring_dtype: str) -> str:
+    if ring_dtype not in RING_DTYPES:
+        raise ValueError(f"{parameter} must be one of {', '.join(RING_DTYPES)}, got {ring_dtype!r}")
+    return ring_dtype
+
+
 def _checked_ring_kernel(parameter: str, ring_kernel: str) -> str:
     if ring_kernel not in RING_KERNELS:
         raise ValueError(f"{parameter} must be one of {', '.join(RING_KERNELS)}, got {ring_kernel!r}")
@@ -130,6 +143,9 @@ class VocoderPlacement:
     # in_process: how the codec's streaming attention runs its RoPE, attention and ring write
     # (codec.transformer.RING_KERNELS): "split" three kernels a layer, "fused" one.
     vocoder_ring_kernel: str = DEFAULT_RING_KERNEL
+    # in_process: how the decode state's rings store keys and values (codec.transformer.RING_DTYPES):
+    # "auto" the codec's dtype; "fp8_e4m3" one byte each (an approximation, opt-in; sm89+ on a GPU).
+    vocoder_ring_dtype: str = DEFAULT_RING_DTYPE
     # in_process on a GPU: codec steps of at most this many tokens at a stage run each layer's
     # GEMMs as four Triton kernels with the norms, GELU and residual adds inside (codec.transformer,
     # TransformerLayer.small_gemm_): fewer graph nodes where the GEMMs are latency-bound. 0 = off.
@@ -146,6 +162,7 @@ class VocoderPlacement:
     def __post_init__(self):
         _checked_fusion("parameter vocoder_fusion", self.vocoder_fusion)
         _checked_ring_kernel("parameter vocoder_ring_kernel", self.vocoder_ring_kernel)
+        _checked_ring_dtype("parameter vocoder_ring_dtype", self.vocoder_ring_dtype)
         check_small_gemm_rows(self.vocoder_small_gemm_rows, "parameter vocoder_small_gemm_rows")
         if self.vocoder_stream not in VOCODER_STREAMS:
             raise ValueError(f"parameter vocoder_stream must be one of {', '.join(VOCODER_STREAMS)}, "
@@ -166,8 +183,13 @@ class VocoderPlacement:
     @classmethod
     def from_parameters(cls, parameters) -> "VocoderPlacement":
         strings = {k: parameters[k] for k in ("vocoder", "vocoder_device", "vocoder_fusion", "vocoder_ring_kernel",
-                                              "vocoder_stream") if k in parameters}
+                                              "vocoder_ring_dtype", "vocoder_stream") if k in parameters}
         return cls(**{**config_fields(cls, parameters, skip=tuple(strings)), **strings})
+
+    @property
+    def codec_form(self) -> tuple[str, str, int, str]:
+        """MossAudioCodec.serving_form_'s arguments for the in-process vocoder's codec."""
+        return self.vocoder_fusion, self.vocoder_ring_kernel, self.vocoder_small_gemm_rows, self.vocoder_ring_dtype
 
     @property
     def is_in_process(self) -> bool:
