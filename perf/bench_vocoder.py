@@ -32,7 +32,7 @@ device-to-host copy included, into pinned memory). Sections, each also in the JS
   attention_sweep  (--attention-sweep, CUDA) window attention alone per decoder stage shape and
                tile config; streaming shapes time both ring kernels (split, fused) in one process
 Every section runs the codec's serving form with --fusion, --ring-kernel and --ring-dtype (in
-the JSON's meta). A/B of the ring kernels: the same command with --ring-kernel split and fused.
+the JSON's meta); the attention sweep builds its own rings, in the activations' dtype. A/B of the ring kernels: the same command with --ring-kernel split and fused.
 Exit status 1 when a section failed or graphed != padded.
 """
 
@@ -550,7 +550,10 @@ def parse_args(argv):
     ap.add_argument("--skip", default="", help="comma-separated sections not to run (e.g. offline,streaming)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.ring_fidelity and args.ring_dtype == "auto":
+        ap.error("--ring-fidelity compares --ring-dtype's rings with exact ones: give a --ring-dtype other than auto")
+    return args
 
 
 def main(argv=None) -> int:

@@ -6,6 +6,7 @@ little off the exact ring and never equal to it; the parameters that choose it a
 
 from __future__ import annotations
 
+import copy
 import types
 
 import pytest
@@ -114,22 +115,31 @@ def test_a_codec_streams_on_fp8_rings_close_to_the_exact_ones(codec):
 
 
 def test_serving_form_sets_the_ring_dtype_of_new_states(codec, monkeypatch):
-    codec.serving_form_(ring_dtype="fp8_e4m3")
-    try:
-        assert codec.new_decode_state(1).caches[0].dtype == FP8
-        assert codec.new_decode_state(1, ring_dtype="auto").caches[0].dtype == torch.float32
-        with pytest.raises(ValueError, match="ring_dtype"):
-            codec.serving_form_(ring_dtype="int8")  # the engine's int8 needs scales: not a ring's
-        # an fp8 ring on a GPU older than Ada is refused when the serving form is made
-        cuda = types.SimpleNamespace(device=torch.device("cuda", 0))
-        monkeypatch.setattr(type(codec), "_param", lambda self, stack: cuda)
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-        with pytest.raises(ValueError, match="ring_dtype='fp8_e4m3' needs a GPU"):
-            codec.serving_form_(ring_dtype="fp8_e4m3")
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    codec = copy.deepcopy(codec).serving_form_(ring_dtype="fp8_e4m3")  # the module's codec stays as loaded
+    assert codec.new_decode_state(1).caches[0].dtype == FP8
+    assert codec.new_decode_state(1, ring_dtype="auto").caches[0].dtype == torch.float32
+    with pytest.raises(ValueError, match="ring_dtype"):
+        codec.serving_form_(ring_dtype="int8")  # the engine's int8 needs scales: not a ring's
+    with pytest.raises(ValueError, match="ring_dtype"):
+        codec.new_decode_state(1, ring_dtype="fp8")
+    # an fp8 ring on a GPU older than Ada is refused, naming the setting
+    monkeypatch.setattr(codec, "_param", lambda stack: types.SimpleNamespace(device=torch.device("cuda", 0)))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match="ring_dtype='fp8_e4m3' needs a GPU"):
         codec.serving_form_(ring_dtype="fp8_e4m3")
-    finally:
-        codec.ring_dtype = "auto"
+    with pytest.raises(ValueError, match="ring_dtype='fp8_e4m3' needs a GPU"):
+        codec.new_decode_state(1, ring_dtype="fp8_e4m3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    codec.serving_form_(ring_dtype="fp8_e4m3")
+
+
+def test_an_fp8_state_whose_rows_are_not_whole_words_resets():
+    from moss_tts.codec.streaming import CodecDecodeState
+
+    state = CodecDecodeState.empty(3, [(1, 3, 2)], torch.device("cpu"), FP8)  # 6-byte rows
+    state.caches[0].fill_(1.0)
+    state.reset_rows([1])
+    assert (state.caches[0][:, 1].float() == 0).all() and (state.caches[0][:, [0, 2]].float() == 1).all()
 
 
 def test_the_parameters_that_choose_the_ring_dtype():

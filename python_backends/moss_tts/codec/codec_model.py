@@ -198,8 +198,7 @@ class MossAudioCodec(nn.Module):
         shapes = [(s.num_heads, s.context, s.head_dim) for s in self.config.decoder
                   if isinstance(s, TransformerStage) for _ in range(s.num_layers)]
         ring_dtype = ring_dtype or self.ring_dtype
-        if ring_dtype not in RING_DTYPES:
-            raise ValueError(f"ring_dtype must be one of {RING_DTYPES}, got {ring_dtype!r}")
+        self._check_ring_dtype(ring_dtype)
         return CodecDecodeState.empty(batch_size, shapes, torch.device(device) if device else p.device,
                                       cache_dtype(ring_dtype, dtype or p.dtype))
 
