@@ -85,7 +85,7 @@ def int8_attention_errors(device: str = "cpu", real: bool = False) -> dict:
     n = len(lengths)
     slots = torch.arange(n, device=device)
     starts = (lens - 9).clamp(min=0)  # each prompt's last (up to) 9 rows are this launch's queries
-    pq = torch.randn(n, 9, heads, head_dim, device=device, dtype=dtype)
+    pq = torch.randn(n, 9, heads, head_dim, generator=torch.Generator().manual_seed(4)).to(device, dtype)
     got = prefill_attention.prefill_attention(pq, kq, vq, slots, starts, lens, kv_scales=scales)
     errors["prefill"] = relative_error(got, prefill_attention.reference_prefill_attention(pq.float(), kq, vq, slots,
                                                                                            starts, lens, kv_scales=scales))
@@ -144,7 +144,9 @@ def test_interpreter_qkv_kernels_store_what_the_torch_path_stores(interpreter_re
 
 def test_interpreter_attention_kernels_apply_the_scales(interpreter_results):
     errors = interpreter_results["attention"]
-    assert errors["decode"] <= 1e-5 and errors["prefill"] <= 1e-5, errors
+    # fp32 both sides; keys of ~30 make large logits, whose rounding the softmax amplifies (a scale
+    # not applied would be off by O(1))
+    assert errors["decode"] <= 1e-4 and errors["prefill"] <= 1e-4, errors
     # fp16 dots: q and the weights (times the values' scales) rounded to fp16; the int8 values are exact in it
     assert 0 < errors["decode_fp16_dots"] <= 5e-3, errors
     assert 1e-4 < errors["cache"] < 5e-2, errors  # the cache's own rounding: there, and small
