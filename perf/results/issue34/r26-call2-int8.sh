@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Round 26, call 2 (carry .device; ~9.5 min): the int8 KV cache with a scale per (token, KV head)
 # (EngineConfig.kv_cache_dtype="int8", kernels/kv_format.py), built this round and never run on a GPU.
-# 1. its GPU tests and the other cache kernels' (real sizes), the engine graphed == eager on each cache;
+# 1. its GPU tests and the other cache kernels' (real sizes), the engine graphed == eager on it (auto and fp8:
+#    round 25);
 # 2. the decode attention alone at 256 slots: int8's tile choices beside fp8's and the exact cache's;
 # 3. the engine's graphed decode step at batch 256: auto, int8, int8, auto;
 # 4. perf/bench_kv_fidelity.py: bf16 with each cache against fp32 (hidden states, greedy codes).
@@ -10,7 +11,7 @@ source perf/device_call.sh r26c2
 call_setup
 call_gpu_tests kv_int8 kv_fp8 decode_attention prefill_attention step_qkv
 PYTHONPATH=python_backends:tests:. timeout "$(call_left 230)" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/test_gpu_engine.py -k "kv_cache_dtype or int8" > "$R/gpu_tests_gpu_engine.txt" 2>&1
+  tests/test_gpu_engine.py -k "equals_eager and int8" > "$R/gpu_tests_gpu_engine.txt" 2>&1
 echo "gpu tests gpu_engine: $(tail -1 "$R/gpu_tests_gpu_engine.txt")"
 call_mark "tests"
 attention() {  # attention LABEL KV [FLAGS...]
