@@ -28,6 +28,9 @@
 #                     process per order) and FLAGS (e.g. --decode-kv 4 --decode-block 16), ending by END
 #                     s into the call, into $R/engine_ORDER_LABEL{,.log} and $OUT/engine_ORDER_LABEL.json;
 #                     prints its line
+#   call_ab END [VAR=VALUE...]  perf/h200_scaling.sh ab (AB, LEVELS, MODE ... as VARs; one run a level,
+#                     30 s response timeout unless given) ending by END s into the call, into
+#                     $R/ab.log; prints call_levels' lines and copies the bench JSONs to $OUT
 T0=$SECONDS
 W=/tmp/moss-scale
 R=$W/results/${1:?source perf/device_call.sh NAME}
@@ -60,6 +63,13 @@ call_levels() {
 l['concurrency'], round(l['audio_s_per_s'], 1), l['ttfa_ms'].get('p50'), l['ttfa_ms'].get('p95'), l['rtf'].get('p95'), \
 l['streams_with_underruns'], l['failures'], l.get('host_busy_cores'), l.get('host_steal_cores')) \
 for l in json.load(open(sys.argv[1]))]" $f; done
+}
+call_ab() {
+  local end=$1
+  shift
+  env REPEAT=1 RESPONSE_TIMEOUT=30 "$@" timeout "$(call_left "$end")" bash perf/h200_scaling.sh ab > "$R/ab.log" 2>&1
+  call_levels
+  cp $W/results/bench_single_*.json "$OUT/" 2>/dev/null
 }
 call_host_probe() {
   # After setup, not beside it: round 20's probe ran beside the checkpoint's generation and read

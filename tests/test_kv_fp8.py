@@ -221,10 +221,11 @@ def test_the_backbone_reads_back_the_fp8_cache(tiny_model):
     assert 0.0 < error < 0.1, error  # it is read (the hidden states move), and it is close
 
 
-def test_an_engine_on_an_fp8_cache_serves_and_frees_its_slots(tiny_model, builder):
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "int8"])  # int8: test_kv_int8.py's cache
+def test_an_engine_on_a_byte_cache_serves_and_frees_its_slots(tiny_model, builder, kv_cache_dtype):
     prompts = [builder.build(PromptSpec(text)) for text in ("One two three.", "A longer sentence, to prefill.")]
     sink = Collector()
-    engine = Engine(tiny_model, EngineConfig(max_running_requests=2, kv_cache_dtype="fp8_e4m3"), sink)
+    engine = Engine(tiny_model, EngineConfig(max_running_requests=2, kv_cache_dtype=kv_cache_dtype), sink)
     engine.start()
     try:
         ids = ["a", "b"]

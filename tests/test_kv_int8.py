@@ -2,20 +2,18 @@
 EngineConfig.kv_cache_dtype="int8"): the store rule, the row layout that keeps each head's scale
 beside its values, that every writer stores exactly that and every reader applies the scales, on
 CPU (torch paths; the kernels through Triton's interpreter, one subprocess) and on a GPU at the
-model's real sizes; and that an engine runs on it. The interpreter's cases stay in fp32: Triton
-3.6's interpreter casts int8 to bf16 wrongly (NaN for negatives), which compiled kernels do not."""
+model's real sizes. An engine serving on it: test_kv_fp8.py, for both byte caches. The
+interpreter's cases stay in fp32: Triton 3.6's interpreter casts int8 to bf16 wrongly (NaN for
+negatives), which compiled kernels do not."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from moss_tts.contract.sampling_params import SamplingParams
-from moss_tts.engine import Engine, EngineConfig, EngineRequest
+from moss_tts.engine import EngineConfig
 from moss_tts.engine.kv_cache import StaticKVCache
 from moss_tts.kernels import decode_attention, kv_format, prefill_attention, step_qkv
-from moss_tts.model.processor import PromptSpec
-from engine_events import TIMEOUT_S, Collector
 from test_decode_attention import make_inputs
 from test_kv_fp8 import _hidden, loud_values
 from test_step_qkv import decode_inputs, prefill_inputs
@@ -222,23 +220,6 @@ def test_the_backbone_reads_back_the_int8_cache_closer_than_fp8(tiny_model):
     error = relative_error(_hidden(tiny_model, I8), exact)
     fp8_error = relative_error(_hidden(tiny_model, torch.float8_e4m3fn), exact)
     assert 0.0 < error < fp8_error, (error, fp8_error)  # it is read, and it is the closer of the two
-
-
-def test_an_engine_on_an_int8_cache_serves_and_frees_its_slots(tiny_model, builder):
-    prompts = [builder.build(PromptSpec(text)) for text in ("One two three.", "A longer sentence, to prefill.")]
-    sink = Collector()
-    engine = Engine(tiny_model, EngineConfig(max_running_requests=2, kv_cache_dtype="int8"), sink)
-    engine.start()
-    try:
-        ids = ["a", "b"]
-        for rid, prompt in zip(ids, prompts):
-            engine.submit(EngineRequest(rid, prompt, SamplingParams(seed=5, max_frames=8, ignore_stop=True)))
-        sink.wait_finished(ids, TIMEOUT_S)
-    finally:
-        engine.shutdown(TIMEOUT_S)
-    assert [sink.final(rid).reason for rid in ids] == ["max_frames"] * 2
-    assert all(sink.codes(rid).shape == (8, tiny_model.cfg.n_vq) for rid in ids)
-    assert engine.stats().requests_finished == 2
 
 
 @pytest.mark.gpu

@@ -15,9 +15,6 @@ PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout $(call_left 330) python3
 grep -E "^ +[0-9]+ x|round of|Error" $R/stage_vocoder.log | cut -c1-200
 call_mark "codec"
 if [ "$(call_left ${END:-590})" -ge 250 ]; then
-  AB="auto:kv_cache_dtype=auto;fp8:kv_cache_dtype=fp8_e4m3" LEVELS=256 MODE=stream REPEAT=1 RESPONSE_TIMEOUT=30 \
-    timeout "$(call_left ${END:-590})" bash perf/h200_scaling.sh ab > "$R/ab.log" 2>&1
-  call_levels
-  cp $W/results/bench_single_*.json "$OUT/" 2>/dev/null
+  call_ab "${END:-590}" AB="auto:kv_cache_dtype=auto;fp8:kv_cache_dtype=fp8_e4m3" LEVELS=256 MODE=stream
 fi
 call_mark "done"

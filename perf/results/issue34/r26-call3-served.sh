@@ -6,11 +6,8 @@
 set -uo pipefail
 source perf/device_call.sh r26c3
 call_setup
-AB="auto:kv_cache_dtype=auto;int8:kv_cache_dtype=int8;auto2:kv_cache_dtype=auto" LEVELS=256,128 MODE=stream,offline \
-  REPEAT=1 RESPONSE_TIMEOUT=30 AB_UNTIL="$(call_until 500)" timeout "$(call_left 505)" bash perf/h200_scaling.sh ab \
-  > "$R/ab.log" 2>&1
-call_levels
-cp $W/results/bench_single_*.json "$OUT/" 2>/dev/null
+call_ab 505 AB="auto:kv_cache_dtype=auto;int8:kv_cache_dtype=int8;auto2:kv_cache_dtype=auto" LEVELS=256,128 \
+  MODE=stream,offline
 call_mark "served"
 if [ "$(call_left 590)" -ge 70 ]; then
   PYTHONPATH=python_backends:. PYTHONUNBUFFERED=1 timeout "$(call_left 590)" python3 perf/bench_vocoder.py \

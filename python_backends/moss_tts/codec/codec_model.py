@@ -18,12 +18,9 @@ from .config import CodecConfig, PatchStage, TransformerStage
 from .patch import Patch, deinterleave, interleave
 from .quantizer import ResidualLFQ
 from .streaming import CodecDecodeState, Packing
-from ..kernels.kv_format import cache_dtype
+from ..kernels.kv_format import FP8_MIN_CAPABILITY, cache_dtype, lacks_fp8
 from .transformer import (DEFAULT_RING_DTYPE, DEFAULT_RING_KERNEL, RING_DTYPES, RING_KERNELS, ProjectedTransformer,
                           TransformerLayer, check_small_gemm_rows)
-
-# fp8 rings: Triton compiles fp8 loads and conversions for sm89+ only (Ada, Hopper)
-FP8_MIN_CAPABILITY = (8, 9)
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +117,7 @@ class MossAudioCodec(nn.Module):
         if ring_dtype not in RING_DTYPES:
             raise ValueError(f"ring_dtype must be one of {RING_DTYPES}, got {ring_dtype!r}")
         device = self._param(self.decoder).device
-        if ring_dtype == "fp8_e4m3" and device.type == "cuda" \
-                and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
+        if ring_dtype == "fp8_e4m3" and lacks_fp8(device):
             raise ValueError(f"ring_dtype='fp8_e4m3' needs a GPU of compute capability {FP8_MIN_CAPABILITY} or "
                              f"newer (Ada, Hopper); {device} is {torch.cuda.get_device_capability(device)}: use 'auto'")
 

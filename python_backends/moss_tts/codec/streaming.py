@@ -62,10 +62,10 @@ class CodecDecodeState:
 
 def _as_words(cache: torch.Tensor) -> torch.Tensor:
     """A cache [2, B, ...] as [2, B, n] int64 words where its rows are whole words (the same bytes;
-    zero bits are a zero of any dtype), else as [2, B, n] bytes (index_fill_ has no fp8 kernel). index_fill_ stores one
-    element a thread: on the H200 a bulk reset of the dirty rows took ~204 µs a layer in bf16,
-    18.8 ms for the 92 layers, in front of a round (issue 34, round 12's soak trace). The word
-    view makes each store 8 bytes, not 2; its time on the GPU is not measured yet."""
+    zero bits are a zero of any dtype), else as [2, B, n] bytes (index_fill_ has no fp8 kernel).
+    index_fill_ stores one element a thread: on the H200 a bulk reset of the dirty rows took ~204 µs
+    a layer in bf16, 18.8 ms for the 92 layers, in front of a round (issue 34, round 12's soak
+    trace). The word view makes each store 8 bytes, not 2; its time on the GPU is not measured yet."""
     if not cache.is_contiguous() or cache.numel() == 0:
         return cache  # index_fill_ along dim 1 as it is (the caches are made contiguous: not reached)
     flat = cache.view(cache.shape[0], cache.shape[1], -1)

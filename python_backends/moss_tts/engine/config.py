@@ -8,7 +8,7 @@ from typing import Mapping, Optional
 import torch
 
 from ..contract.parameters import config_fields
-from ..kernels.kv_format import KV_CACHE_DTYPES
+from ..kernels.kv_format import FP8_MIN_CAPABILITY, KV_CACHE_DTYPES, lacks_fp8
 
 MAX_RUNNING_REQUESTS = 16
 MAX_QUEUE = 256
@@ -25,7 +25,6 @@ GPU_MEMORY_UTILIZATION = 0.9  # share of the device this engine may fill (weight
 ACTIVATION_RESERVE_GIB = 4.0  # graph pool and prefill activations, kept out of the KV budget
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FP8_MIN_CAPABILITY = (8, 9)  # kv_cache_dtype="fp8_e4m3" on CUDA
 
 
 class EngineConfigError(ValueError):
@@ -181,10 +180,7 @@ class EngineConfig:
         if self.max_seq_len > max_positions:
             raise EngineConfigError(f"EngineConfig.max_seq_len={self.max_seq_len} exceeds the model's "
                                     f"max_position_embeddings ({max_positions})")
-        # Triton compiles fp8 (e4m3) loads and conversions for sm89+ only: an older GPU would fail
-        # at the first graph capture, far from the setting that caused it.
-        if self.kv_cache_dtype == "fp8_e4m3" and device.type == "cuda" \
-                and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
+        if self.kv_cache_dtype == "fp8_e4m3" and lacks_fp8(device):
             raise EngineConfigError(f"EngineConfig.kv_cache_dtype='fp8_e4m3' needs a GPU of compute capability "
                                     f"{FP8_MIN_CAPABILITY} or newer (Ada, Hopper); {device} is "
                                     f"{torch.cuda.get_device_capability(device)}: use kv_cache_dtype='auto'")

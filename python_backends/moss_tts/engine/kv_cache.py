@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ..kernels import block_copy
-from ..kernels.kv_format import from_cache, is_fp8, is_scaled, round_trip, row_elements, split_rows, to_rows
+from ..kernels.kv_format import from_cache, is_fp8, round_trip, row_elements, split_rows, to_rows
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,6 @@ class StaticKVCache:
         self.v: list[torch.Tensor] = []
         self.k_scale: list[torch.Tensor | None] = []  # per layer [num_slots, slot_rows, kv_heads] fp32, int8 only
         self.v_scale: list[torch.Tensor | None] = []
-        self._scales: list[tuple[torch.Tensor, torch.Tensor] | None] = []  # scales(layer), made once
         self._k_rows: list[torch.Tensor] = []  # per layer [num_slots, slot_rows, row_elements] (what writes fill)
         self._v_rows: list[torch.Tensor] = []
         self._k_all = self._v_all = None  # [layers, num_slots, slot_rows, row_elements]
@@ -80,7 +79,6 @@ class StaticKVCache:
         v = [split_rows(rows, self.kv_heads, self.head_dim) for rows in self._v_rows]
         self.k, self.k_scale = [values for values, _ in k], [scales for _, scales in k]
         self.v, self.v_scale = [values for values, _ in v], [scales for _, scales in v]
-        self._scales = [(ks, vs) if is_scaled(dtype) else None for ks, vs in zip(self.k_scale, self.v_scale)]
         if self.prefix_blocks:
             pool = (self.num_layers, self.prefix_blocks, self.prefix_block_rows, width)
             self._pool_k = torch.zeros(pool, device=device, dtype=dtype)
@@ -154,7 +152,8 @@ class StaticKVCache:
 
     def scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(k_scale, v_scale) of `layer` for the kernels (kv_scales), None unless the cache is int8."""
-        return self._scales[layer]
+        k_scale = self.k_scale[layer]
+        return None if k_scale is None else (k_scale, self.v_scale[layer])
 
     def window(self, layer: int, num_slots: int, kv_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [S, kv_len, kv_heads, head_dim] of slots [0, S) in `dtype`: views, no

@@ -35,6 +35,8 @@ import torch
 from .triton_setup import INTERPRET, jit, tl
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "int8")
+# Triton compiles fp8 (e4m3) loads and conversions for sm89+ only (Ada, Hopper)
+FP8_MIN_CAPABILITY = (8, 9)
 FP8_E4M3_MAX = 448.0
 INT8_MAX = 127.0
 SCALE_DTYPE = torch.float32
@@ -56,6 +58,13 @@ def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
 
 def is_fp8(dtype: torch.dtype) -> bool:
     return dtype == torch.float8_e4m3fn
+
+
+def lacks_fp8(device: torch.device) -> bool:
+    """True on a GPU whose kernels cannot load fp8 (below FP8_MIN_CAPABILITY): the engine's cache
+    and the codec's rings refuse fp8 there when they are set up, naming their setting, instead of
+    failing at the first graph capture."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY
 
 
 def is_scaled(dtype: torch.dtype) -> bool:
