@@ -9,7 +9,7 @@
 #    ring (--ring-fidelity: the rings' cost in SNR) and profile a 128-row round.
 set -uo pipefail
 source perf/device_call.sh r26c4
-call_gpu_tests ring_fp8 window_attention codec
+call_gpu_tests ring_fp8 window_attention codec kv_int8
 codec() {  # codec LABEL RING END [FLAGS...]
   local label=$1 ring=$2 end=$3
   shift 3

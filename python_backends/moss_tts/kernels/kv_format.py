@@ -96,7 +96,9 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # multiply: two roundings), with the kernel's floor on the divisor
     inv = torch.where(amax > 0, torch.full_like(amax, INT8_MAX) / amax.clamp(min=1e-30), torch.zeros_like(amax))
     q = torch.floor(x * inv.unsqueeze(-1) + 0.5).clamp(-INT8_MAX, INT8_MAX)
-    return q.to(torch.int8), amax / INT8_MAX
+    # tensor over tensor: CUDA's tensor over a scalar is a multiply by its reciprocal, a last bit
+    # off the kernel's div_rn (a GPU test found the scales 1 ulp apart)
+    return q.to(torch.int8), amax / torch.full_like(amax, INT8_MAX)
 
 
 def to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
