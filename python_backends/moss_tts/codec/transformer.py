@@ -67,9 +67,11 @@ DEFAULT_RING_KERNEL = "split"
 # How the decode state's rings store keys and values (MossAudioCodec.serving_form_'s ring_dtype,
 # the vocoder's ring_dtype, moss_tts's vocoder_ring_dtype; kernels/kv_format.py's rules): "auto" =
 # the codec's dtype (exact); "fp8_e4m3" = one byte each, clamped and rounded once, widened on every
-# read: half the bytes the streaming attention reads. An approximation, opt-in; on the CPU it moved
-# the real-size codec's streamed audio by 55 dB SNR, where bf16 itself costs ~33 dB (perf/RESULTS.md,
-# issue 34 round 26). Needs a GPU of compute capability 8.9 or newer where it runs on one.
+# read: half the bytes the streaming attention reads. An approximation, opt-in, and measured slower:
+# on an H100 a packed 128-row round took 27.9-28.1 ms against 25.5-25.9 with exact rings (the
+# attention kernel 6.35 ms against 4.41: its two loads a tile and the widening cost more than the
+# bytes save), and the streamed audio moved by 37.4 dB SNR (perf/RESULTS.md, issue 34 round 26).
+# Needs a GPU of compute capability 8.9 or newer where it runs on one.
 RING_DTYPES = ("auto", "fp8_e4m3")
 DEFAULT_RING_DTYPE = "auto"
 # The most tokens a step may have at a stage for small_gemm_ to run it: the kernel's 16- and
